@@ -1,0 +1,452 @@
+//! Settings of both binaries, read from the environment (or flags), and the
+//! checks that make a binary refuse to start on a bad one, naming it.
+//!
+//! Every setting has a default for a local machine except the webhook
+//! secret. `--help` on either binary lists them with their variables.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::builder::BoolishValueParser;
+
+use crate::deliveries::Policy;
+use crate::key::{EventName, SourceName};
+use crate::signature::{Secret, Secrets};
+
+/// A setting that makes a binary refuse to start. The message names the
+/// variable and never contains a secret.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A setting is invalid.
+    #[error("{name}: {problem}")]
+    Invalid {
+        /// The environment variable (or field) at fault.
+        name: &'static str,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// A file named by a setting cannot be read.
+    #[error("{name}: cannot read {path}: {source}")]
+    Unreadable {
+        /// The environment variable that names the file.
+        name: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+fn invalid(name: &'static str, problem: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        name,
+        problem: problem.into(),
+    }
+}
+
+/// Settings both binaries share.
+#[derive(clap::Args, Clone)]
+pub struct CommonArgs {
+    /// Postgres connection URL.
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/postgres",
+        hide_env_values = true
+    )]
+    pub database_url: String,
+
+    /// RabbitMQ connection URL.
+    #[arg(
+        long,
+        env = "AMQP_URL",
+        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f",
+        hide_env_values = true
+    )]
+    pub amqp_url: String,
+
+    /// Prefix of every exchange and queue; isolates deployments and test runs.
+    #[arg(long, env = "HOOKINBOX_QUEUE_PREFIX", default_value = "hookinbox")]
+    pub queue_prefix: String,
+
+    /// Apply pending migrations at start, under an advisory lock.
+    #[arg(long, env = "HOOKINBOX_AUTO_MIGRATE", default_value = "true",
+          value_parser = BoolishValueParser::new(), action = clap::ArgAction::Set)]
+    pub auto_migrate: bool,
+
+    /// Seconds a claim or take is held without renewal.
+    #[arg(long, env = "HOOKINBOX_LEASE_SECS", default_value_t = 60)]
+    pub lease_secs: u64,
+
+    /// Takes allowed before a delivery is dead-lettered as poison.
+    #[arg(long, env = "HOOKINBOX_MAX_ATTEMPTS", default_value_t = 8)]
+    pub max_attempts: i32,
+
+    /// Milliseconds to wait for a publisher confirm.
+    #[arg(long, env = "HOOKINBOX_PUBLISH_TIMEOUT_MS", default_value_t = 5000)]
+    pub publish_timeout_ms: u64,
+
+    /// Maximum Postgres connections of this process.
+    #[arg(long, env = "HOOKINBOX_DB_POOL_SIZE", default_value_t = 16)]
+    pub db_pool_size: usize,
+}
+
+impl CommonArgs {
+    /// Checks the URLs and numbers, naming the first bad one.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        crate::db::parse_url(&self.database_url).map_err(|e| {
+            invalid(
+                "DATABASE_URL",
+                format!("not a valid Postgres URL ({})", inner(&e)),
+            )
+        })?;
+        crate::broker::check_url(&self.amqp_url)
+            .map_err(|e| invalid("AMQP_URL", format!("not a valid AMQP URL ({})", inner(&e))))?;
+        if self.queue_prefix.is_empty()
+            || self.queue_prefix.len() > 100
+            || !self
+                .queue_prefix
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+        {
+            return Err(invalid(
+                "HOOKINBOX_QUEUE_PREFIX",
+                "must be 1 to 100 characters of letters, digits, '-', '_' and '.'",
+            ));
+        }
+        if self.lease_secs == 0 {
+            return Err(invalid("HOOKINBOX_LEASE_SECS", "must be at least 1"));
+        }
+        if self.max_attempts < 1 {
+            return Err(invalid("HOOKINBOX_MAX_ATTEMPTS", "must be at least 1"));
+        }
+        if self.publish_timeout_ms == 0 {
+            return Err(invalid(
+                "HOOKINBOX_PUBLISH_TIMEOUT_MS",
+                "must be at least 1",
+            ));
+        }
+        if self.db_pool_size == 0 {
+            return Err(invalid("HOOKINBOX_DB_POOL_SIZE", "must be at least 1"));
+        }
+        Ok(())
+    }
+
+    /// The state machine's knobs.
+    pub fn policy(&self) -> Policy {
+        Policy {
+            lease: Duration::from_secs(self.lease_secs),
+            max_attempts: self.max_attempts,
+            publish_timeout: Duration::from_millis(self.publish_timeout_ms),
+        }
+    }
+}
+
+/// The message of an error without the URL it may quote (URLs can carry
+/// passwords).
+fn inner(e: &dyn std::error::Error) -> String {
+    e.source()
+        .map(|s| s.to_string())
+        .unwrap_or_else(|| "parse error".to_owned())
+}
+
+/// Settings of `hookinbox-ingest`.
+#[derive(clap::Args, Clone)]
+pub struct IngestArgs {
+    /// Shared settings.
+    #[command(flatten)]
+    pub common: CommonArgs,
+
+    /// Address the webhook listener binds.
+    #[arg(long, env = "HOOKINBOX_LISTEN", default_value = "0.0.0.0:8080")]
+    pub listen: SocketAddr,
+
+    /// The webhook secret of the `default` source.
+    #[arg(long, env = "HOOKINBOX_GITHUB_SECRET", hide_env_values = true)]
+    pub github_secret: Option<String>,
+
+    /// A file with one secret per line (any one verifies; for rotation).
+    #[arg(long, env = "HOOKINBOX_GITHUB_SECRET_FILE")]
+    pub github_secret_file: Option<PathBuf>,
+
+    /// Comma-separated events to take; empty means all. `ping` is always
+    /// answered.
+    #[arg(long, env = "HOOKINBOX_ALLOWED_EVENTS", default_value = "")]
+    pub allowed_events: String,
+
+    /// Largest body accepted, in bytes (GitHub caps payloads at 25 MiB).
+    #[arg(long, env = "HOOKINBOX_MAX_BODY_BYTES", default_value_t = 25 * 1024 * 1024)]
+    pub max_body_bytes: usize,
+
+    /// Milliseconds allowed to receive a whole body.
+    #[arg(long, env = "HOOKINBOX_BODY_TIMEOUT_MS", default_value_t = 10_000)]
+    pub body_timeout_ms: u64,
+}
+
+/// One webhook source: its secrets and which events it takes.
+#[derive(Clone, Debug)]
+pub struct Source {
+    /// Its name, the `{source}` of the route.
+    pub name: SourceName,
+    /// Any one of them verifies.
+    pub secrets: Secrets,
+    /// `None` takes every event.
+    pub allowed_events: Option<Vec<EventName>>,
+}
+
+impl Source {
+    /// Whether this source takes `event`.
+    pub fn takes(&self, event: &EventName) -> bool {
+        self.allowed_events
+            .as_ref()
+            .is_none_or(|allowed| allowed.contains(event))
+    }
+}
+
+/// Validated settings of `hookinbox-ingest`.
+#[derive(Clone)]
+pub struct IngestConfig {
+    /// Shared settings.
+    pub common: CommonArgs,
+    /// Listener address.
+    pub listen: SocketAddr,
+    /// Configured sources by name.
+    pub sources: Arc<BTreeMap<SourceName, Source>>,
+    /// Body cap in bytes.
+    pub max_body_bytes: usize,
+    /// Time allowed for a whole body.
+    pub body_timeout: Duration,
+}
+
+impl IngestArgs {
+    /// Checks every setting and loads the secrets.
+    pub fn validate(self) -> Result<IngestConfig, ConfigError> {
+        self.common.validate()?;
+        let secrets = load_secrets(
+            self.github_secret.as_deref(),
+            self.github_secret_file.as_deref(),
+        )?;
+        let allowed_events = parse_events(&self.allowed_events)?;
+        if self.max_body_bytes == 0 {
+            return Err(invalid("HOOKINBOX_MAX_BODY_BYTES", "must be at least 1"));
+        }
+        if self.body_timeout_ms == 0 {
+            return Err(invalid("HOOKINBOX_BODY_TIMEOUT_MS", "must be at least 1"));
+        }
+        let name = SourceName::default_source();
+        let mut sources = BTreeMap::new();
+        sources.insert(
+            name.clone(),
+            Source {
+                name,
+                secrets,
+                allowed_events,
+            },
+        );
+        Ok(IngestConfig {
+            common: self.common,
+            listen: self.listen,
+            sources: Arc::new(sources),
+            max_body_bytes: self.max_body_bytes,
+            body_timeout: Duration::from_millis(self.body_timeout_ms),
+        })
+    }
+}
+
+/// Strips one trailing line ending (`\n` or `\r\n`), as editors and
+/// `echo` add them to secret files and variables.
+fn strip_line_ending(s: &str) -> &str {
+    let s = s.strip_suffix('\n').unwrap_or(s);
+    s.strip_suffix('\r').unwrap_or(s)
+}
+
+/// Loads the secrets from the variable or the file. An empty secret, or an
+/// empty line in the file, is refused: an empty HMAC key lets anyone sign.
+pub fn load_secrets(inline: Option<&str>, file: Option<&Path>) -> Result<Secrets, ConfigError> {
+    match (inline, file) {
+        (Some(_), Some(_)) => Err(invalid(
+            "HOOKINBOX_GITHUB_SECRET",
+            "set either HOOKINBOX_GITHUB_SECRET or HOOKINBOX_GITHUB_SECRET_FILE, not both",
+        )),
+        (None, None) => Err(invalid(
+            "HOOKINBOX_GITHUB_SECRET",
+            "required (or HOOKINBOX_GITHUB_SECRET_FILE)",
+        )),
+        (Some(value), None) => {
+            let value = strip_line_ending(value);
+            if value.is_empty() {
+                return Err(invalid(
+                    "HOOKINBOX_GITHUB_SECRET",
+                    "is empty; an empty secret lets anyone sign",
+                ));
+            }
+            Ok(Secrets::new(vec![Secret::new(value)]))
+        }
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Unreadable {
+                name: "HOOKINBOX_GITHUB_SECRET_FILE",
+                path: path.to_owned(),
+                source,
+            })?;
+            secrets_from_lines("HOOKINBOX_GITHUB_SECRET_FILE", &text)
+        }
+    }
+}
+
+/// Parses one secret per line; the file's final line ending is optional.
+pub fn secrets_from_lines(name: &'static str, text: &str) -> Result<Secrets, ConfigError> {
+    let body = strip_line_ending(text);
+    if body.is_empty() {
+        return Err(invalid(
+            name,
+            "holds no secret; an empty secret lets anyone sign",
+        ));
+    }
+    let mut secrets = Vec::new();
+    for (i, line) in body.split('\n').enumerate() {
+        let line = line.strip_suffix('\r').unwrap_or(line);
+        if line.is_empty() {
+            return Err(invalid(
+                name,
+                format!("line {} is empty; an empty secret lets anyone sign", i + 1),
+            ));
+        }
+        secrets.push(Secret::new(line));
+    }
+    Ok(Secrets::new(secrets))
+}
+
+fn parse_events(list: &str) -> Result<Option<Vec<EventName>>, ConfigError> {
+    let names: Vec<&str> = list
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
+    if names.is_empty() {
+        return Ok(None);
+    }
+    names
+        .into_iter()
+        .map(|n| {
+            EventName::parse(n.as_bytes()).map_err(|_| {
+                invalid(
+                    "HOOKINBOX_ALLOWED_EVENTS",
+                    format!("'{n}' is not an event name (a-z, 0-9, '_')"),
+                )
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
+}
+
+/// Which built-in handler a worker runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum HandlerKind {
+    /// Write each event into `github_events`, in the completing transaction.
+    Store,
+}
+
+/// Settings of `hookinbox-worker`.
+#[derive(clap::Args, Clone)]
+pub struct WorkerArgs {
+    /// Shared settings.
+    #[command(flatten)]
+    pub common: CommonArgs,
+
+    /// Jobs run at once; also the consumer prefetch.
+    #[arg(long, env = "HOOKINBOX_CONCURRENCY", default_value_t = 16)]
+    pub concurrency: u16,
+
+    /// Milliseconds a handler may run before it is cancelled.
+    #[arg(long, env = "HOOKINBOX_HANDLER_TIMEOUT_MS", default_value_t = 30_000)]
+    pub handler_timeout_ms: u64,
+
+    /// The built-in handler to run.
+    #[arg(long, env = "HOOKINBOX_HANDLER", value_enum, default_value = "store")]
+    pub handler: HandlerKind,
+
+    /// Seconds in-flight jobs get to finish after SIGTERM.
+    #[arg(long, env = "HOOKINBOX_SHUTDOWN_GRACE_SECS", default_value_t = 20)]
+    pub shutdown_grace_secs: u64,
+}
+
+/// Validated settings of the worker runtime.
+#[derive(Clone)]
+pub struct WorkerConfig {
+    /// Shared settings.
+    pub common: CommonArgs,
+    /// Jobs at once, and the prefetch.
+    pub concurrency: u16,
+    /// Handler time limit.
+    pub handler_timeout: Duration,
+    /// Drain time after SIGTERM.
+    pub shutdown_grace: Duration,
+}
+
+impl WorkerArgs {
+    /// Checks every setting.
+    pub fn validate(self) -> Result<WorkerConfig, ConfigError> {
+        self.common.validate()?;
+        if self.concurrency == 0 {
+            return Err(invalid("HOOKINBOX_CONCURRENCY", "must be at least 1"));
+        }
+        if self.handler_timeout_ms == 0 {
+            return Err(invalid(
+                "HOOKINBOX_HANDLER_TIMEOUT_MS",
+                "must be at least 1",
+            ));
+        }
+        Ok(WorkerConfig {
+            common: self.common,
+            concurrency: self.concurrency,
+            handler_timeout: Duration::from_millis(self.handler_timeout_ms),
+            shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secret_line_endings_are_stripped_and_empty_secrets_refused() {
+        assert_eq!(
+            load_secrets(Some("abc\r\n"), None).map(|s| s.len()).ok(),
+            Some(1)
+        );
+        for empty in ["", "\n", "\r\n"] {
+            let err = load_secrets(Some(empty), None).err().map(|e| e.to_string());
+            assert!(err.is_some_and(|e| e.starts_with("HOOKINBOX_GITHUB_SECRET:")));
+        }
+    }
+
+    #[test]
+    fn secret_file_takes_one_per_line_and_refuses_empty_lines() {
+        let s = secrets_from_lines("F", "new\nold\n").map(|s| s.len());
+        assert_eq!(s.ok(), Some(2));
+        let s = secrets_from_lines("F", "new\r\nold").map(|s| s.len());
+        assert_eq!(s.ok(), Some(2));
+        let err = secrets_from_lines("F", "new\n\nold\n")
+            .err()
+            .map(|e| e.to_string());
+        assert_eq!(
+            err.as_deref(),
+            Some("F: line 2 is empty; an empty secret lets anyone sign")
+        );
+        assert!(secrets_from_lines("F", "\n").is_err());
+    }
+
+    #[test]
+    fn allowed_events_parse() {
+        assert!(parse_events("").ok().flatten().is_none());
+        assert_eq!(
+            parse_events("push, issues").ok().flatten().map(|v| v.len()),
+            Some(2)
+        );
+        assert!(parse_events("push,Bad-Event").is_err());
+    }
+}

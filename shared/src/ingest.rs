@@ -1,0 +1,516 @@
+//! The HTTP application of `hookinbox-ingest`.
+//!
+//! A request goes through the steps of the design, in this order, and
+//! nothing touches Postgres before step 4:
+//!
+//! 1. Read the raw body, bounded in size while streaming and in time; refuse
+//!    any `Content-Encoding` but identity (the signature covers the bytes on
+//!    the wire) and any content type but JSON or form.
+//! 2. Verify `X-Hub-Signature-256` over the raw bytes, in constant time.
+//! 3. Check the event (answer `ping` and events the source does not take
+//!    without a claim), the delivery id and the hook id.
+//! 4. Claim the delivery key in one statement.
+//! 5. Publish the job with a confirm; answer 202 only after the confirm.
+
+use std::net::TcpListener;
+use std::time::Duration;
+
+use actix_web::http::StatusCode;
+use actix_web::http::header::{self, HeaderMap};
+use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
+use bytes::{Bytes, BytesMut};
+use deadpool_postgres::Pool;
+use futures::StreamExt;
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+use crate::broker::{Job, Publisher, Topology};
+use crate::config::{IngestConfig, Source};
+use crate::db::{self, DbError};
+use crate::deliveries::{self, Claim, NewClaim, Policy, Status};
+use crate::key::{ClaimToken, DeliveryId, DeliveryKey, EventName, HookId, KeyError, SourceName};
+use crate::payload::{self, ContentType};
+use crate::signature::SignatureError;
+
+/// Why ingest could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// Postgres failed (pool or migrations).
+    #[error(transparent)]
+    Db(#[from] DbError),
+    /// The listener could not be bound.
+    #[error("cannot listen: {0}")]
+    Listen(#[from] std::io::Error),
+}
+
+/// Shared by every request.
+struct State {
+    config: IngestConfig,
+    policy: Policy,
+    pool: Pool,
+    publisher: Publisher,
+}
+
+/// A built, bound, not yet running ingest server.
+pub struct IngestApp {
+    server: actix_web::dev::Server,
+    port: u16,
+}
+
+impl IngestApp {
+    /// Builds the pool (migrating when `HOOKINBOX_AUTO_MIGRATE` is on), the
+    /// publisher and the listener. Binding port 0 picks a free port; see
+    /// [`IngestApp::port`].
+    pub async fn build(config: IngestConfig) -> Result<Self, StartError> {
+        let listener = TcpListener::bind(config.listen)?;
+        Self::build_with_listener(config, listener).await
+    }
+
+    /// Like [`IngestApp::build`], on a listener the caller bound.
+    pub async fn build_with_listener(
+        config: IngestConfig,
+        listener: TcpListener,
+    ) -> Result<Self, StartError> {
+        let common = &config.common;
+        let pool = db::pool(&common.database_url, common.db_pool_size)?;
+        if common.auto_migrate {
+            db::migrate(&pool).await?;
+        }
+        let publisher = Publisher::new(
+            &common.amqp_url,
+            "hookinbox-ingest",
+            Topology::new(&common.queue_prefix),
+            Duration::from_millis(common.publish_timeout_ms),
+        );
+        // Declares the topology now if the broker is up; if not, the first
+        // publish connects and /readyz says so meanwhile.
+        if let Err(e) = publisher.connect().await {
+            tracing::warn!(error = %e, "RabbitMQ not reachable at start; will retry on publish");
+        }
+        let port = listener.local_addr()?.port();
+        let state = web::Data::new(State {
+            policy: common.policy(),
+            config,
+            pool,
+            publisher,
+        });
+        let server = HttpServer::new(move || {
+            App::new()
+                .app_data(state.clone())
+                .route("/healthz", web::get().to(healthz))
+                .route("/readyz", web::get().to(readyz))
+                .service(web::resource("/webhooks/github").route(web::post().to(receive_default)))
+                .service(
+                    web::resource("/webhooks/github/{source}").route(web::post().to(receive_named)),
+                )
+                .default_service(web::to(not_found))
+        })
+        // Slowloris: the request head must arrive within this time.
+        .client_request_timeout(Duration::from_secs(5))
+        .listen(listener)?
+        .run();
+        Ok(Self { server, port })
+    }
+
+    /// The port the server listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// A handle that can stop the server.
+    pub fn handle(&self) -> actix_web::dev::ServerHandle {
+        self.server.handle()
+    }
+
+    /// Serves until the server is stopped (SIGTERM, SIGINT or the handle).
+    pub async fn run_until_stopped(self) -> std::io::Result<()> {
+        self.server.await
+    }
+}
+
+/// A refusal: a status and a message that names what was wrong and never
+/// echoes a secret, a signature or the payload.
+struct Reject {
+    status: StatusCode,
+    message: String,
+    outcome: &'static str,
+}
+
+impl Reject {
+    fn new(status: StatusCode, outcome: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+            outcome,
+        }
+    }
+}
+
+impl From<KeyError> for Reject {
+    fn from(e: KeyError) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "bad_header", e.to_string())
+    }
+}
+
+impl From<SignatureError> for Reject {
+    fn from(e: SignatureError) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "bad_signature", e.to_string())
+    }
+}
+
+fn unavailable(what: &str) -> Reject {
+    Reject::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "unavailable",
+        format!("{what} unavailable, retry later"),
+    )
+}
+
+fn answer(status: StatusCode, body: serde_json::Value) -> HttpResponse {
+    HttpResponse::build(status).json(body)
+}
+
+async fn healthz() -> HttpResponse {
+    answer(StatusCode::OK, json!({"status": "ok"}))
+}
+
+async fn readyz(state: web::Data<State>) -> HttpResponse {
+    let postgres = db::ping(&state.pool).await;
+    let rabbitmq = state.publisher.is_connected().await || state.publisher.connect().await.is_ok();
+    let status = if postgres && rabbitmq {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    answer(
+        status,
+        json!({"status": if status == StatusCode::OK {"ok"} else {"error"},
+               "postgres": postgres, "rabbitmq": rabbitmq}),
+    )
+}
+
+async fn not_found() -> HttpResponse {
+    answer(
+        StatusCode::NOT_FOUND,
+        json!({"status": "error", "error": "no such route"}),
+    )
+}
+
+async fn receive_default(
+    req: HttpRequest,
+    body: web::Payload,
+    state: web::Data<State>,
+) -> HttpResponse {
+    receive(req, body, state, SourceName::DEFAULT).await
+}
+
+async fn receive_named(
+    req: HttpRequest,
+    body: web::Payload,
+    state: web::Data<State>,
+    source: web::Path<String>,
+) -> HttpResponse {
+    receive(req, body, state, &source).await
+}
+
+async fn receive(
+    req: HttpRequest,
+    body: web::Payload,
+    state: web::Data<State>,
+    source: &str,
+) -> HttpResponse {
+    let result = handle(&req, body, &state, source).await;
+    match result {
+        Ok((status, body, outcome)) => {
+            tracing::info!(
+                source,
+                status = status.as_u16(),
+                outcome,
+                "webhook answered"
+            );
+            answer(status, body)
+        }
+        Err(reject) => {
+            tracing::info!(
+                source,
+                status = reject.status.as_u16(),
+                outcome = reject.outcome,
+                reason = %reject.message,
+                "webhook refused"
+            );
+            answer(
+                reject.status,
+                json!({"status": "error", "error": reject.message}),
+            )
+        }
+    }
+}
+
+/// The value of a header that must appear at most once.
+fn single<'a>(headers: &'a HeaderMap, name: &'static str) -> Result<Option<&'a [u8]>, KeyError> {
+    let mut values = headers.get_all(name);
+    let first = values.next();
+    if values.next().is_some() {
+        return Err(KeyError::Duplicated(name));
+    }
+    Ok(first.map(|v| v.as_bytes()))
+}
+
+async fn handle(
+    req: &HttpRequest,
+    body: web::Payload,
+    state: &State,
+    source_name: &str,
+) -> Result<(StatusCode, serde_json::Value, &'static str), Reject> {
+    let config = &state.config;
+    let source = SourceName::parse(source_name)
+        .ok()
+        .and_then(|name| config.sources.get(&name))
+        .ok_or_else(|| Reject::new(StatusCode::NOT_FOUND, "unknown_source", "unknown source"))?;
+    let headers = req.headers();
+
+    // 1. The raw body, bounded.
+    let content_type = check_framing(headers)?;
+    let body = read_body(body, headers, config.max_body_bytes, config.body_timeout).await?;
+
+    // 2. The signature, before anything else is trusted.
+    verify(source, headers, &body)?;
+
+    // 3. Event, delivery id, hook id.
+    let event = match single(headers, "x-github-event")? {
+        Some(raw) => EventName::parse(raw)?,
+        None => return Err(KeyError::MissingEvent.into()),
+    };
+    if event.as_str() == "ping" {
+        return Ok((StatusCode::OK, json!({"status": "pong"}), "pong"));
+    }
+    if !source.takes(&event) {
+        return Ok((StatusCode::OK, json!({"status": "ignored"}), "ignored"));
+    }
+    let delivery_id = match single(headers, "x-github-delivery")? {
+        Some(raw) => DeliveryId::parse(raw)?,
+        None => return Err(KeyError::MissingDeliveryId.into()),
+    };
+    let hook_id = HookId::parse(single(headers, "x-github-hook-id")?)?;
+    let json = payload::json_text(content_type, &body)
+        .map_err(|e| Reject::new(StatusCode::BAD_REQUEST, "bad_payload", e.to_string()))?;
+    let action = payload::action(&json)
+        .map_err(|e| Reject::new(StatusCode::BAD_REQUEST, "bad_payload", e.to_string()))?;
+    drop(json);
+    let key = DeliveryKey::github(source.name.clone(), hook_id, delivery_id);
+    tracing::Span::current().record("delivery_id", key.delivery_id.as_str());
+
+    // 4. The claim: one statement decides.
+    let body_sha256: [u8; 32] = Sha256::digest(&body).into();
+    let client = state.pool.get().await.map_err(|e| {
+        tracing::warn!(error = %e, "Postgres unavailable");
+        unavailable("database")
+    })?;
+    let claim = deliveries::claim(
+        &client,
+        &state.policy,
+        NewClaim {
+            key: &key,
+            event: event.as_str(),
+            action: action.as_deref(),
+            body_sha256: &body_sha256,
+        },
+    )
+    .await
+    .map_err(|e| {
+        tracing::warn!(error = %e, "claim failed");
+        unavailable("database")
+    })?;
+    drop(client);
+
+    let (token, republish) = match claim {
+        Claim::Claimed { token, .. } => (token, false),
+        Claim::Republish { token } => (token, true),
+        Claim::Conflict => {
+            return Ok((
+                StatusCode::CONFLICT,
+                json!({"status": "conflict", "error": "this delivery was received before with a different body"}),
+                "conflict",
+            ));
+        }
+        Claim::Duplicate(status) => {
+            let code = if status == Status::Completed {
+                StatusCode::OK
+            } else {
+                StatusCode::ACCEPTED
+            };
+            return Ok((
+                code,
+                json!({"status": "duplicate", "state": status.as_str()}),
+                "duplicate",
+            ));
+        }
+    };
+
+    // 5. Publish, and answer only after the confirm.
+    let job = Job {
+        key,
+        event,
+        action,
+        token,
+        content_type: header_str(headers, header::CONTENT_TYPE.as_str()).unwrap_or_default(),
+        github_headers: github_headers(headers),
+        body,
+    };
+    match state.publisher.publish(&job).await {
+        Ok(()) if republish => Ok((
+            StatusCode::ACCEPTED,
+            json!({"status": "accepted", "republished": true}),
+            "republished",
+        )),
+        Ok(()) => Ok((
+            StatusCode::ACCEPTED,
+            json!({"status": "accepted"}),
+            "accepted",
+        )),
+        Err(e) => {
+            tracing::warn!(error = %e, delivery_id = %job.key.delivery_id, "publish failed");
+            if !republish {
+                release(state, &job.key, token, &e.to_string()).await;
+            }
+            Err(unavailable("message broker"))
+        }
+    }
+}
+
+/// Gives the claim back so that a redelivery can claim it at once. Guarded
+/// by the token and `attempts = 0` (see [`deliveries::release`]).
+async fn release(state: &State, key: &DeliveryKey, token: ClaimToken, error: &str) {
+    let released = match state.pool.get().await {
+        Ok(client) => deliveries::release(&client, key, token, error).await,
+        Err(e) => Err(DbError::from(e)),
+    };
+    if let Err(e) = released {
+        // The claim stays processing until its lease expires; a redelivery
+        // after that claims it again.
+        tracing::warn!(error = %e, "could not release the claim");
+    }
+}
+
+fn header_str(headers: &HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
+/// The original `X-GitHub-*` headers, carried with the job so a handler can
+/// pass them on.
+fn github_headers(headers: &HeaderMap) -> Vec<(String, String)> {
+    headers
+        .iter()
+        .filter(|(name, _)| name.as_str().starts_with("x-github-"))
+        .filter_map(|(name, value)| {
+            value
+                .to_str()
+                .ok()
+                .map(|v| (name.as_str().to_owned(), v.to_owned()))
+        })
+        .collect()
+}
+
+/// Content encoding, content type and declared length, before any byte of
+/// the body is read.
+fn check_framing(headers: &HeaderMap) -> Result<ContentType, Reject> {
+    for encoding in headers.get_all(header::CONTENT_ENCODING) {
+        let identity = encoding
+            .to_str()
+            .map(|e| {
+                e.split(',')
+                    .all(|p| p.trim().eq_ignore_ascii_case("identity") || p.trim().is_empty())
+            })
+            .unwrap_or(false);
+        if !identity {
+            return Err(Reject::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "encoded",
+                "Content-Encoding is not supported: the signature covers the bytes as sent",
+            ));
+        }
+    }
+    let content_type = single(headers, "content-type")
+        .map_err(|_| {
+            Reject::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "bad_content_type",
+                "Content-Type sent more than once",
+            )
+        })?
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .filter(|v| v.len() <= 255)
+        .and_then(ContentType::parse)
+        .ok_or_else(|| {
+            Reject::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "bad_content_type",
+                "Content-Type must be application/json or application/x-www-form-urlencoded",
+            )
+        })?;
+    Ok(content_type)
+}
+
+fn too_large(cap: usize) -> Reject {
+    Reject::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "too_large",
+        format!("body larger than {cap} bytes"),
+    )
+}
+
+/// Reads the body, refusing it as soon as it passes the cap (a declared
+/// `Content-Length` over the cap is refused before reading) and when it does
+/// not arrive within `timeout`.
+async fn read_body(
+    mut body: web::Payload,
+    headers: &HeaderMap,
+    cap: usize,
+    timeout: Duration,
+) -> Result<Bytes, Reject> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > cap) {
+        return Err(too_large(cap));
+    }
+    let mut buf = BytesMut::with_capacity(declared.unwrap_or(8 * 1024));
+    let read = async {
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(|_| {
+                Reject::new(
+                    StatusCode::BAD_REQUEST,
+                    "bad_body",
+                    "the body could not be read",
+                )
+            })?;
+            if buf.len() + chunk.len() > cap {
+                return Err(too_large(cap));
+            }
+            buf.extend_from_slice(&chunk);
+        }
+        Ok(())
+    };
+    match tokio::time::timeout(timeout, read).await {
+        Ok(Ok(())) => Ok(buf.freeze()),
+        Ok(Err(reject)) => Err(reject),
+        Err(_) => Err(Reject::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "slow_body",
+            format!("the body did not arrive within {timeout:?}"),
+        )),
+    }
+}
+
+/// Step 2: exactly one `X-Hub-Signature-256`, matching one of the source's
+/// secrets. `X-Hub-Signature` (SHA-1) alone is refused.
+fn verify(source: &Source, headers: &HeaderMap, body: &[u8]) -> Result<usize, Reject> {
+    let header = single(headers, "x-hub-signature-256")
+        .map_err(|_| SignatureError::Duplicated)?
+        .ok_or(SignatureError::Missing)?;
+    Ok(source.secrets.verify(body, header)?)
+}

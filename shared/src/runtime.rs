@@ -1,0 +1,734 @@
+//! The worker runtime: consume a job, take its claim, keep the lease, run
+//! the handler, complete or fail under the token, then ack.
+//!
+//! The order of a job's steps is the whole correctness argument:
+//!
+//! 1. **Take** (one compare-and-set) installs this worker's token and counts
+//!    the attempt *before* the effect, so a job that crashes its worker every
+//!    time is stopped by `max_attempts`.
+//! 2. **Heartbeat** renews the lease about every third of it; a renewal that
+//!    finds the token gone cancels the handler.
+//! 3. **Fence before effect**: a database effect runs in a transaction that
+//!    first locks the row under the token ([`Effect::transaction`]).
+//! 4. **Complete in the same transaction** as the effect, guarded by the
+//!    token: a stale worker's write changes nothing and its effect rolls
+//!    back (*fenced*).
+//! 5. **Ack after commit**: a crash before the ack redelivers the message,
+//!    whose take then finds the delivery completed and acks it.
+//!
+//! With Postgres down a job keeps its message unacked and waits; prefetch
+//! bounds how many such messages a worker holds, so it stops consuming
+//! instead of spinning on requeue.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use backon::BackoffBuilder;
+use deadpool_postgres::Pool;
+use futures::{FutureExt, StreamExt};
+use lapin::acker::Acker;
+use lapin::options::{
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicGetOptions, BasicNackOptions,
+    BasicQosOptions,
+};
+use lapin::types::FieldTable;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, field};
+
+use crate::broker::{self, BrokerError, DeadLetter, Job, Publisher, Topology};
+use crate::config::WorkerConfig;
+use crate::db::{self, DbError};
+use crate::deliveries::{self, ErrorClass, Failure, Policy, Status, Take};
+use crate::handler::{Completion, Effect, Handler, HandlerError};
+use crate::key::ClaimToken;
+
+/// Why the runtime could not start or go on.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// Postgres failed at start.
+    #[error(transparent)]
+    Db(#[from] DbError),
+    /// RabbitMQ failed.
+    #[error(transparent)]
+    Broker(#[from] BrokerError),
+    /// A channel operation failed.
+    #[error("RabbitMQ: {0}")]
+    Channel(#[from] lapin::Error),
+}
+
+/// How one message ended. Every variant but `Left` and `Requeued` acked it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JobOutcome {
+    /// The effect ran and the delivery is completed.
+    Completed,
+    /// The worker's token no longer held the delivery; nothing was changed.
+    Fenced,
+    /// The handler failed and the delivery is failed (dead-lettered when
+    /// not retryable).
+    Failed {
+        /// The failure's class.
+        class: ErrorClass,
+        /// Whether it will be retried.
+        retryable: bool,
+    },
+    /// Attempts were exhausted before this take; dead-lettered unrun.
+    Poisoned,
+    /// The delivery was already resolved (completed or failed) or is gone.
+    Duplicate,
+    /// The message could not be read as a job; the broker dead-letters it.
+    Malformed,
+    /// The handler panicked; the message went back to the queue and the
+    /// attempts counter will stop it eventually.
+    Requeued,
+    /// Left unacked (shutdown or lost channel): the broker redelivers it.
+    Left,
+}
+
+impl JobOutcome {
+    /// A bounded label for logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Completed => "completed",
+            Self::Fenced => "fenced",
+            Self::Failed {
+                retryable: true, ..
+            } => "retried",
+            Self::Failed {
+                retryable: false, ..
+            } => "dead_lettered",
+            Self::Poisoned => "poisoned",
+            Self::Duplicate => "duplicate",
+            Self::Malformed => "malformed",
+            Self::Requeued => "requeued",
+            Self::Left => "left",
+        }
+    }
+}
+
+/// What [`Worker::drain`] did.
+#[derive(Clone, Debug, Default)]
+pub struct DrainReport {
+    /// Outcomes in the order the messages were processed.
+    pub outcomes: Vec<JobOutcome>,
+}
+
+impl DrainReport {
+    /// How many messages ended with `outcome`.
+    pub fn count(&self, outcome: JobOutcome) -> usize {
+        self.outcomes.iter().filter(|o| **o == outcome).count()
+    }
+}
+
+/// Two-stage stop: `soft` stops consuming; `hard` (after the grace period)
+/// cancels jobs still running, which release their leases.
+#[derive(Clone, Default)]
+struct Stop {
+    hard: CancellationToken,
+}
+
+/// A worker: one handler, one pool, one consumer.
+#[derive(Clone)]
+pub struct Worker {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: WorkerConfig,
+    policy: Policy,
+    pool: Pool,
+    handler: Arc<dyn Handler>,
+    /// Publishes dead-letter copies (and, later, scheduled retries).
+    publisher: Publisher,
+    topology: Topology,
+    /// Handler slots. A deferred copy waits without one.
+    slots: Semaphore,
+}
+
+impl Worker {
+    /// Builds the runtime: the pool (migrated when `HOOKINBOX_AUTO_MIGRATE`
+    /// is on) and the publisher. Consuming starts with [`Worker::run`].
+    pub async fn build(
+        config: WorkerConfig,
+        handler: Arc<dyn Handler>,
+    ) -> Result<Self, RuntimeError> {
+        let common = &config.common;
+        let pool = db::pool(&common.database_url, common.db_pool_size)?;
+        if common.auto_migrate {
+            db::migrate(&pool).await?;
+        }
+        let topology = Topology::new(&common.queue_prefix);
+        let publisher = Publisher::new(
+            &common.amqp_url,
+            "hookinbox-worker",
+            topology.clone(),
+            Duration::from_millis(common.publish_timeout_ms),
+        );
+        Ok(Self {
+            inner: Arc::new(Inner {
+                policy: common.policy(),
+                slots: Semaphore::new(usize::from(config.concurrency)),
+                config,
+                pool,
+                handler,
+                publisher,
+                topology,
+            }),
+        })
+    }
+
+    /// The Postgres pool.
+    pub fn pool(&self) -> &Pool {
+        &self.inner.pool
+    }
+
+    /// Consumes until `shutdown` is cancelled, reconnecting to RabbitMQ as
+    /// needed. On shutdown it stops consuming, gives in-flight jobs the
+    /// grace period, then cancels the rest: they release their leases and
+    /// stay unacked, so the broker hands them to another worker at once.
+    pub async fn run(&self, shutdown: CancellationToken) -> Result<(), RuntimeError> {
+        let stop = Stop::default();
+        let mut jobs = JoinSet::new();
+        let mut delays = reconnect_backoff();
+        let mut connections = Vec::new();
+        while !shutdown.is_cancelled() {
+            let (connection, channel, mut consumer) = match self.consume().await {
+                Ok(c) => {
+                    delays = reconnect_backoff();
+                    c
+                }
+                Err(e) => {
+                    let delay = delays.next().unwrap_or(Duration::from_secs(5));
+                    tracing::warn!(error = %e, retry_in = ?delay, "cannot consume; retrying");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        _ = tokio::time::sleep(delay) => continue,
+                    }
+                }
+            };
+            tracing::info!(queue = %self.inner.topology.work_queue(), "consuming");
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => {
+                        // Stop taking new messages; in-flight ones go on.
+                        let tag = consumer.tag();
+                        let _ = channel.basic_cancel(tag.as_str(), BasicCancelOptions::default()).await;
+                        break;
+                    }
+                    next = consumer.next() => match next {
+                        Some(Ok(delivery)) => {
+                            let worker = self.clone();
+                            let stop = stop.clone();
+                            jobs.spawn(async move {
+                                worker.process(delivery.properties, delivery.data, delivery.acker, &stop).await
+                            });
+                        }
+                        Some(Err(e)) => {
+                            tracing::warn!(error = %e, "consumer failed; reconnecting");
+                            break;
+                        }
+                        None => {
+                            tracing::warn!("consumer closed; reconnecting");
+                            break;
+                        }
+                    },
+                    Some(_) = jobs.join_next(), if !jobs.is_empty() => {}
+                }
+            }
+            // Jobs of a lost channel go on: their acks fail harmlessly and
+            // the broker redelivers those messages, whose takes then find
+            // the deliveries resolved.
+            connections.push(connection);
+            connections.retain(|c: &lapin::Connection| c.status().connected());
+        }
+
+        let grace = self.inner.config.shutdown_grace;
+        let drained =
+            tokio::time::timeout(grace, async { while jobs.join_next().await.is_some() {} }).await;
+        if drained.is_err() {
+            tracing::warn!(
+                left = jobs.len(),
+                "grace period over; releasing unfinished jobs"
+            );
+            stop.hard.cancel();
+            while jobs.join_next().await.is_some() {}
+        }
+        // Closing the connection returns every unacked message to the queue.
+        for connection in connections {
+            let _ = connection.close(200, "shutdown").await;
+        }
+        self.inner.publisher.close().await;
+        Ok(())
+    }
+
+    async fn consume(
+        &self,
+    ) -> Result<(lapin::Connection, lapin::Channel, lapin::Consumer), RuntimeError> {
+        let common = &self.inner.config.common;
+        let connection = broker::connect(
+            &common.amqp_url,
+            "hookinbox-worker",
+            Duration::from_millis(common.publish_timeout_ms),
+        )
+        .await?;
+        let channel = connection.create_channel().await?;
+        self.inner.topology.declare(&channel).await?;
+        // Prefetch = concurrency: the broker never hands this worker more
+        // unacked messages than it can run, and a worker stuck waiting for
+        // Postgres holds at most that many.
+        channel
+            .basic_qos(self.inner.config.concurrency, BasicQosOptions::default())
+            .await?;
+        let consumer = channel
+            .basic_consume(
+                &self.inner.topology.work_queue(),
+                "",
+                // Manual acks: a message is acked only after its outcome is
+                // committed in Postgres.
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        Ok((connection, channel, consumer))
+    }
+
+    /// Processes messages one at a time with `basic.get` until the work
+    /// queue is empty, and reports what happened to each. Tests and tools
+    /// use it to drive the runtime without sleeping.
+    pub async fn drain(&self) -> Result<DrainReport, RuntimeError> {
+        let common = &self.inner.config.common;
+        let connection = broker::connect(
+            &common.amqp_url,
+            "hookinbox-worker-drain",
+            Duration::from_millis(common.publish_timeout_ms),
+        )
+        .await?;
+        let channel = connection.create_channel().await?;
+        self.inner.topology.declare(&channel).await?;
+        let stop = Stop::default();
+        let mut report = DrainReport::default();
+        while let Some(message) = channel
+            .basic_get(
+                &self.inner.topology.work_queue(),
+                BasicGetOptions::default(),
+            )
+            .await?
+        {
+            let delivery = message.delivery;
+            let outcome = self
+                .process(delivery.properties, delivery.data, delivery.acker, &stop)
+                .await;
+            report.outcomes.push(outcome);
+        }
+        let _ = connection.close(200, "drained").await;
+        Ok(report)
+    }
+
+    /// One message, start to end.
+    async fn process(
+        &self,
+        properties: lapin::BasicProperties,
+        data: Vec<u8>,
+        acker: Acker,
+        stop: &Stop,
+    ) -> JobOutcome {
+        let job = match Job::from_message(&properties, data) {
+            Ok(job) => job,
+            Err(e) => {
+                tracing::warn!(error = %e, "dead-lettering a malformed message");
+                // requeue = false: the work queue's dead-letter exchange
+                // takes it (at-least-once), so nothing is dropped.
+                let _ = acker
+                    .nack(BasicNackOptions {
+                        requeue: false,
+                        ..Default::default()
+                    })
+                    .await;
+                return JobOutcome::Malformed;
+            }
+        };
+        let span = tracing::info_span!(
+            "delivery",
+            delivery_id = %job.key.delivery_id,
+            source = %job.key.source,
+            hook_id = %job.key.hook_id,
+            event = %job.event,
+            action = job.action.as_deref().unwrap_or(""),
+            attempt = field::Empty,
+            outcome = field::Empty,
+        );
+        let outcome = self.run_job(&job, stop).instrument(span.clone()).await;
+        span.record("outcome", outcome.as_str());
+        let acked = match outcome {
+            JobOutcome::Left => Ok(()),
+            JobOutcome::Requeued => {
+                acker
+                    .nack(BasicNackOptions {
+                        requeue: true,
+                        ..Default::default()
+                    })
+                    .await
+            }
+            // Ack after commit: every other outcome is already recorded in
+            // Postgres (or needs nothing), so the message can go.
+            _ => acker.ack(BasicAckOptions::default()).await,
+        };
+        if let Err(e) = acked {
+            // The channel died; the broker redelivers the message and its
+            // take finds the delivery resolved.
+            tracing::debug!(parent: &span, error = %e, "ack failed");
+        }
+        span.in_scope(|| tracing::info!(outcome = outcome.as_str(), "job done"));
+        outcome
+    }
+
+    async fn run_job(&self, job: &Job, stop: &Stop) -> JobOutcome {
+        let inner = &self.inner;
+        // The token this message presents. After a take of ours whose
+        // outcome is unknown (Postgres failed), it becomes our own token so
+        // that the retry takes the delivery back at once.
+        let mut presented = job.token;
+        loop {
+            if stop.hard.is_cancelled() {
+                return JobOutcome::Left;
+            }
+            let taken = match inner.pool.get().await {
+                Ok(client) => deliveries::take(&client, &inner.policy, &job.key, presented)
+                    .await
+                    .map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            let take = match taken {
+                Ok(take) => take,
+                Err(error) => {
+                    tracing::warn!(%error, "Postgres unavailable; holding the message");
+                    if !self.wait_for_db(stop).await {
+                        return JobOutcome::Left;
+                    }
+                    continue;
+                }
+            };
+            match take {
+                Take::Resolved(Some(Status::Failed)) => {
+                    return self.ensure_dead_letter_copy(job, stop).await;
+                }
+                Take::Resolved(_) => return JobOutcome::Duplicate,
+                Take::Deferred { lease_left } => {
+                    // Another holder's lease is live. Wait (without a handler
+                    // slot) until it resolves or expires; never run beside it.
+                    let wait = lease_left
+                        .min(inner.policy.lease / 3)
+                        .max(Duration::from_millis(50));
+                    tokio::select! {
+                        _ = stop.hard.cancelled() => return JobOutcome::Left,
+                        _ = tokio::time::sleep(wait) => continue,
+                    }
+                }
+                Take::Poisoned { .. } => {
+                    tracing::warn!("attempts exhausted; dead-lettering as poison");
+                    return self.ensure_dead_letter_copy(job, stop).await;
+                }
+                Take::Taken {
+                    token,
+                    attempts,
+                    takeover,
+                    created_at,
+                } => {
+                    tracing::Span::current().record("attempt", attempts);
+                    if takeover {
+                        tracing::info!("took over an expired lease");
+                    }
+                    let Ok(_slot) = inner.slots.acquire().await else {
+                        return JobOutcome::Left;
+                    };
+                    match self.attempt(job, token, attempts, created_at, stop).await {
+                        Attempt::Done(outcome) => return outcome,
+                        Attempt::RetryTake => {
+                            presented = token;
+                            if !self.wait_for_db(stop).await {
+                                return JobOutcome::Left;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs the handler once under `token`, with the heartbeat and the time
+    /// limit, and records the result.
+    async fn attempt(
+        &self,
+        job: &Job,
+        token: ClaimToken,
+        attempts: i32,
+        created_at: chrono::DateTime<chrono::Utc>,
+        stop: &Stop,
+    ) -> Attempt {
+        let inner = &self.inner;
+        let lost = CancellationToken::new();
+        let heartbeat = tokio::spawn(heartbeat(
+            inner.pool.clone(),
+            inner.policy,
+            job.key.clone(),
+            token,
+            lost.clone(),
+        ));
+        let mut effect = Effect::new(
+            inner.pool.clone(),
+            job.key.clone(),
+            token,
+            attempts,
+            created_at,
+        );
+        let ran = {
+            let handle = AssertUnwindSafe(inner.handler.handle(job, &mut effect)).catch_unwind();
+            tokio::select! {
+                r = tokio::time::timeout(inner.config.handler_timeout, handle) => match r {
+                    Ok(Ok(result)) => Ran::Returned(result),
+                    Ok(Err(_panic)) => Ran::Panicked,
+                    Err(_) => Ran::TimedOut,
+                },
+                _ = lost.cancelled() => Ran::LeaseLost,
+                _ = stop.hard.cancelled() => Ran::Shutdown,
+            }
+        };
+        heartbeat.abort();
+
+        let failure = match ran {
+            Ran::Returned(Ok(())) => {
+                return match effect.complete().await {
+                    Ok(Completion::Completed) => {
+                        let e2e = chrono::Utc::now() - created_at;
+                        tracing::debug!(e2e_ms = e2e.num_milliseconds(), "completed");
+                        Attempt::Done(JobOutcome::Completed)
+                    }
+                    Ok(Completion::Fenced) => {
+                        tracing::warn!("completion fenced: another worker holds the delivery");
+                        Attempt::Done(JobOutcome::Fenced)
+                    }
+                    // Unknown whether the commit landed: take again; the take
+                    // finds it completed, or ours to run again.
+                    Err(e) => {
+                        tracing::warn!(error = %e, "completion failed");
+                        Attempt::RetryTake
+                    }
+                };
+            }
+            Ran::Returned(Err(HandlerError::Fenced)) | Ran::LeaseLost => {
+                drop(effect);
+                tracing::warn!("fenced: the claim was taken over; effect rolled back");
+                return Attempt::Done(JobOutcome::Fenced);
+            }
+            Ran::Shutdown => {
+                drop(effect);
+                // Before the effect committed: end the lease so that the
+                // redelivered message is taken at once elsewhere.
+                if let Ok(client) = inner.pool.get().await {
+                    let _ = deliveries::release_lease(&client, &job.key, token).await;
+                }
+                return Attempt::Done(JobOutcome::Left);
+            }
+            Ran::Panicked => {
+                drop(effect);
+                tracing::error!("handler panicked; requeueing (attempts bound the retries)");
+                if let Ok(client) = inner.pool.get().await {
+                    let _ = deliveries::release_lease(&client, &job.key, token).await;
+                }
+                return Attempt::Done(JobOutcome::Requeued);
+            }
+            Ran::TimedOut => {
+                drop(effect);
+                Failure {
+                    class: ErrorClass::Timeout,
+                    message: format!("handler ran past {:?}", inner.config.handler_timeout),
+                    retry_in: None,
+                }
+            }
+            Ran::Returned(Err(error)) => {
+                effect.rollback().await;
+                drop(effect);
+                Failure {
+                    class: error.class(),
+                    message: error.to_string(),
+                    retry_in: None,
+                }
+            }
+        };
+        tracing::warn!(class = failure.class.as_str(), "handler failed");
+        let recorded = match inner.pool.get().await {
+            Ok(client) => deliveries::fail(&client, &job.key, token, &failure).await,
+            Err(e) => Err(DbError::from(e)),
+        };
+        match recorded {
+            Ok(None) => Attempt::Done(JobOutcome::Fenced),
+            Ok(Some(_)) if failure.retry_in.is_some() => Attempt::Done(JobOutcome::Failed {
+                class: failure.class,
+                retryable: true,
+            }),
+            Ok(Some(_)) => match self.ensure_dead_letter_copy(job, stop).await {
+                JobOutcome::Left => Attempt::Done(JobOutcome::Left),
+                _ => Attempt::Done(JobOutcome::Failed {
+                    class: failure.class,
+                    retryable: false,
+                }),
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "recording the failure failed");
+                Attempt::RetryTake
+            }
+        }
+    }
+
+    /// For a delivery failed for good: makes sure its dead-letter copy is in
+    /// the broker, then reports it. The steps are ordered so that a crash
+    /// between any two loses nothing: the failure is committed first (the
+    /// record), the copy is published with a confirm, then the row notes the
+    /// copy; a crash before that note republishes the copy (harmless).
+    async fn ensure_dead_letter_copy(&self, job: &Job, stop: &Stop) -> JobOutcome {
+        let inner = &self.inner;
+        let mut delays = reconnect_backoff();
+        loop {
+            let row = match inner.pool.get().await {
+                Ok(client) => deliveries::get(&client, &job.key).await,
+                Err(e) => Err(DbError::from(e)),
+            };
+            let row = match row {
+                Ok(Some(row)) => row,
+                Ok(None) => return JobOutcome::Duplicate,
+                Err(_) => {
+                    if !self.wait_for_db(stop).await {
+                        return JobOutcome::Left;
+                    }
+                    continue;
+                }
+            };
+            let class = row
+                .last_error_class
+                .as_deref()
+                .map(class_from_str)
+                .unwrap_or(ErrorClass::Permanent);
+            if row.status != Status::Failed || row.retryable || row.dead_lettered {
+                return if class == ErrorClass::Poison {
+                    JobOutcome::Poisoned
+                } else {
+                    JobOutcome::Duplicate
+                };
+            }
+            let dead = DeadLetter {
+                class,
+                attempts: row.attempts,
+                first_failed_at: row.failed_at.unwrap_or(row.created_at),
+                last_failed_at: row.failed_at.unwrap_or(row.created_at),
+            };
+            match inner.publisher.publish_dead_letter(job, &dead).await {
+                Ok(()) => {
+                    if let Ok(client) = inner.pool.get().await {
+                        let _ = deliveries::mark_dead_lettered(&client, &job.key).await;
+                    }
+                    return if class == ErrorClass::Poison {
+                        JobOutcome::Poisoned
+                    } else {
+                        JobOutcome::Failed {
+                            class,
+                            retryable: false,
+                        }
+                    };
+                }
+                Err(e) => {
+                    let delay = delays.next().unwrap_or(Duration::from_secs(5));
+                    tracing::warn!(error = %e, retry_in = ?delay, "dead-letter copy not confirmed; retrying");
+                    tokio::select! {
+                        _ = stop.hard.cancelled() => return JobOutcome::Left,
+                        _ = tokio::time::sleep(delay) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// Waits until Postgres answers. False when the worker is stopping.
+    async fn wait_for_db(&self, stop: &Stop) -> bool {
+        let mut delays = reconnect_backoff();
+        loop {
+            if db::ping(&self.inner.pool).await {
+                return true;
+            }
+            let delay = delays.next().unwrap_or(Duration::from_secs(5));
+            tokio::select! {
+                _ = stop.hard.cancelled() => return false,
+                _ = tokio::time::sleep(delay) => {}
+            }
+        }
+    }
+}
+
+fn class_from_str(s: &str) -> ErrorClass {
+    match s {
+        "transient" => ErrorClass::Transient,
+        "timeout" => ErrorClass::Timeout,
+        "db" => ErrorClass::Db,
+        "poison" => ErrorClass::Poison,
+        "lost" => ErrorClass::Lost,
+        "max_attempts" => ErrorClass::MaxAttempts,
+        "publish" => ErrorClass::Publish,
+        _ => ErrorClass::Permanent,
+    }
+}
+
+enum Ran {
+    Returned(Result<(), HandlerError>),
+    Panicked,
+    TimedOut,
+    LeaseLost,
+    Shutdown,
+}
+
+enum Attempt {
+    Done(JobOutcome),
+    /// Postgres failed while recording the outcome: take again.
+    RetryTake,
+}
+
+/// Delays for reconnecting and for waiting on Postgres: exponential with
+/// jitter, capped at 5 s, never giving up.
+fn reconnect_backoff() -> impl Iterator<Item = Duration> {
+    backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_delay(Duration::from_secs(5))
+        .with_jitter()
+        .without_max_times()
+        .build()
+}
+
+/// Renews the lease about every third of it until aborted. If a renewal
+/// finds the token gone, it cancels `lost`, which cancels the handler.
+async fn heartbeat(
+    pool: Pool,
+    policy: Policy,
+    key: crate::key::DeliveryKey,
+    token: ClaimToken,
+    lost: CancellationToken,
+) {
+    let period = (policy.lease / 3).max(Duration::from_millis(100));
+    loop {
+        tokio::time::sleep(period).await;
+        let renewed = match pool.get().await {
+            Ok(client) => deliveries::renew(&client, &policy, &key, token).await,
+            Err(e) => Err(DbError::from(e)),
+        };
+        match renewed {
+            Ok(true) => tracing::trace!("lease renewed"),
+            Ok(false) => {
+                tracing::warn!("lease lost: the token no longer holds the delivery");
+                lost.cancel();
+                return;
+            }
+            // Keep trying: completion is guarded by the token alone, so a
+            // lapsed lease that nobody took over still lets us finish.
+            Err(e) => tracing::warn!(error = %e, "lease renewal failed"),
+        }
+    }
+}

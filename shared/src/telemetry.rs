@@ -1,0 +1,34 @@
+//! Logging through `tracing`: JSON in containers, text on a terminal.
+//!
+//! `HOOKINBOX_LOG_FORMAT` is `json`, `text` or `auto` (the default: text
+//! when standard error is a terminal). `RUST_LOG` filters, default `info`.
+//! Logs carry delivery ids, events, outcomes and timings; never secrets,
+//! signature headers or payloads.
+
+use std::io::IsTerminal;
+
+use tracing_subscriber::EnvFilter;
+
+/// Installs the global subscriber. Call once, first thing in `main`.
+pub fn init() {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let format = std::env::var("HOOKINBOX_LOG_FORMAT").unwrap_or_else(|_| "auto".to_owned());
+    let json = match format.as_str() {
+        "json" => true,
+        "text" => false,
+        _ => !std::io::stderr().is_terminal(),
+    };
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    // Ignore the error of a second init (tests may call it more than once).
+    let _ = if json {
+        builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .try_init()
+    } else {
+        builder.try_init()
+    };
+}
