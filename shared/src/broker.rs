@@ -385,15 +385,15 @@ impl Publisher {
 
     async fn channel(&self) -> Result<Channel, BrokerError> {
         let mut state = self.state.lock().await;
-        if let Some(channel) = &state.channel {
-            if channel.status().connected() {
-                return Ok(channel.clone());
-            }
+        if let Some(channel) = &state.channel
+            && channel.status().connected()
+        {
+            return Ok(channel.clone());
         }
-        if let Some(at) = state.failed_at {
-            if at.elapsed() < RECONNECT_PAUSE {
-                return Err(BrokerError::Unavailable("reconnecting".to_owned()));
-            }
+        if let Some(at) = state.failed_at
+            && at.elapsed() < RECONNECT_PAUSE
+        {
+            return Err(BrokerError::Unavailable("reconnecting".to_owned()));
         }
         if let Some(old) = state.connection.take() {
             // Best effort: the old connection is usually dead already.

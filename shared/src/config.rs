@@ -54,6 +54,7 @@ pub struct CommonArgs {
     #[arg(
         long,
         env = "DATABASE_URL",
+        value_name = "DATABASE_URL",
         default_value = "postgres://postgres@127.0.0.1:5432/postgres",
         hide_env_values = true
     )]
@@ -63,34 +64,61 @@ pub struct CommonArgs {
     #[arg(
         long,
         env = "AMQP_URL",
+        value_name = "AMQP_URL",
         default_value = "amqp://guest:guest@127.0.0.1:5672/%2f",
         hide_env_values = true
     )]
     pub amqp_url: String,
 
     /// Prefix of every exchange and queue; isolates deployments and test runs.
-    #[arg(long, env = "HOOKINBOX_QUEUE_PREFIX", default_value = "hookinbox")]
+    #[arg(
+        long,
+        env = "HOOKINBOX_QUEUE_PREFIX",
+        value_name = "HOOKINBOX_QUEUE_PREFIX",
+        default_value = "hookinbox"
+    )]
     pub queue_prefix: String,
 
     /// Apply pending migrations at start, under an advisory lock.
-    #[arg(long, env = "HOOKINBOX_AUTO_MIGRATE", default_value = "true",
+    #[arg(long, env = "HOOKINBOX_AUTO_MIGRATE",
+        value_name = "HOOKINBOX_AUTO_MIGRATE", default_value = "true",
           value_parser = BoolishValueParser::new(), action = clap::ArgAction::Set)]
     pub auto_migrate: bool,
 
     /// Seconds a claim or take is held without renewal.
-    #[arg(long, env = "HOOKINBOX_LEASE_SECS", default_value_t = 60)]
+    #[arg(
+        long,
+        env = "HOOKINBOX_LEASE_SECS",
+        value_name = "HOOKINBOX_LEASE_SECS",
+        default_value_t = 60
+    )]
     pub lease_secs: u64,
 
     /// Takes allowed before a delivery is dead-lettered as poison.
-    #[arg(long, env = "HOOKINBOX_MAX_ATTEMPTS", default_value_t = 8)]
+    #[arg(
+        long,
+        env = "HOOKINBOX_MAX_ATTEMPTS",
+        value_name = "HOOKINBOX_MAX_ATTEMPTS",
+        default_value_t = 8
+    )]
     pub max_attempts: i32,
 
     /// Milliseconds to wait for a publisher confirm.
-    #[arg(long, env = "HOOKINBOX_PUBLISH_TIMEOUT_MS", default_value_t = 5000)]
+    #[arg(
+        long,
+        env = "HOOKINBOX_PUBLISH_TIMEOUT_MS",
+        value_name = "HOOKINBOX_PUBLISH_TIMEOUT_MS",
+        default_value_t = 5000
+    )]
     pub publish_timeout_ms: u64,
 
     /// Maximum Postgres connections of this process.
-    #[arg(long, env = "HOOKINBOX_DB_POOL_SIZE", default_value_t = 16)]
+    #[arg(
+        long,
+        env = "HOOKINBOX_DB_POOL_SIZE",
+        value_name = "HOOKINBOX_DB_POOL_SIZE",
+        default_value_t = 16
+    )]
     pub db_pool_size: usize,
 }
 
@@ -161,28 +189,53 @@ pub struct IngestArgs {
     pub common: CommonArgs,
 
     /// Address the webhook listener binds.
-    #[arg(long, env = "HOOKINBOX_LISTEN", default_value = "0.0.0.0:8080")]
+    #[arg(
+        long,
+        env = "HOOKINBOX_LISTEN",
+        value_name = "HOOKINBOX_LISTEN",
+        default_value = "0.0.0.0:8080"
+    )]
     pub listen: SocketAddr,
 
     /// The webhook secret of the `default` source.
-    #[arg(long, env = "HOOKINBOX_GITHUB_SECRET", hide_env_values = true)]
+    #[arg(
+        long,
+        env = "HOOKINBOX_GITHUB_SECRET",
+        value_name = "HOOKINBOX_GITHUB_SECRET",
+        hide_env_values = true
+    )]
     pub github_secret: Option<String>,
 
     /// A file with one secret per line (any one verifies; for rotation).
-    #[arg(long, env = "HOOKINBOX_GITHUB_SECRET_FILE")]
+    #[arg(
+        long,
+        env = "HOOKINBOX_GITHUB_SECRET_FILE",
+        value_name = "HOOKINBOX_GITHUB_SECRET_FILE"
+    )]
     pub github_secret_file: Option<PathBuf>,
 
     /// Comma-separated events to take; empty means all. `ping` is always
     /// answered.
-    #[arg(long, env = "HOOKINBOX_ALLOWED_EVENTS", default_value = "")]
+    #[arg(
+        long,
+        env = "HOOKINBOX_ALLOWED_EVENTS",
+        value_name = "HOOKINBOX_ALLOWED_EVENTS",
+        default_value = ""
+    )]
     pub allowed_events: String,
 
     /// Largest body accepted, in bytes (GitHub caps payloads at 25 MiB).
-    #[arg(long, env = "HOOKINBOX_MAX_BODY_BYTES", default_value_t = 25 * 1024 * 1024)]
+    #[arg(long, env = "HOOKINBOX_MAX_BODY_BYTES",
+        value_name = "HOOKINBOX_MAX_BODY_BYTES", default_value_t = 25 * 1024 * 1024)]
     pub max_body_bytes: usize,
 
     /// Milliseconds allowed to receive a whole body.
-    #[arg(long, env = "HOOKINBOX_BODY_TIMEOUT_MS", default_value_t = 10_000)]
+    #[arg(
+        long,
+        env = "HOOKINBOX_BODY_TIMEOUT_MS",
+        value_name = "HOOKINBOX_BODY_TIMEOUT_MS",
+        default_value_t = 10_000
+    )]
     pub body_timeout_ms: u64,
 }
 
@@ -357,19 +410,40 @@ pub struct WorkerArgs {
     pub common: CommonArgs,
 
     /// Jobs run at once; also the consumer prefetch.
-    #[arg(long, env = "HOOKINBOX_CONCURRENCY", default_value_t = 16)]
+    #[arg(
+        long,
+        env = "HOOKINBOX_CONCURRENCY",
+        value_name = "HOOKINBOX_CONCURRENCY",
+        default_value_t = 16
+    )]
     pub concurrency: u16,
 
     /// Milliseconds a handler may run before it is cancelled.
-    #[arg(long, env = "HOOKINBOX_HANDLER_TIMEOUT_MS", default_value_t = 30_000)]
+    #[arg(
+        long,
+        env = "HOOKINBOX_HANDLER_TIMEOUT_MS",
+        value_name = "HOOKINBOX_HANDLER_TIMEOUT_MS",
+        default_value_t = 30_000
+    )]
     pub handler_timeout_ms: u64,
 
     /// The built-in handler to run.
-    #[arg(long, env = "HOOKINBOX_HANDLER", value_enum, default_value = "store")]
+    #[arg(
+        long,
+        env = "HOOKINBOX_HANDLER",
+        value_name = "HOOKINBOX_HANDLER",
+        value_enum,
+        default_value = "store"
+    )]
     pub handler: HandlerKind,
 
     /// Seconds in-flight jobs get to finish after SIGTERM.
-    #[arg(long, env = "HOOKINBOX_SHUTDOWN_GRACE_SECS", default_value_t = 20)]
+    #[arg(
+        long,
+        env = "HOOKINBOX_SHUTDOWN_GRACE_SECS",
+        value_name = "HOOKINBOX_SHUTDOWN_GRACE_SECS",
+        default_value_t = 20
+    )]
     pub shutdown_grace_secs: u64,
 }
 

@@ -249,10 +249,10 @@ impl Effect {
 
     /// Rolls back the handler's transaction, if it opened one.
     pub async fn rollback(&mut self) {
-        if let Some(client) = self.tx.take() {
-            if client.batch_execute("rollback").await.is_err() {
-                drop(deadpool_postgres::Object::take(client));
-            }
+        if let Some(client) = self.tx.take()
+            && client.batch_execute("rollback").await.is_err()
+        {
+            drop(deadpool_postgres::Object::take(client));
         }
     }
 }

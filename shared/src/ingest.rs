@@ -32,6 +32,9 @@ use crate::key::{ClaimToken, DeliveryId, DeliveryKey, EventName, HookId, KeyErro
 use crate::payload::{self, ContentType};
 use crate::signature::SignatureError;
 
+/// Stops a running server (see [`IngestApp::handle`]).
+pub use actix_web::dev::ServerHandle;
+
 /// Why ingest could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -118,7 +121,7 @@ impl IngestApp {
     }
 
     /// A handle that can stop the server.
-    pub fn handle(&self) -> actix_web::dev::ServerHandle {
+    pub fn handle(&self) -> ServerHandle {
         self.server.handle()
     }
 

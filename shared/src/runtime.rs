@@ -36,6 +36,7 @@ use lapin::types::FieldTable;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 use tracing::{Instrument, field};
 
 use crate::broker::{self, BrokerError, DeadLetter, Job, Publisher, Topology};
@@ -469,13 +470,15 @@ impl Worker {
     ) -> Attempt {
         let inner = &self.inner;
         let lost = CancellationToken::new();
-        let heartbeat = tokio::spawn(heartbeat(
+        // Aborted on drop too: if this attempt's future is dropped (the
+        // worker is torn down), the lease must stop being renewed.
+        let heartbeat = AbortOnDropHandle::new(tokio::spawn(heartbeat(
             inner.pool.clone(),
             inner.policy,
             job.key.clone(),
             token,
             lost.clone(),
-        ));
+        )));
         let mut effect = Effect::new(
             inner.pool.clone(),
             job.key.clone(),

@@ -1,1 +1,405 @@
-//! Test support.
+//! Support for hookinbox's integration tests.
+//!
+//! Every test gets its own database (created, migrated, dropped) and its own
+//! queue prefix, so tests run in parallel against the one real Postgres and
+//! the one real RabbitMQ without seeing each other's rows or messages.
+//! Workers are driven with [`Worker::drain`] until the queue is empty, never
+//! with sleeps.
+
+pub mod fixtures;
+pub mod proxy;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hmac::{Hmac, Mac};
+use hookinbox::config::{CommonArgs, IngestArgs, IngestConfig, WorkerArgs, WorkerConfig};
+use hookinbox::handler::Handler;
+use hookinbox::ingest::IngestApp;
+use hookinbox::runtime::Worker;
+use sha2::Sha256;
+
+/// Postgres server for tests (a URL without a database name).
+pub fn postgres_base() -> String {
+    std::env::var("HOOKINBOX_TEST_POSTGRES")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".to_owned())
+}
+
+/// RabbitMQ for tests.
+pub fn amqp_url() -> String {
+    std::env::var("HOOKINBOX_TEST_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
+}
+
+/// The secret most tests sign with.
+pub const SECRET: &str = "It's a Secret to Everybody";
+
+/// `sha256=<hex>` of `body` under `secret`, computed independently of the
+/// library under test.
+pub fn sign(secret: &str, body: &[u8]) -> String {
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("any key length");
+    mac.update(body);
+    format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
+}
+
+/// Waits for `check` to hold, polling; panics after `limit`. For conditions
+/// the test cannot be told about directly (a broker noticing a dead
+/// connection), never as a stand-in for driving the worker.
+pub async fn wait_until<F, Fut>(what: &str, limit: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// One test's private database and queue prefix.
+pub struct TestEnv {
+    /// The database's name.
+    pub db_name: String,
+    /// Its URL.
+    pub database_url: String,
+    /// The queue prefix.
+    pub prefix: String,
+    /// A direct connection for assertions.
+    pub db: tokio_postgres::Client,
+}
+
+impl TestEnv {
+    /// Creates a fresh database and a random queue prefix.
+    pub async fn new() -> Self {
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let db_name = format!("hookinbox_test_{id}");
+        let admin = connect(&format!("{}/postgres", postgres_base())).await;
+        admin
+            .batch_execute(&format!("create database {db_name}"))
+            .await
+            .expect("create test database");
+        let database_url = format!("{}/{db_name}", postgres_base());
+        let pool = hookinbox::db::pool(&database_url, 1).expect("pool");
+        hookinbox::db::migrate(&pool).await.expect("migrate");
+        let db = connect(&database_url).await;
+        Self {
+            db_name,
+            database_url,
+            prefix: format!("test-{id}"),
+            db,
+        }
+    }
+
+    /// Shared settings pointing at this test's database and queues.
+    pub fn common(&self) -> CommonArgs {
+        CommonArgs {
+            database_url: self.database_url.clone(),
+            amqp_url: amqp_url(),
+            queue_prefix: self.prefix.clone(),
+            auto_migrate: false,
+            lease_secs: 30,
+            max_attempts: 5,
+            publish_timeout_ms: 3000,
+            db_pool_size: 8,
+        }
+    }
+
+    /// Ingest settings: the default source with [`SECRET`].
+    pub fn ingest_args(&self) -> IngestArgs {
+        IngestArgs {
+            common: self.common(),
+            listen: "127.0.0.1:0".parse().expect("address"),
+            github_secret: Some(SECRET.to_owned()),
+            github_secret_file: None,
+            allowed_events: String::new(),
+            max_body_bytes: 25 * 1024 * 1024,
+            body_timeout_ms: 10_000,
+        }
+    }
+
+    /// Worker settings.
+    pub fn worker_args(&self) -> WorkerArgs {
+        WorkerArgs {
+            common: self.common(),
+            concurrency: 4,
+            handler_timeout_ms: 10_000,
+            handler: hookinbox::config::HandlerKind::Store,
+            shutdown_grace_secs: 5,
+        }
+    }
+
+    /// Starts ingest with the default settings.
+    pub async fn ingest(&self) -> TestIngest {
+        self.ingest_with(self.ingest_args().validate().expect("valid settings"))
+            .await
+    }
+
+    /// Starts ingest with `config`, on a free port.
+    pub async fn ingest_with(&self, config: IngestConfig) -> TestIngest {
+        let app = IngestApp::build(config).await.expect("ingest starts");
+        let port = app.port();
+        let handle = app.handle();
+        tokio::spawn(app.run_until_stopped());
+        TestIngest {
+            base: format!("http://127.0.0.1:{port}"),
+            port,
+            http: reqwest::Client::new(),
+            handle,
+        }
+    }
+
+    /// A worker running `handler`.
+    pub async fn worker(&self, handler: Arc<dyn Handler>) -> Worker {
+        self.worker_with(self.worker_args().validate().expect("valid"), handler)
+            .await
+    }
+
+    /// A worker with `config`.
+    pub async fn worker_with(&self, config: WorkerConfig, handler: Arc<dyn Handler>) -> Worker {
+        Worker::build(config, handler).await.expect("worker builds")
+    }
+
+    /// A worker running the `store` handler.
+    pub async fn store_worker(&self) -> Worker {
+        self.worker(Arc::new(hookinbox::handler::Store)).await
+    }
+
+    /// Runs `sql`, which must return one bigint.
+    pub async fn count(&self, sql: &str) -> i64 {
+        self.db.query_one(sql, &[]).await.expect(sql).get(0)
+    }
+
+    /// Rows in `deliveries`.
+    pub async fn deliveries(&self) -> i64 {
+        self.count("select count(*) from deliveries").await
+    }
+
+    /// Rows in `github_events`.
+    pub async fn events(&self) -> i64 {
+        self.count("select count(*) from github_events").await
+    }
+
+    /// Messages ready in a queue of this test.
+    pub async fn queue_depth(&self, queue: &str) -> u32 {
+        let connection =
+            lapin::Connection::connect(&amqp_url(), lapin::ConnectionProperties::default())
+                .await
+                .expect("amqp");
+        let channel = connection.create_channel().await.expect("channel");
+        let q = channel
+            .queue_declare(
+                queue,
+                lapin::options::QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                Default::default(),
+            )
+            .await
+            .expect("queue exists");
+        let _ = connection.close(200, "").await;
+        q.message_count()
+    }
+
+    /// Ready messages in the work queue.
+    pub async fn work_depth(&self) -> u32 {
+        self.queue_depth(&format!("{}.work", self.prefix)).await
+    }
+
+    /// Ready messages in the dead-letter queue.
+    pub async fn dead_depth(&self) -> u32 {
+        self.queue_depth(&format!("{}.dlq", self.prefix)).await
+    }
+
+    /// Drops the database and the queues. Call at the end of a test; a
+    /// failed test leaves them behind for inspection.
+    pub async fn cleanup(self) {
+        if let Ok(connection) =
+            lapin::Connection::connect(&amqp_url(), lapin::ConnectionProperties::default()).await
+        {
+            if let Ok(channel) = connection.create_channel().await {
+                for q in ["work", "dlq"] {
+                    let _ = channel
+                        .queue_delete(&format!("{}.{q}", self.prefix), Default::default())
+                        .await;
+                }
+                for x in ["work", "dlx"] {
+                    let _ = channel
+                        .exchange_delete(&format!("{}.{x}", self.prefix), Default::default())
+                        .await;
+                }
+            }
+            let _ = connection.close(200, "").await;
+        }
+        drop(self.db);
+        let admin = connect(&format!("{}/postgres", postgres_base())).await;
+        let _ = admin
+            .batch_execute(&format!(
+                "drop database if exists {} with (force)",
+                self.db_name
+            ))
+            .await;
+    }
+}
+
+/// Connects a plain client, driving its connection in the background.
+pub async fn connect(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("Postgres reachable");
+    tokio::spawn(connection);
+    client
+}
+
+/// A running ingest.
+pub struct TestIngest {
+    /// `http://127.0.0.1:<port>`.
+    pub base: String,
+    /// Its port.
+    pub port: u16,
+    /// An HTTP client.
+    pub http: reqwest::Client,
+    /// Stops the server.
+    pub handle: actix_web_handle::ServerHandle,
+}
+
+/// Re-export so tests need not depend on actix-web.
+pub mod actix_web_handle {
+    pub use hookinbox::ingest::ServerHandle;
+}
+
+/// One webhook request, signed or not.
+#[derive(Clone, Debug)]
+pub struct Hook {
+    /// Route path, `/webhooks/github` by default.
+    pub path: String,
+    /// `X-GitHub-Event`, if sent.
+    pub event: Option<String>,
+    /// `X-GitHub-Delivery`, if sent.
+    pub delivery: Option<String>,
+    /// `X-GitHub-Hook-ID`, if sent.
+    pub hook_id: Option<String>,
+    /// `Content-Type`.
+    pub content_type: String,
+    /// `X-Hub-Signature-256`, if sent.
+    pub signature: Option<String>,
+    /// Extra headers.
+    pub extra: Vec<(String, String)>,
+    /// The raw body.
+    pub body: Vec<u8>,
+}
+
+impl Hook {
+    /// A JSON delivery of `event`, signed with [`SECRET`], with a fresh id.
+    pub fn new(event: &str, body: impl Into<Vec<u8>>) -> Self {
+        let body = body.into();
+        Self {
+            path: "/webhooks/github".to_owned(),
+            event: Some(event.to_owned()),
+            delivery: Some(uuid::Uuid::new_v4().to_string()),
+            hook_id: Some("123456".to_owned()),
+            content_type: "application/json".to_owned(),
+            signature: Some(sign(SECRET, &body)),
+            extra: Vec::new(),
+            body,
+        }
+    }
+
+    /// Re-signs the body with `secret`.
+    pub fn signed_with(mut self, secret: &str) -> Self {
+        self.signature = Some(sign(secret, &self.body));
+        self
+    }
+
+    /// The delivery id (panics if none).
+    pub fn id(&self) -> &str {
+        self.delivery.as_deref().expect("delivery id")
+    }
+}
+
+/// An answer: status and JSON body.
+#[derive(Debug)]
+pub struct Answer {
+    /// HTTP status.
+    pub status: u16,
+    /// The JSON body (`Null` if not JSON).
+    pub body: serde_json::Value,
+}
+
+impl Answer {
+    /// `body.status`.
+    pub fn kind(&self) -> &str {
+        self.body["status"].as_str().unwrap_or("")
+    }
+}
+
+impl TestIngest {
+    /// Sends `hook` and returns the answer.
+    pub async fn send(&self, hook: &Hook) -> Answer {
+        let mut req = self
+            .http
+            .post(format!("{}{}", self.base, hook.path))
+            .header("content-type", &hook.content_type)
+            .header("user-agent", "GitHub-Hookshot/test")
+            .body(hook.body.clone());
+        if let Some(v) = &hook.event {
+            req = req.header("x-github-event", v);
+        }
+        if let Some(v) = &hook.delivery {
+            req = req.header("x-github-delivery", v);
+        }
+        if let Some(v) = &hook.hook_id {
+            req = req.header("x-github-hook-id", v);
+        }
+        if let Some(v) = &hook.signature {
+            req = req.header("x-hub-signature-256", v);
+        }
+        for (k, v) in &hook.extra {
+            req = req.header(k, v);
+        }
+        let resp = req.send().await.expect("ingest answers");
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap_or_default();
+        Answer {
+            status,
+            body: serde_json::from_str(&text).unwrap_or(serde_json::Value::Null),
+        }
+    }
+
+    /// GETs a path and returns the status.
+    pub async fn get(&self, path: &str) -> u16 {
+        self.http
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .map(|r| r.status().as_u16())
+            .unwrap_or(0)
+    }
+
+    /// Stops the server.
+    pub async fn stop(&self) {
+        self.handle.stop(false).await;
+    }
+}
+
+/// Path of a workspace binary (`cargo nextest run --workspace` builds them
+/// next to the test binaries).
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target dir");
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is not built; run the tests with `cargo nextest run --workspace`",
+        path.display()
+    );
+    path
+}

@@ -1,0 +1,77 @@
+//! GitHub payloads for tests: the few kept in this repo, plus the whole
+//! real corpus when `HOOKINBOX_GITHUB_FIXTURES` names its folder (one
+//! subfolder per event, one JSON file per payload).
+
+use std::path::{Path, PathBuf};
+
+/// One payload and the event it belongs to.
+#[derive(Clone, Debug)]
+pub struct Fixture {
+    /// The event (its folder's name).
+    pub event: String,
+    /// Its path, for messages.
+    pub path: PathBuf,
+    /// The raw bytes.
+    pub body: Vec<u8>,
+}
+
+fn load_dir(root: &Path, out: &mut Vec<Fixture>) {
+    let Ok(events) = std::fs::read_dir(root) else {
+        panic!("cannot read fixtures folder {}", root.display());
+    };
+    let mut events: Vec<_> = events.flatten().filter(|e| e.path().is_dir()).collect();
+    events.sort_by_key(|e| e.path());
+    for event in events {
+        let name = event.file_name().to_string_lossy().into_owned();
+        let mut files: Vec<_> = std::fs::read_dir(event.path())
+            .expect("event folder")
+            .flatten()
+            .map(|f| f.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "json"))
+            .collect();
+        files.sort();
+        for path in files {
+            let body = std::fs::read(&path).expect("fixture readable");
+            out.push(Fixture {
+                event: name.clone(),
+                path,
+                body,
+            });
+        }
+    }
+}
+
+/// The repo's own payloads, then the real corpus if configured.
+pub fn all() -> Vec<Fixture> {
+    let mut out = Vec::new();
+    load_dir(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures"),
+        &mut out,
+    );
+    if let Some(dir) = corpus_dir() {
+        load_dir(&dir, &mut out);
+    }
+    assert!(!out.is_empty());
+    out
+}
+
+/// The real corpus folder, when `HOOKINBOX_GITHUB_FIXTURES` names one.
+pub fn corpus_dir() -> Option<PathBuf> {
+    std::env::var_os("HOOKINBOX_GITHUB_FIXTURES")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+}
+
+/// The repo's own `event` payload.
+pub fn own(event: &str) -> Vec<u8> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures")
+        .join(event);
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .expect("own fixture folder")
+        .flatten()
+        .map(|f| f.path())
+        .collect();
+    files.sort();
+    std::fs::read(&files[0]).expect("own fixture")
+}

@@ -1,0 +1,260 @@
+//! Leases, takeovers and fencing: a stale holder changes nothing, and a
+//! killed worker's delivery is finished by another after its lease.
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hookinbox::broker::Job;
+use hookinbox::deliveries::{self, Claim, NewClaim, Take};
+use hookinbox::handler::{Completion, Effect, Handler, HandlerError, Store};
+use hookinbox::key::{DeliveryId, DeliveryKey, HookId, SourceName};
+use hookinbox::runtime::JobOutcome;
+use hookinbox_tests::{Hook, TestEnv, bin, connect, fixtures, wait_until};
+use tokio::sync::Notify;
+
+fn key(id: &str) -> DeliveryKey {
+    DeliveryKey::github(
+        SourceName::default_source(),
+        HookId::parse(Some(b"1")).expect("digits"),
+        DeliveryId::parse(id.as_bytes()).expect("ascii"),
+    )
+}
+
+#[tokio::test]
+async fn stale_worker_cannot_complete() {
+    let env = TestEnv::new().await;
+    let pool = hookinbox::db::pool(&env.database_url, 4).expect("pool");
+    let policy = env.common().policy();
+    let k = key("stale-1");
+    let client = pool.get().await.expect("client");
+    let Claim::Claimed { token: t0, .. } = deliveries::claim(
+        &client,
+        &policy,
+        NewClaim {
+            key: &k,
+            event: "push",
+            action: None,
+            body_sha256: &[7; 32],
+        },
+    )
+    .await
+    .expect("claim") else {
+        panic!("new key must be claimed")
+    };
+    let Take::Taken { token: stale, .. } = deliveries::take(&client, &policy, &k, t0)
+        .await
+        .expect("take")
+    else {
+        panic!("first take")
+    };
+    // Worker A stalls past its lease (backdated rather than slept for).
+    env.db
+        .execute(
+            "update deliveries set lease_until = now() - interval '1 second'",
+            &[],
+        )
+        .await
+        .expect("backdate");
+    // The redelivered message is taken by worker B.
+    let Take::Taken {
+        token: fresh,
+        attempts,
+        takeover,
+        ..
+    } = deliveries::take(&client, &policy, &k, t0)
+        .await
+        .expect("take")
+    else {
+        panic!("takeover")
+    };
+    assert!(takeover);
+    assert_eq!(attempts, 2);
+
+    // Worker A wakes up: every write under its token is fenced.
+    assert!(
+        !deliveries::renew(&client, &policy, &k, stale)
+            .await
+            .expect("renew")
+    );
+    let job = Job {
+        key: k.clone(),
+        event: hookinbox::key::EventName::parse(b"push").expect("event"),
+        action: None,
+        token: t0,
+        content_type: "application/json".to_owned(),
+        github_headers: Vec::new(),
+        body: fixtures::own("push").into(),
+    };
+    let mut stale_effect = Effect::new(pool.clone(), k.clone(), stale, 1, chrono::Utc::now());
+    let result = Store.handle(&job, &mut stale_effect).await;
+    assert!(matches!(result, Err(HandlerError::Fenced)), "{result:?}");
+    let completion = stale_effect.complete().await.expect("complete");
+    assert_eq!(completion, Completion::Fenced);
+    let failure = deliveries::Failure {
+        class: deliveries::ErrorClass::Transient,
+        message: "late".to_owned(),
+        retry_in: None,
+    };
+    assert!(
+        deliveries::fail(&client, &k, stale, &failure)
+            .await
+            .expect("fail")
+            .is_none()
+    );
+    assert!(
+        !deliveries::release_lease(&client, &k, stale)
+            .await
+            .expect("release")
+    );
+    assert_eq!(env.events().await, 0, "the stale effect never landed");
+
+    // Worker B finishes normally.
+    let mut effect = Effect::new(pool.clone(), k.clone(), fresh, 2, chrono::Utc::now());
+    Store.handle(&job, &mut effect).await.expect("effect");
+    assert_eq!(
+        effect.complete().await.expect("complete"),
+        Completion::Completed
+    );
+    assert_eq!(env.events().await, 1);
+    let row = deliveries::get(&client, &k)
+        .await
+        .expect("get")
+        .expect("row");
+    assert_eq!(row.status, deliveries::Status::Completed);
+    assert_eq!(row.claim_token, fresh);
+    env.cleanup().await;
+}
+
+/// Store; the first call waits until the test lets it go.
+struct Gated {
+    entered: Notify,
+    go: Notify,
+    first: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl Handler for Gated {
+    async fn handle(&self, job: &Job, effect: &mut Effect) -> Result<(), HandlerError> {
+        if self.first.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            self.entered.notify_one();
+            self.go.notified().await;
+        }
+        Store.handle(job, effect).await
+    }
+}
+
+#[tokio::test]
+async fn worker_whose_claim_was_taken_over_is_fenced_and_acks() {
+    let env = TestEnv::new().await;
+    let ingest = env.ingest().await;
+    let gate = Arc::new(Gated {
+        entered: Notify::new(),
+        go: Notify::new(),
+        first: std::sync::atomic::AtomicBool::new(true),
+    });
+    let worker = env.worker(gate.clone()).await;
+    let hook = Hook::new("push", fixtures::own("push"));
+    assert_eq!(ingest.send(&hook).await.status, 202);
+    let draining = tokio::spawn(async move { worker.drain().await });
+    gate.entered.notified().await;
+
+    // Its lease lapses and a redelivery takes the delivery over.
+    env.db
+        .execute(
+            "update deliveries set lease_until = now() - interval '1 second'",
+            &[],
+        )
+        .await
+        .expect("backdate");
+    let answer = ingest.send(&hook).await;
+    assert_eq!(
+        (answer.status, answer.kind()),
+        (202, "accepted"),
+        "reclaimed"
+    );
+
+    gate.go.notify_one();
+    // The stale job is fenced; the redelivery's job (drained next) completes.
+    let report = draining.await.expect("join").expect("drain");
+    assert_eq!(
+        report.outcomes,
+        vec![JobOutcome::Fenced, JobOutcome::Completed]
+    );
+    assert_eq!(env.events().await, 1);
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn worker_killed_mid_job_is_finished_by_another_after_the_lease() {
+    let env = TestEnv::new().await;
+    let mut args = env.ingest_args();
+    args.common.lease_secs = 3;
+    let ingest = env.ingest_with(args.validate().expect("valid")).await;
+
+    // Hold the effect table so the worker blocks mid-effect.
+    let blocker = connect(&env.database_url).await;
+    blocker
+        .batch_execute("begin; lock table github_events in access exclusive mode")
+        .await
+        .expect("lock");
+
+    let log =
+        std::fs::File::create(std::env::temp_dir().join(format!("{}-worker.log", env.prefix)))
+            .expect("log");
+    let mut child = tokio::process::Command::new(bin("hookinbox-worker"))
+        .env("DATABASE_URL", &env.database_url)
+        .env("AMQP_URL", hookinbox_tests::amqp_url())
+        .env("HOOKINBOX_QUEUE_PREFIX", &env.prefix)
+        .env("HOOKINBOX_LEASE_SECS", "3")
+        .env("HOOKINBOX_AUTO_MIGRATE", "false")
+        .env("HOOKINBOX_LOG_FORMAT", "json")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("worker starts");
+
+    let hook = Hook::new("push", fixtures::own("push"));
+    assert_eq!(ingest.send(&hook).await.status, 202);
+    let db_name = env.db_name.clone();
+    wait_until("the worker to block inside its effect", Duration::from_secs(20), || {
+        let db = &env.db;
+        let db_name = db_name.clone();
+        async move {
+            db.query_one(
+                "select count(*) from pg_stat_activity where datname = $1 and wait_event_type = 'Lock'",
+                &[&db_name],
+            )
+            .await
+            .map(|r| r.get::<_, i64>(0) > 0)
+            .unwrap_or(false)
+        }
+    })
+    .await;
+
+    child.kill().await.expect("kill -9");
+    blocker.batch_execute("rollback").await.expect("unlock");
+    wait_until(
+        "the broker to requeue the message",
+        Duration::from_secs(20),
+        || async { env.work_depth().await == 1 },
+    )
+    .await;
+
+    let mut worker_args = env.worker_args();
+    worker_args.common.lease_secs = 3;
+    let worker = env
+        .worker_with(worker_args.validate().expect("valid"), Arc::new(Store))
+        .await;
+    // The killed worker's lease is still live: the copy is deferred, then
+    // taken once the lease runs out.
+    let report = worker.drain().await.expect("drain");
+    assert_eq!(report.outcomes, vec![JobOutcome::Completed]);
+    assert_eq!(env.events().await, 1);
+    assert_eq!(
+        env.count("select attempts::bigint from deliveries").await,
+        2
+    );
+    env.cleanup().await;
+}

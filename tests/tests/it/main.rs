@@ -1,0 +1,22 @@
+//! Integration tests against the real Postgres and RabbitMQ, one module per
+//! behaviour. Each test has its own database and queue prefix.
+
+mod answers;
+mod corpus;
+mod fencing;
+mod outages;
+mod races;
+mod settings;
+
+use hookinbox::broker::Job;
+use hookinbox::handler::{Effect, Handler, HandlerError};
+
+/// A handler that always fails permanently.
+pub struct AlwaysPermanent;
+
+#[async_trait::async_trait]
+impl Handler for AlwaysPermanent {
+    async fn handle(&self, _job: &Job, _effect: &mut Effect) -> Result<(), HandlerError> {
+        Err(HandlerError::permanent("receiver refused the event"))
+    }
+}

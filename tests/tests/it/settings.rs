@@ -1,0 +1,121 @@
+//! Each bad setting makes the binary refuse to start, naming it.
+
+use std::process::Command;
+
+use hookinbox_tests::bin;
+
+fn run(binary: &str, env: &[(&str, &str)]) -> (bool, String) {
+    let mut cmd = Command::new(bin(binary));
+    cmd.env_clear();
+    if let Some(path) = std::env::var_os("PATH") {
+        cmd.env("PATH", path);
+    }
+    // Point at nothing: a refusal must come before any connection.
+    cmd.env("DATABASE_URL", "postgres://postgres@127.0.0.1:1/none")
+        .env("AMQP_URL", "amqp://guest:guest@127.0.0.1:1/%2f")
+        .env("HOOKINBOX_LOG_FORMAT", "text");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn each_bad_setting_is_refused_by_name() {
+    let dir = std::env::temp_dir().join(format!("hookinbox-settings-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let blank_line = dir.join("blank-line");
+    std::fs::write(&blank_line, "new\n\nold\n").expect("write");
+    let blank_line = blank_line.to_string_lossy().into_owned();
+    let empty_file = dir.join("empty");
+    std::fs::write(&empty_file, "\n").expect("write");
+    let empty_file = empty_file.to_string_lossy().into_owned();
+
+    type Case<'a> = (&'a str, Vec<(&'a str, &'a str)>, &'a str);
+    let cases: Vec<Case> = vec![
+        ("hookinbox-ingest", vec![], "HOOKINBOX_GITHUB_SECRET"),
+        (
+            "hookinbox-ingest",
+            vec![("HOOKINBOX_GITHUB_SECRET", "\n")],
+            "HOOKINBOX_GITHUB_SECRET: is empty",
+        ),
+        (
+            "hookinbox-ingest",
+            vec![("HOOKINBOX_GITHUB_SECRET_FILE", &blank_line)],
+            "HOOKINBOX_GITHUB_SECRET_FILE: line 2 is empty",
+        ),
+        (
+            "hookinbox-ingest",
+            vec![("HOOKINBOX_GITHUB_SECRET_FILE", &empty_file)],
+            "HOOKINBOX_GITHUB_SECRET_FILE",
+        ),
+        (
+            "hookinbox-ingest",
+            vec![("HOOKINBOX_GITHUB_SECRET_FILE", "/nonexistent/secret")],
+            "HOOKINBOX_GITHUB_SECRET_FILE",
+        ),
+        (
+            "hookinbox-ingest",
+            vec![
+                ("HOOKINBOX_GITHUB_SECRET", "s"),
+                ("DATABASE_URL", "postgres://host:notaport/db"),
+            ],
+            "DATABASE_URL",
+        ),
+        (
+            "hookinbox-ingest",
+            vec![
+                ("HOOKINBOX_GITHUB_SECRET", "s"),
+                ("AMQP_URL", "amqp://host:notaport"),
+            ],
+            "AMQP_URL",
+        ),
+        (
+            "hookinbox-ingest",
+            vec![
+                ("HOOKINBOX_GITHUB_SECRET", "s"),
+                ("HOOKINBOX_ALLOWED_EVENTS", "push,Not An Event"),
+            ],
+            "HOOKINBOX_ALLOWED_EVENTS",
+        ),
+        (
+            "hookinbox-worker",
+            vec![("DATABASE_URL", "postgres://host:notaport/db")],
+            "DATABASE_URL",
+        ),
+        (
+            "hookinbox-worker",
+            vec![("AMQP_URL", "amqp://host:notaport")],
+            "AMQP_URL",
+        ),
+        (
+            "hookinbox-worker",
+            vec![("HOOKINBOX_CONCURRENCY", "0")],
+            "HOOKINBOX_CONCURRENCY",
+        ),
+        (
+            "hookinbox-worker",
+            vec![("HOOKINBOX_LEASE_SECS", "soon")],
+            "HOOKINBOX_LEASE_SECS",
+        ),
+    ];
+    for (binary, env, expected) in cases {
+        let (ok, stderr) = run(binary, &env);
+        assert!(!ok, "{binary} {env:?} must refuse to start");
+        assert!(
+            stderr.contains(expected),
+            "{binary} {env:?}: expected '{expected}' in:\n{stderr}"
+        );
+        assert!(
+            !stderr.contains("notaport/db")
+                || expected != "DATABASE_URL"
+                || !stderr.contains("postgres://"),
+            "no URL echoed"
+        );
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
