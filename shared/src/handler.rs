@@ -264,6 +264,15 @@ impl Drop for Effect {
         // closes and Postgres rolls the transaction back, instead of handing
         // a half-done transaction to the next job.
         if let Some(client) = self.tx.take() {
+            // A statement may still be running (blocked on a lock, say); a
+            // backend busy with it would not notice the closed socket and
+            // would keep its row locks. Cancel it first.
+            let cancel = client.cancel_token();
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move {
+                    let _ = cancel.cancel_query(tokio_postgres::NoTls).await;
+                });
+            }
             drop(deadpool_postgres::Object::take(client));
         }
     }

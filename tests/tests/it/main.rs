@@ -4,6 +4,7 @@
 mod answers;
 mod corpus;
 mod fencing;
+mod lifecycle;
 mod outages;
 mod races;
 mod settings;
