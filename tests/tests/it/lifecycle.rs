@@ -42,7 +42,12 @@ async fn sigterm_releases_unfinished_leases_and_leaves_messages_for_another_work
         .expect("worker starts");
     let hook = Hook::new("push", fixtures::own("push"));
     assert_eq!(ingest.send(&hook).await.status, 202);
-    wait_until("the job to block in its effect", Duration::from_secs(20), || blocked_on_lock(&env)).await;
+    wait_until(
+        "the job to block in its effect",
+        Duration::from_secs(20),
+        || blocked_on_lock(&env),
+    )
+    .await;
 
     let pid = child.id().expect("pid").to_string();
     let killed = std::process::Command::new("kill")
@@ -67,9 +72,11 @@ async fn sigterm_releases_unfinished_leases_and_leaves_messages_for_another_work
         .get(0);
     assert!(released, "the unfinished job's lease was released");
     blocker.batch_execute("rollback").await.expect("unlock");
-    wait_until("the message to be back in the queue", Duration::from_secs(10), || async {
-        env.work_depth().await == 1
-    })
+    wait_until(
+        "the message to be back in the queue",
+        Duration::from_secs(10),
+        || async { env.work_depth().await == 1 },
+    )
     .await;
     // Taken at once (no deferred wait for a lease), completed once.
     let report = env.store_worker().await.drain().await.expect("drain");
@@ -101,24 +108,30 @@ async fn worker_holds_messages_while_postgres_is_unreachable_and_finishes_after(
         assert_eq!(ingest.send(&hook).await.status, 202);
     }
     // The worker takes the messages and holds them unacked.
-    wait_until("the worker to hold every message", Duration::from_secs(20), || async {
-        env.work_depth().await == 0
-    })
+    wait_until(
+        "the worker to hold every message",
+        Duration::from_secs(20),
+        || async { env.work_depth().await == 0 },
+    )
     .await;
     assert_eq!(env.events().await, 0);
     assert_eq!(
-        env.count("select count(*) from deliveries where attempts = 0").await,
+        env.count("select count(*) from deliveries where attempts = 0")
+            .await,
         3
     );
 
     proxy.reopen();
-    wait_until("every delivery to complete", Duration::from_secs(30), || async {
-        env.events().await == 3
-    })
+    wait_until(
+        "every delivery to complete",
+        Duration::from_secs(30),
+        || async { env.events().await == 3 },
+    )
     .await;
     // No take happened during the outage: one attempt each.
     assert_eq!(
-        env.count("select count(*) from deliveries where status = 'completed' and attempts = 1").await,
+        env.count("select count(*) from deliveries where status = 'completed' and attempts = 1")
+            .await,
         3
     );
     shutdown.cancel();

@@ -3,6 +3,7 @@
 
 mod answers;
 mod corpus;
+mod failures;
 mod fencing;
 mod lifecycle;
 mod outages;

@@ -1,0 +1,130 @@
+//! Handler failures: panics bounded by the attempts counter, and timeouts.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt as _;
+use hookinbox::broker::Job;
+use hookinbox::deliveries::ErrorClass;
+use hookinbox::handler::{Effect, Handler, HandlerError};
+use hookinbox::runtime::JobOutcome;
+use hookinbox_tests::{Hook, TestEnv, fixtures};
+
+struct Panics;
+
+#[async_trait::async_trait]
+impl Handler for Panics {
+    async fn handle(&self, _job: &Job, _effect: &mut Effect) -> Result<(), HandlerError> {
+        panic!("handler bug")
+    }
+}
+
+struct Hangs;
+
+#[async_trait::async_trait]
+impl Handler for Hangs {
+    async fn handle(&self, _job: &Job, effect: &mut Effect) -> Result<(), HandlerError> {
+        // Holds the row lock while it hangs: the timeout must release it.
+        effect.transaction().await?;
+        futures::future::pending::<()>().await;
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_job_that_crashes_every_time_is_stopped_by_max_attempts_as_poison() {
+    let env = TestEnv::new().await;
+    let ingest = env.ingest().await;
+    let mut args = env.worker_args();
+    args.common.max_attempts = 3;
+    let worker = env
+        .worker_with(args.validate().expect("valid"), Arc::new(Panics))
+        .await;
+    let hook = Hook::new("push", fixtures::own("push"));
+    assert_eq!(ingest.send(&hook).await.status, 202);
+    let report = worker
+        .drain()
+        .await
+        .expect("drain: the worker survives panics");
+    assert_eq!(
+        report.outcomes,
+        vec![
+            JobOutcome::Requeued,
+            JobOutcome::Requeued,
+            JobOutcome::Requeued,
+            JobOutcome::Poisoned
+        ]
+    );
+    let row = env
+        .db
+        .query_one(
+            "select status, retryable, attempts, last_error_class from deliveries",
+            &[],
+        )
+        .await
+        .expect("row");
+    assert_eq!(row.get::<_, String>(0), "failed");
+    assert!(!row.get::<_, bool>(1));
+    assert_eq!(row.get::<_, i32>(2), 3, "no take past the maximum");
+    assert_eq!(row.get::<_, String>(3), "poison");
+    assert_eq!(env.dead_depth().await, 1);
+    assert_eq!(env.work_depth().await, 0);
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_handler_past_its_time_limit_is_cancelled_and_recorded_as_timeout() {
+    let env = TestEnv::new().await;
+    let ingest = env.ingest().await;
+    let mut args = env.worker_args();
+    args.handler_timeout_ms = 300;
+    let worker = env
+        .worker_with(args.validate().expect("valid"), Arc::new(Hangs))
+        .await;
+    let hook = Hook::new("push", fixtures::own("push"));
+    assert_eq!(ingest.send(&hook).await.status, 202);
+    let report = tokio::time::timeout(Duration::from_secs(30), worker.drain())
+        .await
+        .expect("the hung handler was cancelled")
+        .expect("drain");
+    assert_eq!(
+        report.outcomes,
+        vec![JobOutcome::Failed {
+            class: ErrorClass::Timeout,
+            retryable: false
+        }]
+    );
+    assert_eq!(
+        env.count("select count(*) from deliveries where last_error_class = 'timeout'")
+            .await,
+        1
+    );
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_body_that_stalls_times_out_with_408_and_writes_nothing() {
+    let env = TestEnv::new().await;
+    let mut args = env.ingest_args();
+    args.body_timeout_ms = 300;
+    let ingest = env.ingest_with(args.validate().expect("valid")).await;
+    let first: Result<Vec<u8>, std::io::Error> = Ok(b"{\"a\":".to_vec());
+    let stalled = futures::stream::iter([first]).chain(futures::stream::pending());
+    let resp = ingest
+        .http
+        .post(format!("{}/webhooks/github", ingest.base))
+        .header("content-type", "application/json")
+        .header("x-github-event", "push")
+        .header("x-github-delivery", "slow-1")
+        .header(
+            "x-hub-signature-256",
+            hookinbox_tests::sign(hookinbox_tests::SECRET, b"x"),
+        )
+        .body(reqwest::Body::wrap_stream(stalled))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(resp.status().as_u16(), 408);
+    assert_eq!(env.deliveries().await, 0);
+    env.cleanup().await;
+}
