@@ -11,4 +11,8 @@ if [ -z "${HOOKINBOX_GITHUB_FIXTURES:-}" ] && [ -d ../shared/fixtures/github-pay
   export HOOKINBOX_GITHUB_FIXTURES
 fi
 cargo build --workspace --bins --examples
-exec cargo nextest run --workspace --no-fail-fast "$@"
+cargo nextest run --workspace --no-fail-fast "$@"
+# Tests that restart the shared RabbitMQ run alone, after the suite.
+if [ "$#" -eq 0 ]; then
+  cargo nextest run --workspace --no-fail-fast --run-ignored only --test-threads 1
+fi

@@ -314,6 +314,21 @@ impl Job {
     }
 }
 
+impl Job {
+    /// The job of a parked delivery, to publish again.
+    pub fn from_parked(parked: crate::deliveries::ParkedJob) -> Result<Self, MalformedJob> {
+        Ok(Self {
+            event: EventName::parse(parked.event.as_bytes()).map_err(|_| MalformedJob("event"))?,
+            key: parked.key,
+            action: parked.action,
+            token: parked.token,
+            content_type: parked.content_type,
+            github_headers: parked.headers,
+            body: Bytes::from(parked.body),
+        })
+    }
+}
+
 /// Why and when a delivery was dead-lettered, for the copy's headers.
 #[derive(Clone, Debug)]
 pub struct DeadLetter {
@@ -542,6 +557,23 @@ impl Publisher {
             &self.topology.dead_letter_exchange(),
             DEAD_ROUTING_KEY,
             &job.body,
+            properties,
+        )
+        .await
+    }
+
+    /// Publishes a message as it is (properties and body) to the
+    /// dead-letter exchange, with a confirm. Used to rewrite the queue when
+    /// operators reconcile it.
+    pub async fn republish_dead_letter(
+        &self,
+        body: &[u8],
+        properties: BasicProperties,
+    ) -> Result<(), BrokerError> {
+        self.publish_raw(
+            &self.topology.dead_letter_exchange(),
+            DEAD_ROUTING_KEY,
+            body,
             properties,
         )
         .await

@@ -14,6 +14,7 @@ use clap::builder::BoolishValueParser;
 
 use crate::deliveries::Policy;
 use crate::key::{EventName, SourceName};
+use crate::retry::RetryPolicy;
 use crate::signature::{Secret, Secrets};
 
 /// A setting that makes a binary refuse to start. The message names the
@@ -445,6 +446,68 @@ pub struct WorkerArgs {
         default_value_t = 20
     )]
     pub shutdown_grace_secs: u64,
+
+    /// First retry delay in milliseconds (doubles each attempt, plus jitter).
+    #[arg(
+        long,
+        env = "HOOKINBOX_RETRY_BASE_MS",
+        value_name = "HOOKINBOX_RETRY_BASE_MS",
+        default_value_t = 1000
+    )]
+    pub retry_base_ms: u64,
+
+    /// Longest retry delay in milliseconds; also caps a handler's Retry-After.
+    #[arg(
+        long,
+        env = "HOOKINBOX_RETRY_MAX_MS",
+        value_name = "HOOKINBOX_RETRY_MAX_MS",
+        default_value_t = 600_000
+    )]
+    pub retry_max_ms: u64,
+
+    /// How long completed deliveries are kept (e.g. `30d`). At least 7 days:
+    /// GitHub redelivers for 3 days (7 on GHES).
+    #[arg(
+        long,
+        env = "HOOKINBOX_RETENTION_COMPLETED",
+        value_name = "HOOKINBOX_RETENTION_COMPLETED",
+        default_value = "30d"
+    )]
+    pub retention_completed: String,
+
+    /// How long failed deliveries (and dead letters) are kept.
+    #[arg(
+        long,
+        env = "HOOKINBOX_RETENTION_FAILED",
+        value_name = "HOOKINBOX_RETENTION_FAILED",
+        default_value = "28d"
+    )]
+    pub retention_failed: String,
+
+    /// Accept a completed retention under 7 days (redeliveries of older
+    /// deliveries would then run again).
+    #[arg(long, env = "HOOKINBOX_ALLOW_SHORT_RETENTION",
+        value_name = "HOOKINBOX_ALLOW_SHORT_RETENTION", default_value = "false",
+        value_parser = BoolishValueParser::new(), action = clap::ArgAction::Set)]
+    pub allow_short_retention: bool,
+
+    /// Seconds past its lease after which a processing claim is reaped as `lost`.
+    #[arg(
+        long,
+        env = "HOOKINBOX_REAP_AFTER_SECS",
+        value_name = "HOOKINBOX_REAP_AFTER_SECS",
+        default_value_t = 600
+    )]
+    pub reap_after_secs: u64,
+
+    /// Milliseconds between retry-scheduler passes.
+    #[arg(
+        long,
+        env = "HOOKINBOX_SCHEDULER_INTERVAL_MS",
+        value_name = "HOOKINBOX_SCHEDULER_INTERVAL_MS",
+        default_value_t = 500
+    )]
+    pub scheduler_interval_ms: u64,
 }
 
 /// Validated settings of the worker runtime.
@@ -458,6 +521,30 @@ pub struct WorkerConfig {
     pub handler_timeout: Duration,
     /// Drain time after SIGTERM.
     pub shutdown_grace: Duration,
+    /// Backoff and attempts.
+    pub retry: RetryPolicy,
+    /// Completed rows older than this are swept.
+    pub retention_completed: Duration,
+    /// Failed rows older than this are swept.
+    pub retention_failed: Duration,
+    /// Processing rows this long past their lease are reaped.
+    pub reap_after: Duration,
+    /// Pause between scheduler passes.
+    pub scheduler_interval: Duration,
+}
+
+/// The shortest completed retention accepted without consent: GitHub lets
+/// an operator redeliver for 3 days (7 on GitHub Enterprise Server), and a
+/// redelivery of a swept delivery would run its effect again.
+pub const MIN_COMPLETED_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+fn parse_duration(name: &'static str, value: &str) -> Result<Duration, ConfigError> {
+    humantime::parse_duration(value.trim()).map_err(|e| {
+        invalid(
+            name,
+            format!("'{value}' is not a duration like 30d or 12h ({e})"),
+        )
+    })
 }
 
 impl WorkerArgs {
@@ -473,11 +560,46 @@ impl WorkerArgs {
                 "must be at least 1",
             ));
         }
+        if self.retry_base_ms == 0 {
+            return Err(invalid("HOOKINBOX_RETRY_BASE_MS", "must be at least 1"));
+        }
+        if self.retry_max_ms < self.retry_base_ms {
+            return Err(invalid(
+                "HOOKINBOX_RETRY_MAX_MS",
+                "must be at least HOOKINBOX_RETRY_BASE_MS",
+            ));
+        }
+        let retention_completed =
+            parse_duration("HOOKINBOX_RETENTION_COMPLETED", &self.retention_completed)?;
+        if retention_completed < MIN_COMPLETED_RETENTION && !self.allow_short_retention {
+            return Err(invalid(
+                "HOOKINBOX_RETENTION_COMPLETED",
+                "is under 7 days: GitHub can redeliver for up to 7 days and a swept delivery \
+                 would run again; set HOOKINBOX_ALLOW_SHORT_RETENTION=true to accept that",
+            ));
+        }
+        let retention_failed =
+            parse_duration("HOOKINBOX_RETENTION_FAILED", &self.retention_failed)?;
+        if self.scheduler_interval_ms == 0 {
+            return Err(invalid(
+                "HOOKINBOX_SCHEDULER_INTERVAL_MS",
+                "must be at least 1",
+            ));
+        }
         Ok(WorkerConfig {
+            retry: RetryPolicy {
+                base: Duration::from_millis(self.retry_base_ms),
+                max: Duration::from_millis(self.retry_max_ms),
+                max_attempts: self.common.max_attempts,
+            },
             common: self.common,
             concurrency: self.concurrency,
             handler_timeout: Duration::from_millis(self.handler_timeout_ms),
             shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),
+            retention_completed,
+            retention_failed,
+            reap_after: Duration::from_secs(self.reap_after_secs),
+            scheduler_interval: Duration::from_millis(self.scheduler_interval_ms),
         })
     }
 }

@@ -30,6 +30,9 @@ pub enum DbError {
     /// The pool could not be built.
     #[error("cannot build the Postgres pool: {0}")]
     Build(#[from] deadpool_postgres::BuildError),
+    /// A stored row no longer parses (edited by hand?).
+    #[error("a stored delivery has an invalid {0}")]
+    BadRow(&'static str),
     /// A migration already applied has been edited since.
     #[error("migration {version} ({name}) was changed after it was applied")]
     MigrationChanged {
@@ -84,11 +87,18 @@ struct Migration {
 
 /// Every migration, in version order. Add new files at the end; never edit
 /// one that has shipped (its checksum is verified).
-const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "0001_deliveries.sql",
-    sql: include_str!("../migrations/0001_deliveries.sql"),
-}];
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "0001_deliveries.sql",
+        sql: include_str!("../migrations/0001_deliveries.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "0002_parked_bodies.sql",
+        sql: include_str!("../migrations/0002_parked_bodies.sql"),
+    },
+];
 
 /// Arbitrary constant naming hookinbox's migration lock.
 const MIGRATION_LOCK: i64 = 0x686f_6f6b_696e_6278; // "hookinbx"

@@ -269,27 +269,102 @@ pub async fn claim(
     Ok(Claim::Duplicate(Status::Processing))
 }
 
-const RELEASE: &str = "
-update deliveries
-set status = 'failed', retryable = true, next_attempt_at = now(),
-    failed_at = now(), first_failed_at = coalesce(first_failed_at, now()),
-    last_error_class = 'publish', last_error = $6
-where provider = $1 and source = $2 and hook_id = $3 and delivery_id = $4
-  and claim_token = $5 and status = 'processing' and attempts = 0";
+/// A raw body to park with a failure: what the scheduler and replays
+/// publish again.
+#[derive(Clone, Copy, Debug)]
+pub struct ParkedBody<'a> {
+    /// The original `Content-Type`.
+    pub content_type: &'a str,
+    /// The original `X-GitHub-*` headers.
+    pub headers: &'a [(String, String)],
+    /// The raw body, as signed.
+    pub body: &'a [u8],
+}
 
-/// Gives a claim back after its publish failed, so a redelivery can claim it
-/// at once. Guarded by the claim's own token *and* `attempts = 0`: if a
-/// worker took the job after all (the confirm was lost, not the message),
-/// this changes nothing and never undoes the take. Returns whether it did.
-pub async fn release(
+impl<'a> ParkedBody<'a> {
+    /// The parked form of a job.
+    pub fn of(job: &'a crate::broker::Job) -> Self {
+        Self {
+            content_type: &job.content_type,
+            headers: &job.github_headers,
+            body: &job.body,
+        }
+    }
+
+    fn headers_json(&self) -> serde_json::Value {
+        serde_json::Value::Array(
+            self.headers
+                .iter()
+                .map(|(k, v)| serde_json::json!([k, v]))
+                .collect(),
+        )
+    }
+}
+
+/// Reads parked headers back.
+pub fn headers_from_json(value: &serde_json::Value) -> Vec<(String, String)> {
+    value
+        .as_array()
+        .map(|pairs| {
+            pairs
+                .iter()
+                .filter_map(|p| {
+                    Some((
+                        p.get(0)?.as_str()?.to_owned(),
+                        p.get(1)?.as_str()?.to_owned(),
+                    ))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Inserts the parked body of the rows a CTE named `moved` returned; used
+/// inside the statements that park.
+macro_rules! park_moved {
+    () => {
+        "parked as (
+    insert into parked_bodies (provider, source, hook_id, delivery_id, content_type, headers, body)
+    select provider, source, hook_id, delivery_id, $20, $21, $22 from moved
+    on conflict (provider, source, hook_id, delivery_id) do nothing
+)"
+    };
+}
+
+const PARK_DUE: &str = concat!(
+    "
+with moved as (
+    update deliveries
+    set status = 'failed', retryable = true, next_attempt_at = now(),
+        failed_at = now(), first_failed_at = coalesce(first_failed_at, now()),
+        last_error_class = 'publish', last_error = $6
+    where provider = $1 and source = $2 and hook_id = $3 and delivery_id = $4
+      and claim_token = $5 and status = 'processing' and attempts = 0
+    returning provider, source, hook_id, delivery_id
+), ",
+    park_moved!(),
+    "
+select count(*) from moved"
+);
+
+/// After ingest's publish failed: parks the body and records the delivery
+/// as failed, retryable, due now, so that the scheduler publishes it once
+/// the broker is back. One statement, so the row never says "due" without
+/// a body to publish. Guarded by the claim's own token *and*
+/// `attempts = 0`: if a worker took the job after all (the confirm was
+/// lost, not the message), this changes nothing and never undoes the take.
+/// Returns whether it parked.
+pub async fn park_due(
     client: &impl GenericClient,
     key: &DeliveryKey,
     token: ClaimToken,
     error: &str,
+    parked: ParkedBody<'_>,
 ) -> Result<bool, DbError> {
-    let stmt = client.prepare_cached(RELEASE).await?;
-    let n = client
-        .execute(
+    let stmt = client.prepare_cached(&renumber(PARK_DUE, 6)).await?;
+    let headers = parked.headers_json();
+    let row = client
+        .query_one(
             &stmt,
             &[
                 &key.provider,
@@ -298,10 +373,21 @@ pub async fn release(
                 &key.delivery_id.as_str(),
                 &token.0,
                 &redact(error),
+                &parked.content_type,
+                &headers,
+                &parked.body,
             ],
         )
         .await?;
-    Ok(n == 1)
+    Ok(row.get::<_, i64>(0) == 1)
+}
+
+/// Gives the parked-body placeholders ($20–$22 in [`park_moved`]) the
+/// numbers that follow a statement's own `n` parameters.
+fn renumber(sql: &str, n: usize) -> String {
+    sql.replace("$20", &format!("${}", n + 1))
+        .replace("$21", &format!("${}", n + 2))
+        .replace("$22", &format!("${}", n + 3))
 }
 
 /// What a worker's take decided.
@@ -319,7 +405,8 @@ pub enum Take {
         created_at: DateTime<Utc>,
     },
     /// Attempts were exhausted: the delivery is now failed, class `poison`,
-    /// and must be dead-lettered without running the effect.
+    /// its body parked, and it must be dead-lettered without running the
+    /// effect.
     Poisoned {
         /// How many takes it had.
         attempts: i32,
@@ -352,17 +439,24 @@ where d.provider = $1 and d.source = $2 and d.hook_id = $3 and d.delivery_id = $
 returning d.attempts, prev.claim_token <> $5 and d.last_error_class is distinct from 'lost',
           d.created_at";
 
-const POISON: &str = "
-update deliveries
-set status = 'failed', retryable = false, failed_at = now(),
-    first_failed_at = coalesce(first_failed_at, now()),
-    last_error_class = 'poison',
-    last_error = 'attempts exhausted: the job crashed or hung its worker on every attempt'
-where provider = $1 and source = $2 and hook_id = $3 and delivery_id = $4
-  and attempts >= $6
-  and ((status = 'processing' and (claim_token = $5 or lease_until < now()))
-    or (status = 'failed' and last_error_class = 'lost' and claim_token = $5))
-returning attempts";
+const POISON: &str = concat!(
+    "
+with moved as (
+    update deliveries
+    set status = 'failed', retryable = false, failed_at = now(),
+        first_failed_at = coalesce(first_failed_at, now()),
+        last_error_class = 'poison',
+        last_error = 'attempts exhausted: the job crashed or hung its worker on every attempt'
+    where provider = $1 and source = $2 and hook_id = $3 and delivery_id = $4
+      and attempts >= $6
+      and ((status = 'processing' and (claim_token = $5 or lease_until < now()))
+        or (status = 'failed' and last_error_class = 'lost' and claim_token = $5))
+    returning provider, source, hook_id, delivery_id, attempts
+), ",
+    park_moved!(),
+    "
+select attempts from moved"
+);
 
 const TAKE_STATE: &str = "
 select status, greatest(extract(epoch from lease_until - now()), 0)::float8
@@ -379,6 +473,7 @@ pub async fn take(
     policy: &Policy,
     key: &DeliveryKey,
     presented: ClaimToken,
+    parked: ParkedBody<'_>,
 ) -> Result<Take, DbError> {
     let k = [
         &key.provider as &(dyn tokio_postgres::types::ToSql + Sync),
@@ -387,7 +482,8 @@ pub async fn take(
         &key.delivery_id.as_str(),
     ];
     let take = client.prepare_cached(TAKE).await?;
-    let poison = client.prepare_cached(POISON).await?;
+    let poison = client.prepare_cached(&renumber(POISON, 6)).await?;
+    let headers = parked.headers_json();
     let state = client.prepare_cached(TAKE_STATE).await?;
     loop {
         let token = ClaimToken::new();
@@ -418,7 +514,17 @@ pub async fn take(
         if let Some(row) = client
             .query_opt(
                 &poison,
-                &[k[0], k[1], k[2], k[3], &presented.0, &policy.max_attempts],
+                &[
+                    k[0],
+                    k[1],
+                    k[2],
+                    k[3],
+                    &presented.0,
+                    &policy.max_attempts,
+                    &parked.content_type,
+                    &headers,
+                    &parked.body,
+                ],
             )
             .await?
         {
@@ -506,13 +612,22 @@ pub async fn fence(
 }
 
 const COMPLETE: &str = "
-update deliveries
-set status = 'completed', completed_at = now(), retryable = false, next_attempt_at = null
-where provider = $1 and source = $2 and hook_id = $3 and delivery_id = $4
-  and claim_token = $5 and status = 'processing'";
+with done as (
+    update deliveries
+    set status = 'completed', completed_at = now(), retryable = false, next_attempt_at = null
+    where provider = $1 and source = $2 and hook_id = $3 and delivery_id = $4
+      and claim_token = $5 and status = 'processing'
+    returning provider, source, hook_id, delivery_id
+), unparked as (
+    delete from parked_bodies p using done d
+    where p.provider = d.provider and p.source = d.source
+      and p.hook_id = d.hook_id and p.delivery_id = d.delivery_id
+)
+select count(*) from done";
 
-/// Marks the delivery completed. Run it in the transaction of a database
-/// effect, so the effect and the completion commit together or not at all.
+/// Marks the delivery completed and deletes its parked body. Run it in the
+/// transaction of a database effect, so the effect and the completion
+/// commit together or not at all.
 /// Guarded by the token alone, not by `lease_until > now()`: a holder whose
 /// lease lapsed but whom nobody replaced may still finish. Returns false
 /// when fenced.
@@ -522,8 +637,8 @@ pub async fn complete(
     token: ClaimToken,
 ) -> Result<bool, DbError> {
     let stmt = client.prepare_cached(COMPLETE).await?;
-    let n = client
-        .execute(
+    let row = client
+        .query_one(
             &stmt,
             &[
                 &key.provider,
@@ -534,7 +649,7 @@ pub async fn complete(
             ],
         )
         .await?;
-    Ok(n == 1)
+    Ok(row.get::<_, i64>(0) == 1)
 }
 
 /// How a failed attempt is recorded.
@@ -560,27 +675,37 @@ pub struct Failed {
     pub failed_at: DateTime<Utc>,
 }
 
-const FAIL: &str = "
-update deliveries
-set status = 'failed', retryable = $6,
-    next_attempt_at = case when $6 then now() + make_interval(secs => $7) end,
-    failed_at = now(), first_failed_at = coalesce(first_failed_at, now()),
-    last_error_class = $8, last_error = $9
-where provider = $1 and source = $2 and hook_id = $3 and delivery_id = $4
-  and claim_token = $5 and status = 'processing'
-returning attempts, first_failed_at, failed_at";
+const FAIL: &str = concat!(
+    "
+with moved as (
+    update deliveries
+    set status = 'failed', retryable = $6,
+        next_attempt_at = case when $6 then now() + make_interval(secs => $7) end,
+        failed_at = now(), first_failed_at = coalesce(first_failed_at, now()),
+        last_error_class = $8, last_error = $9
+    where provider = $1 and source = $2 and hook_id = $3 and delivery_id = $4
+      and claim_token = $5 and status = 'processing'
+    returning provider, source, hook_id, delivery_id, attempts, first_failed_at, failed_at
+), ",
+    park_moved!(),
+    "
+select attempts, first_failed_at, failed_at from moved"
+);
 
-/// Records a failed attempt, guarded by the holder's token. Returns `None`
-/// when fenced (someone else holds the delivery now).
+/// Records a failed attempt and parks the body, in one statement, guarded
+/// by the holder's token. Returns `None` when fenced (someone else holds
+/// the delivery now).
 pub async fn fail(
     client: &impl GenericClient,
     key: &DeliveryKey,
     token: ClaimToken,
     failure: &Failure,
+    parked: ParkedBody<'_>,
 ) -> Result<Option<Failed>, DbError> {
-    let stmt = client.prepare_cached(FAIL).await?;
+    let stmt = client.prepare_cached(&renumber(FAIL, 9)).await?;
     let retryable = failure.retry_in.is_some();
     let delay = failure.retry_in.map(secs).unwrap_or(0.0);
+    let headers = parked.headers_json();
     let row = client
         .query_opt(
             &stmt,
@@ -594,6 +719,9 @@ pub async fn fail(
                 &delay,
                 &failure.class.as_str(),
                 &redact(&failure.message),
+                &parked.content_type,
+                &headers,
+                &parked.body,
             ],
         )
         .await?;
@@ -689,6 +817,8 @@ pub struct Delivery {
     pub completed_at: Option<DateTime<Utc>>,
     /// Last failure time.
     pub failed_at: Option<DateTime<Utc>>,
+    /// First failure time.
+    pub first_failed_at: Option<DateTime<Utc>>,
     /// Whether the dead-letter copy was confirmed.
     pub dead_lettered: bool,
     /// Class of the last failure.
@@ -700,7 +830,8 @@ pub struct Delivery {
 const GET: &str = "
 select provider, source, hook_id, delivery_id, event, action, status, retryable,
        claim_token, attempts, replays, lease_until, next_attempt_at, created_at,
-       completed_at, failed_at, dead_lettered_at is not null, last_error_class, last_error
+       completed_at, failed_at, dead_lettered_at is not null, last_error_class, last_error,
+       first_failed_at
 from deliveries
 where provider = $1 and source = $2 and hook_id = $3 and delivery_id = $4";
 
@@ -721,25 +852,441 @@ pub async fn get(
             ],
         )
         .await?;
-    Ok(row.map(|row| {
-        let token: Uuid = row.get(8);
-        Delivery {
-            key: key.clone(),
-            event: row.get(4),
-            action: row.get(5),
-            status: Status::parse(row.get(6)),
-            retryable: row.get(7),
-            claim_token: ClaimToken(token),
-            attempts: row.get(9),
-            replays: row.get(10),
-            lease_until: row.get(11),
-            next_attempt_at: row.get(12),
-            created_at: row.get(13),
-            completed_at: row.get(14),
-            failed_at: row.get(15),
-            dead_lettered: row.get(16),
-            last_error_class: row.get(17),
-            last_error: row.get(18),
+    row.as_ref().map(delivery_from_row).transpose()
+}
+
+/// A delivery with its parked body: what the scheduler, replays and
+/// dead-letter copies publish.
+#[derive(Clone, Debug)]
+pub struct ParkedJob {
+    /// The key.
+    pub key: DeliveryKey,
+    /// `X-GitHub-Event`.
+    pub event: String,
+    /// The payload's `action`.
+    pub action: Option<String>,
+    /// The token the published job must carry.
+    pub token: ClaimToken,
+    /// Takes so far.
+    pub attempts: i32,
+    /// The original `Content-Type`.
+    pub content_type: String,
+    /// The original `X-GitHub-*` headers.
+    pub headers: Vec<(String, String)>,
+    /// The raw body.
+    pub body: Vec<u8>,
+}
+
+fn key_from_row(row: &tokio_postgres::Row) -> Result<DeliveryKey, DbError> {
+    use crate::key::{DeliveryId, HookId, SourceName};
+    let provider: String = row.get("provider");
+    let source: &str = row.get("source");
+    let hook_id: &str = row.get("hook_id");
+    let delivery_id: &str = row.get("delivery_id");
+    // Rows are written from validated keys; a row that no longer parses is
+    // reported rather than trusted.
+    let bad = |what: &'static str| DbError::BadRow(what);
+    let mut key = DeliveryKey::github(
+        SourceName::parse(source).map_err(|_| bad("source"))?,
+        HookId::parse((!hook_id.is_empty()).then_some(hook_id.as_bytes()))
+            .map_err(|_| bad("hook_id"))?,
+        DeliveryId::parse(delivery_id.as_bytes()).map_err(|_| bad("delivery_id"))?,
+    );
+    key.provider = provider;
+    Ok(key)
+}
+
+fn parked_job(row: &tokio_postgres::Row) -> Result<ParkedJob, DbError> {
+    let headers: serde_json::Value = row.get("headers");
+    Ok(ParkedJob {
+        key: key_from_row(row)?,
+        event: row.get("event"),
+        action: row.get("action"),
+        token: ClaimToken(row.get("claim_token")),
+        attempts: row.get("attempts"),
+        content_type: row.get("content_type"),
+        headers: headers_from_json(&headers),
+        body: row.get("body"),
+    })
+}
+
+const SCHEDULE: &str = "
+with due as (
+    select d.provider, d.source, d.hook_id, d.delivery_id
+    from deliveries d
+    join parked_bodies p using (provider, source, hook_id, delivery_id)
+    where d.status = 'failed' and d.retryable and d.next_attempt_at <= now()
+      and d.attempts < $1
+    order by d.next_attempt_at
+    limit $2
+    for update of d skip locked
+)
+update deliveries d
+set status = 'processing', retryable = false, claim_token = gen_random_uuid(),
+    lease_until = now() + make_interval(secs => $3), claimed_at = now(),
+    next_attempt_at = null
+from due, parked_bodies p
+where d.provider = due.provider and d.source = due.source
+  and d.hook_id = due.hook_id and d.delivery_id = due.delivery_id
+  and p.provider = d.provider and p.source = d.source
+  and p.hook_id = d.hook_id and p.delivery_id = d.delivery_id
+returning d.provider, d.source, d.hook_id, d.delivery_id, d.event, d.action,
+          d.claim_token, d.attempts, p.content_type, p.headers, p.body";
+
+/// The retry scheduler's pick: moves up to `limit` due retries back to
+/// `processing` under new tokens, in one compare-and-set. `skip locked`
+/// lets every worker run the scheduler without two picking one row, and
+/// `next_attempt_at <= now()` (the database clock) means a retry is never
+/// early. The caller publishes each from its parked body, and puts it back
+/// with [`reschedule`] if the publish fails.
+pub async fn schedule_due(
+    client: &impl GenericClient,
+    policy: &Policy,
+    limit: i64,
+) -> Result<Vec<ParkedJob>, DbError> {
+    let stmt = client.prepare_cached(SCHEDULE).await?;
+    let rows = client
+        .query(&stmt, &[&policy.max_attempts, &limit, &secs(policy.lease)])
+        .await?;
+    rows.iter().map(parked_job).collect()
+}
+
+const RESCHEDULE: &str = "
+update deliveries
+set status = 'failed', retryable = true,
+    next_attempt_at = now() + make_interval(secs => $6),
+    last_error_class = 'publish', last_error = $7
+where provider = $1 and source = $2 and hook_id = $3 and delivery_id = $4
+  and claim_token = $5 and status = 'processing'";
+
+/// Puts a scheduled retry back as due after `delay`, because its publish
+/// failed. Token-guarded: if a worker already took it (the confirm was
+/// lost, not the message), nothing changes.
+pub async fn reschedule(
+    client: &impl GenericClient,
+    key: &DeliveryKey,
+    token: ClaimToken,
+    delay: Duration,
+    error: &str,
+) -> Result<bool, DbError> {
+    let stmt = client.prepare_cached(RESCHEDULE).await?;
+    let n = client
+        .execute(
+            &stmt,
+            &[
+                &key.provider,
+                &key.source.as_str(),
+                &key.hook_id.as_str(),
+                &key.delivery_id.as_str(),
+                &token.0,
+                &secs(delay),
+                &redact(error),
+            ],
+        )
+        .await?;
+    Ok(n == 1)
+}
+
+const EXHAUST: &str = "
+update deliveries
+set retryable = false, last_error_class = 'max_attempts',
+    last_error = 'attempts exhausted', failed_at = now()
+where ctid in (
+    select ctid from deliveries
+    where status = 'failed' and retryable and next_attempt_at <= now() and attempts >= $1
+    limit $2
+    for update skip locked
+)";
+
+/// Dead-letters due retries that already used every attempt (a `lost`
+/// claim can reach that state), so they do not wait forever. Their
+/// dead-letter copies follow from [`needing_copy`].
+pub async fn exhaust_due(
+    client: &impl GenericClient,
+    policy: &Policy,
+    limit: i64,
+) -> Result<u64, DbError> {
+    let stmt = client.prepare_cached(EXHAUST).await?;
+    Ok(client
+        .execute(&stmt, &[&policy.max_attempts, &limit])
+        .await?)
+}
+
+const NEEDING_COPY: &str = "
+select d.provider, d.source, d.hook_id, d.delivery_id, d.event, d.action,
+       d.claim_token, d.attempts, p.content_type, p.headers, p.body
+from deliveries d
+join parked_bodies p using (provider, source, hook_id, delivery_id)
+where d.status = 'failed' and not d.retryable and d.dead_lettered_at is null
+  and d.failed_at < now() - make_interval(secs => $1)
+order by d.failed_at
+limit $2";
+
+/// Dead letters whose broker copy was never confirmed (a worker died
+/// between the failure and the copy, or the copy was purged from the
+/// queue), older than `grace` so that a worker still busy with the copy is
+/// left alone.
+pub async fn needing_copy(
+    client: &impl GenericClient,
+    grace: Duration,
+    limit: i64,
+) -> Result<Vec<ParkedJob>, DbError> {
+    let stmt = client.prepare_cached(NEEDING_COPY).await?;
+    let rows = client.query(&stmt, &[&secs(grace), &limit]).await?;
+    rows.iter().map(parked_job).collect()
+}
+
+const REPLAY: &str = "
+update deliveries d
+set status = 'processing', retryable = false, claim_token = gen_random_uuid(),
+    attempts = 0, replays = d.replays + 1, next_attempt_at = null,
+    lease_until = now() + make_interval(secs => $5), claimed_at = now(),
+    dead_lettered_at = null
+from parked_bodies p
+where d.provider = $1 and d.source = $2 and d.hook_id = $3 and d.delivery_id = $4
+  and d.status = 'failed'
+  and p.provider = d.provider and p.source = d.source
+  and p.hook_id = d.hook_id and p.delivery_id = d.delivery_id
+returning d.provider, d.source, d.hook_id, d.delivery_id, d.event, d.action,
+          d.claim_token, d.attempts, p.content_type, p.headers, p.body";
+
+/// Operator replay of a failed delivery: back to `processing` under a new
+/// token with `attempts = 0` and `replays + 1`, in one compare-and-set on
+/// `status = 'failed'`. Replaying the same delivery twice starts one job:
+/// the second finds it processing and changes nothing (`None`).
+pub async fn replay(
+    client: &impl GenericClient,
+    policy: &Policy,
+    key: &DeliveryKey,
+) -> Result<Option<ParkedJob>, DbError> {
+    let stmt = client.prepare_cached(REPLAY).await?;
+    let row = client
+        .query_opt(
+            &stmt,
+            &[
+                &key.provider,
+                &key.source.as_str(),
+                &key.hook_id.as_str(),
+                &key.delivery_id.as_str(),
+                &secs(policy.lease),
+            ],
+        )
+        .await?;
+    row.as_ref().map(parked_job).transpose()
+}
+
+const UNREPLAY: &str = "
+update deliveries
+set status = 'failed', retryable = false, dead_lettered_at = now(),
+    last_error = $6
+where provider = $1 and source = $2 and hook_id = $3 and delivery_id = $4
+  and claim_token = $5 and status = 'processing' and attempts = 0";
+
+/// Puts a replayed delivery back among the dead letters because its
+/// publish failed. Token-guarded, and only while no worker took it.
+pub async fn unreplay(
+    client: &impl GenericClient,
+    key: &DeliveryKey,
+    token: ClaimToken,
+    error: &str,
+) -> Result<bool, DbError> {
+    let stmt = client.prepare_cached(UNREPLAY).await?;
+    let n = client
+        .execute(
+            &stmt,
+            &[
+                &key.provider,
+                &key.source.as_str(),
+                &key.hook_id.as_str(),
+                &key.delivery_id.as_str(),
+                &token.0,
+                &redact(error),
+            ],
+        )
+        .await?;
+    Ok(n == 1)
+}
+
+const REAP: &str = "
+update deliveries
+set status = 'failed', retryable = true, next_attempt_at = now(),
+    failed_at = now(), first_failed_at = coalesce(first_failed_at, now()),
+    last_error_class = 'lost',
+    last_error = 'lease expired long ago: the holder is presumed dead'
+where ctid in (
+    select ctid from deliveries
+    where status = 'processing' and lease_until < now() - make_interval(secs => $1)
+    limit $2
+    for update skip locked
+)";
+
+/// The reaper: claims whose lease expired more than `after` ago (ingest may
+/// have died between the claim and the publish, or the message was lost)
+/// become failed, retryable, class `lost`, due now, keeping their token. A
+/// message that still carries that token can take it; otherwise the next
+/// redelivery (or, with a parked body, the scheduler) takes it at once.
+pub async fn reap(
+    client: &impl GenericClient,
+    after: Duration,
+    limit: i64,
+) -> Result<u64, DbError> {
+    let stmt = client.prepare_cached(REAP).await?;
+    Ok(client.execute(&stmt, &[&secs(after), &limit]).await?)
+}
+
+const SWEEP_COMPLETED: &str = "
+delete from deliveries
+where ctid in (
+    select ctid from deliveries
+    where status = 'completed' and completed_at < now() - make_interval(secs => $1)
+    limit $2
+)";
+
+const SWEEP_FAILED: &str = "
+delete from deliveries
+where ctid in (
+    select ctid from deliveries
+    where status = 'failed' and failed_at < now() - make_interval(secs => $1)
+    limit $2
+)";
+
+/// What one sweep deleted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Swept {
+    /// Completed rows older than their retention.
+    pub completed: u64,
+    /// Failed rows older than theirs.
+    pub failed: u64,
+}
+
+/// Retention: deletes completed and failed rows older than their
+/// retention, with their parked bodies (cascade), in batches of `batch` so
+/// that no statement holds many locks or a long transaction. Processing
+/// rows are never swept: the reaper deals with them.
+pub async fn sweep(
+    client: &impl GenericClient,
+    completed: Duration,
+    failed: Duration,
+    batch: i64,
+) -> Result<Swept, DbError> {
+    let mut swept = Swept::default();
+    for (sql, retention, count) in [
+        (SWEEP_COMPLETED, completed, &mut swept.completed),
+        (SWEEP_FAILED, failed, &mut swept.failed),
+    ] {
+        let stmt = client.prepare_cached(sql).await?;
+        loop {
+            let n = client.execute(&stmt, &[&secs(retention), &batch]).await?;
+            *count += n;
+            if n < batch as u64 {
+                break;
+            }
         }
-    }))
+    }
+    Ok(swept)
+}
+
+const PURGE: &str = "
+delete from deliveries
+where status = 'failed' and not retryable
+  and failed_at < now() - make_interval(secs => $1)
+  and ($2::text[] is null or delivery_id = any($2))";
+
+/// Deletes dead letters that failed more than `older_than` ago (and their
+/// parked bodies), optionally only these delivery ids.
+pub async fn purge_dead(
+    client: &impl GenericClient,
+    older_than: Duration,
+    ids: Option<&[String]>,
+) -> Result<u64, DbError> {
+    let stmt = client.prepare_cached(PURGE).await?;
+    Ok(client.execute(&stmt, &[&secs(older_than), &ids]).await?)
+}
+
+/// Which deliveries an operator asks for.
+#[derive(Clone, Debug, Default)]
+pub struct Filter {
+    /// Only this status.
+    pub status: Option<Status>,
+    /// Only dead letters (failed and not retryable).
+    pub dead: bool,
+    /// Only this source.
+    pub source: Option<String>,
+    /// Only this event.
+    pub event: Option<String>,
+    /// Only this error class.
+    pub error_class: Option<String>,
+    /// Only rows active (created, failed or completed) within this long.
+    pub since: Option<Duration>,
+    /// Only these delivery ids.
+    pub ids: Option<Vec<String>>,
+    /// Only rows that failed more than this long ago.
+    pub failed_before: Option<Duration>,
+    /// At most this many rows (newest first).
+    pub limit: i64,
+}
+
+const LIST: &str = "
+select provider, source, hook_id, delivery_id, event, action, status, retryable,
+       claim_token, attempts, replays, lease_until, next_attempt_at, created_at,
+       completed_at, failed_at, dead_lettered_at is not null, last_error_class, last_error,
+       first_failed_at
+from deliveries
+where ($1::text is null or status = $1)
+  and (not $2 or (status = 'failed' and not retryable))
+  and ($3::text is null or source = $3)
+  and ($4::text is null or event = $4)
+  and ($5::text is null or last_error_class = $5)
+  and ($6::float8 is null
+       or greatest(created_at, failed_at, completed_at) >= now() - make_interval(secs => $6))
+  and ($7::text[] is null or delivery_id = any($7))
+  and ($9::float8 is null or failed_at < now() - make_interval(secs => $9))
+order by greatest(created_at, failed_at, completed_at) desc
+limit $8";
+
+/// Lists deliveries matching `filter`, most recently active first.
+pub async fn list(client: &impl GenericClient, filter: &Filter) -> Result<Vec<Delivery>, DbError> {
+    let stmt = client.prepare_cached(LIST).await?;
+    let status = filter.status.map(Status::as_str);
+    let since = filter.since.map(secs);
+    let rows = client
+        .query(
+            &stmt,
+            &[
+                &status,
+                &filter.dead,
+                &filter.source,
+                &filter.event,
+                &filter.error_class,
+                &since,
+                &filter.ids,
+                &filter.limit,
+                &filter.failed_before.map(secs),
+            ],
+        )
+        .await?;
+    rows.iter().map(delivery_from_row).collect()
+}
+
+fn delivery_from_row(row: &tokio_postgres::Row) -> Result<Delivery, DbError> {
+    let token: Uuid = row.get(8);
+    Ok(Delivery {
+        key: key_from_row(row)?,
+        event: row.get(4),
+        action: row.get(5),
+        status: Status::parse(row.get(6)),
+        retryable: row.get(7),
+        claim_token: ClaimToken(token),
+        attempts: row.get(9),
+        replays: row.get(10),
+        lease_until: row.get(11),
+        next_attempt_at: row.get(12),
+        created_at: row.get(13),
+        completed_at: row.get(14),
+        failed_at: row.get(15),
+        dead_lettered: row.get(16),
+        last_error_class: row.get(17),
+        last_error: row.get(18),
+        first_failed_at: row.get(19),
+    })
 }

@@ -11,6 +11,8 @@
 //!    without a claim), the delivery id and the hook id.
 //! 4. Claim the delivery key in one statement.
 //! 5. Publish the job with a confirm; answer 202 only after the confirm.
+//!    If the publish fails, park the body in Postgres as a retry due now
+//!    and answer 202 all the same: the scheduler publishes it later.
 
 use std::net::TcpListener;
 use std::time::Duration;
@@ -27,8 +29,8 @@ use sha2::{Digest, Sha256};
 use crate::broker::{Job, Publisher, Topology};
 use crate::config::{IngestConfig, Source};
 use crate::db::{self, DbError};
-use crate::deliveries::{self, Claim, NewClaim, Policy, Status};
-use crate::key::{ClaimToken, DeliveryId, DeliveryKey, EventName, HookId, KeyError, SourceName};
+use crate::deliveries::{self, Claim, NewClaim, ParkedBody, Policy, Status};
+use crate::key::{DeliveryId, DeliveryKey, EventName, HookId, KeyError, SourceName};
 use crate::payload::{self, ContentType};
 use crate::signature::SignatureError;
 
@@ -372,26 +374,45 @@ async fn handle(
             "accepted",
         )),
         Err(e) => {
-            tracing::warn!(error = %e, delivery_id = %job.key.delivery_id, "publish failed");
-            if !republish {
-                release(state, &job.key, token, &e.to_string()).await;
-            }
-            Err(unavailable("message broker"))
+            tracing::warn!(error = %e, delivery_id = %job.key.delivery_id, "publish failed; parking");
+            park(state, &job, &e.to_string()).await
         }
     }
 }
 
-/// Gives the claim back so that a redelivery can claim it at once. Guarded
-/// by the token and `attempts = 0` (see [`deliveries::release`]).
-async fn release(state: &State, key: &DeliveryKey, token: ClaimToken, error: &str) {
-    let released = match state.pool.get().await {
-        Ok(client) => deliveries::release(&client, key, token, error).await,
+/// The broker failed us: park the body and record the delivery as due now
+/// (token- and `attempts = 0`-guarded, see [`deliveries::park_due`]), so the
+/// scheduler publishes it once the broker is back. Postgres holds it now,
+/// so the answer is still 202; only if Postgres fails too is it 503.
+async fn park(
+    state: &State,
+    job: &Job,
+    error: &str,
+) -> Result<(StatusCode, serde_json::Value, &'static str), Reject> {
+    let parked = match state.pool.get().await {
+        Ok(client) => {
+            deliveries::park_due(&client, &job.key, job.token, error, ParkedBody::of(job)).await
+        }
         Err(e) => Err(DbError::from(e)),
     };
-    if let Err(e) = released {
-        // The claim stays processing until its lease expires; a redelivery
-        // after that claims it again.
-        tracing::warn!(error = %e, "could not release the claim");
+    match parked {
+        Ok(true) => Ok((
+            StatusCode::ACCEPTED,
+            json!({"status": "accepted", "parked": true}),
+            "parked",
+        )),
+        // The guard refused: a worker took the job after all (the confirm
+        // was lost, not the message) or a concurrent redelivery claimed it
+        // anew. Either way it is in flight.
+        Ok(false) => Ok((
+            StatusCode::ACCEPTED,
+            json!({"status": "accepted"}),
+            "accepted",
+        )),
+        Err(e) => {
+            tracing::warn!(error = %e, "could not park the delivery");
+            Err(unavailable("message broker and database"))
+        }
     }
 }
 

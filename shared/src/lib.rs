@@ -20,8 +20,10 @@
 //! - [`broker`]: RabbitMQ topology, the job message and the confirming
 //!   publisher.
 //! - [`payload`]: the JSON and form body shapes, and the `action` field.
+//! - [`retry`]: the retry policy (exponential backoff with jitter, capped).
 //! - [`handler`]: the `Handler` trait that effects implement, and `store`.
 //! - [`runtime`]: the worker runtime: consume, take, lease, fence, complete.
+//! - [`ops`]: the operator commands (list, show, replay, purge, sweep).
 //! - [`ingest`]: the actix-web application of `hookinbox-ingest`.
 //! - [`telemetry`]: tracing setup; [`shutdown`]: signal handling.
 //!
@@ -43,7 +45,9 @@ pub mod deliveries;
 pub mod handler;
 pub mod ingest;
 pub mod key;
+pub mod ops;
 pub mod payload;
+pub mod retry;
 pub mod runtime;
 pub mod shutdown;
 pub mod signature;

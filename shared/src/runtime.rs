@@ -42,7 +42,7 @@ use tracing::{Instrument, field};
 use crate::broker::{self, BrokerError, DeadLetter, Job, Publisher, Topology};
 use crate::config::WorkerConfig;
 use crate::db::{self, DbError};
-use crate::deliveries::{self, ErrorClass, Failure, Policy, Status, Take};
+use crate::deliveries::{self, ErrorClass, ParkedBody, Policy, Status, Take};
 use crate::handler::{Completion, Effect, Handler, HandlerError};
 use crate::key::ClaimToken;
 
@@ -193,6 +193,12 @@ impl Worker {
         let stop = Stop::default();
         let mut jobs = JoinSet::new();
         let mut delays = reconnect_backoff();
+        let maintenance_stop = CancellationToken::new();
+        let maintenance = tokio::spawn({
+            let worker = self.clone();
+            let stop = maintenance_stop.clone();
+            async move { worker.maintain(stop).await }
+        });
         let mut connections = Vec::new();
         while !shutdown.is_cancelled() {
             let (connection, channel, mut consumer) = match self.consume().await {
@@ -256,6 +262,8 @@ impl Worker {
             stop.hard.cancel();
             while jobs.join_next().await.is_some() {}
         }
+        maintenance_stop.cancel();
+        let _ = maintenance.await;
         // Closing the connection returns every unacked message to the queue.
         for connection in connections {
             let _ = connection.close(200, "shutdown").await;
@@ -299,6 +307,15 @@ impl Worker {
     /// queue is empty, and reports what happened to each. Tests and tools
     /// use it to drive the runtime without sleeping.
     pub async fn drain(&self) -> Result<DrainReport, RuntimeError> {
+        self.drain_at_most(usize::MAX).await
+    }
+
+    /// Processes at most one message; `None` when the queue was empty.
+    pub async fn drain_one(&self) -> Result<Option<JobOutcome>, RuntimeError> {
+        Ok(self.drain_at_most(1).await?.outcomes.pop())
+    }
+
+    async fn drain_at_most(&self, limit: usize) -> Result<DrainReport, RuntimeError> {
         let common = &self.inner.config.common;
         let connection = broker::connect(
             &common.amqp_url,
@@ -310,13 +327,16 @@ impl Worker {
         self.inner.topology.declare(&channel).await?;
         let stop = Stop::default();
         let mut report = DrainReport::default();
-        while let Some(message) = channel
-            .basic_get(
-                &self.inner.topology.work_queue(),
-                BasicGetOptions::default(),
-            )
-            .await?
-        {
+        while report.outcomes.len() < limit {
+            let Some(message) = channel
+                .basic_get(
+                    &self.inner.topology.work_queue(),
+                    BasicGetOptions::default(),
+                )
+                .await?
+            else {
+                break;
+            };
             let delivery = message.delivery;
             let outcome = self
                 .process(delivery.properties, delivery.data, delivery.acker, &stop)
@@ -396,9 +416,15 @@ impl Worker {
                 return JobOutcome::Left;
             }
             let taken = match inner.pool.get().await {
-                Ok(client) => deliveries::take(&client, &inner.policy, &job.key, presented)
-                    .await
-                    .map_err(|e| e.to_string()),
+                Ok(client) => deliveries::take(
+                    &client,
+                    &inner.policy,
+                    &job.key,
+                    presented,
+                    ParkedBody::of(job),
+                )
+                .await
+                .map_err(|e| e.to_string()),
                 Err(e) => Err(e.to_string()),
             };
             let take = match taken {
@@ -544,25 +570,28 @@ impl Worker {
             }
             Ran::TimedOut => {
                 drop(effect);
-                Failure {
-                    class: ErrorClass::Timeout,
-                    message: format!("handler ran past {:?}", inner.config.handler_timeout),
-                    retry_in: None,
-                }
+                inner.config.retry.decide_class(
+                    ErrorClass::Timeout,
+                    format!("handler ran past {:?}", inner.config.handler_timeout),
+                    None,
+                    attempts,
+                )
             }
             Ran::Returned(Err(error)) => {
                 effect.rollback().await;
                 drop(effect);
-                Failure {
-                    class: error.class(),
-                    message: error.to_string(),
-                    retry_in: None,
-                }
+                inner.config.retry.decide(&error, attempts)
             }
         };
-        tracing::warn!(class = failure.class.as_str(), "handler failed");
+        tracing::warn!(
+            class = failure.class.as_str(),
+            retry_in_ms = failure.retry_in.map(|d| d.as_millis() as u64),
+            "handler failed"
+        );
         let recorded = match inner.pool.get().await {
-            Ok(client) => deliveries::fail(&client, &job.key, token, &failure).await,
+            Ok(client) => {
+                deliveries::fail(&client, &job.key, token, &failure, ParkedBody::of(job)).await
+            }
             Err(e) => Err(DbError::from(e)),
         };
         match recorded {
@@ -623,7 +652,10 @@ impl Worker {
             let dead = DeadLetter {
                 class,
                 attempts: row.attempts,
-                first_failed_at: row.failed_at.unwrap_or(row.created_at),
+                first_failed_at: row
+                    .first_failed_at
+                    .or(row.failed_at)
+                    .unwrap_or(row.created_at),
                 last_failed_at: row.failed_at.unwrap_or(row.created_at),
             };
             match inner.publisher.publish_dead_letter(job, &dead).await {
@@ -652,6 +684,130 @@ impl Worker {
         }
     }
 
+    /// One pass of the retry scheduler: dead-letters due retries that used
+    /// every attempt, moves due retries back to `processing` under new
+    /// tokens and publishes each from its parked body, all confirms in
+    /// flight at once. A publish that fails puts its row back as due,
+    /// token-guarded. Also writes dead-letter copies that a crash left
+    /// unwritten. Returns how many retries it published.
+    pub async fn schedule_once(&self) -> Result<usize, RuntimeError> {
+        let inner = &self.inner;
+        let client = inner.pool.get().await.map_err(DbError::from)?;
+        deliveries::exhaust_due(&client, &inner.policy, SCHEDULE_BATCH).await?;
+        let due = deliveries::schedule_due(&client, &inner.policy, SCHEDULE_BATCH).await?;
+        let orphans = deliveries::needing_copy(&client, COPY_GRACE, SCHEDULE_BATCH).await?;
+        drop(client);
+
+        let publishes = due.into_iter().map(|parked| async move {
+            let key = parked.key.clone();
+            let token = parked.token;
+            let result = match Job::from_parked(parked) {
+                Ok(job) => inner.publisher.publish(&job).await.map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            if let Err(error) = &result {
+                tracing::warn!(delivery_id = %key.delivery_id, %error, "retry publish failed; due again shortly");
+                if let Ok(client) = inner.pool.get().await {
+                    let _ = deliveries::reschedule(&client, &key, token, REPUBLISH_PAUSE, error).await;
+                }
+            }
+            result.is_ok()
+        });
+        let published = futures::future::join_all(publishes)
+            .await
+            .into_iter()
+            .filter(|ok| *ok)
+            .count();
+
+        for parked in orphans {
+            let attempts = parked.attempts;
+            let Ok(job) = Job::from_parked(parked) else {
+                continue;
+            };
+            let row = match inner.pool.get().await {
+                Ok(client) => deliveries::get(&client, &job.key).await,
+                Err(e) => Err(DbError::from(e)),
+            };
+            let Ok(Some(row)) = row else { continue };
+            let failed_at = row.failed_at.unwrap_or(row.created_at);
+            let dead = DeadLetter {
+                class: row
+                    .last_error_class
+                    .as_deref()
+                    .map(class_from_str)
+                    .unwrap_or(ErrorClass::Permanent),
+                attempts,
+                first_failed_at: row.first_failed_at.unwrap_or(failed_at),
+                last_failed_at: failed_at,
+            };
+            if inner
+                .publisher
+                .publish_dead_letter(&job, &dead)
+                .await
+                .is_ok()
+                && let Ok(client) = inner.pool.get().await
+            {
+                let _ = deliveries::mark_dead_lettered(&client, &job.key).await;
+            }
+        }
+        Ok(published)
+    }
+
+    /// One pass of the reaper (see [`deliveries::reap`]). Returns how many
+    /// claims it turned into `lost`.
+    pub async fn reap_once(&self) -> Result<u64, RuntimeError> {
+        let client = self.inner.pool.get().await.map_err(DbError::from)?;
+        let mut total = 0;
+        loop {
+            let n = deliveries::reap(&client, self.inner.config.reap_after, SWEEP_BATCH).await?;
+            total += n;
+            if n < SWEEP_BATCH as u64 {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// One retention sweep, if this worker wins the leader lock; `None`
+    /// when another worker is sweeping.
+    pub async fn sweep_once(&self) -> Result<Option<deliveries::Swept>, RuntimeError> {
+        sweep(&self.inner.pool, &self.inner.config).await
+    }
+
+    /// The scheduler, reaper and sweeper, until `stop` is cancelled.
+    async fn maintain(&self, stop: CancellationToken) {
+        let mut last_reap = tokio::time::Instant::now() - REAP_EVERY;
+        let mut last_sweep = tokio::time::Instant::now() - SWEEP_EVERY;
+        loop {
+            if let Err(e) = self.schedule_once().await {
+                tracing::warn!(error = %e, "retry scheduler pass failed");
+            }
+            if last_reap.elapsed() >= REAP_EVERY {
+                last_reap = tokio::time::Instant::now();
+                match self.reap_once().await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::warn!(reaped = n, "abandoned claims marked lost"),
+                    Err(e) => tracing::warn!(error = %e, "reaper pass failed"),
+                }
+            }
+            if last_sweep.elapsed() >= SWEEP_EVERY {
+                last_sweep = tokio::time::Instant::now();
+                match self.sweep_once().await {
+                    Ok(Some(swept)) => tracing::info!(
+                        completed = swept.completed,
+                        failed = swept.failed,
+                        "retention sweep"
+                    ),
+                    Ok(None) => {}
+                    Err(e) => tracing::warn!(error = %e, "retention sweep failed"),
+                }
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(self.inner.config.scheduler_interval) => {}
+            }
+        }
+    }
+
     /// Waits until Postgres answers. False when the worker is stopping.
     async fn wait_for_db(&self, stop: &Stop) -> bool {
         let mut delays = reconnect_backoff();
@@ -666,6 +822,51 @@ impl Worker {
             }
         }
     }
+}
+
+/// Rows per scheduler or reaper statement.
+const SCHEDULE_BATCH: i64 = 100;
+/// Rows per retention or reaper delete.
+const SWEEP_BATCH: i64 = 500;
+/// How long a failed retry publish waits before it is due again.
+const REPUBLISH_PAUSE: Duration = Duration::from_secs(1);
+/// A dead letter without a confirmed copy this long is given one.
+const COPY_GRACE: Duration = Duration::from_secs(60);
+/// How often the reaper runs.
+const REAP_EVERY: Duration = Duration::from_secs(30);
+/// How often the retention sweeper runs.
+const SWEEP_EVERY: Duration = Duration::from_secs(600);
+
+/// Arbitrary constant naming the retention sweeper's leader lock.
+const SWEEP_LOCK: i64 = 0x686f_6f6b_7377_6570; // "hooksweep"
+
+/// One retention sweep under the leader lock: a session advisory lock,
+/// taken without waiting, so that one worker at a time sweeps and a dead
+/// leader's lock dies with its connection. `None` when another holds it.
+pub async fn sweep(
+    pool: &Pool,
+    config: &WorkerConfig,
+) -> Result<Option<deliveries::Swept>, RuntimeError> {
+    let client = pool.get().await.map_err(DbError::from)?;
+    let leader: bool = client
+        .query_one("select pg_try_advisory_lock($1)", &[&SWEEP_LOCK])
+        .await
+        .map_err(DbError::from)?
+        .get(0);
+    if !leader {
+        return Ok(None);
+    }
+    let swept = deliveries::sweep(
+        &client,
+        config.retention_completed,
+        config.retention_failed,
+        SWEEP_BATCH,
+    )
+    .await;
+    let _ = client
+        .execute("select pg_advisory_unlock($1)", &[&SWEEP_LOCK])
+        .await;
+    Ok(Some(swept?))
 }
 
 fn class_from_str(s: &str) -> ErrorClass {

@@ -130,6 +130,13 @@ impl TestEnv {
             handler_timeout_ms: 10_000,
             handler: hookinbox::config::HandlerKind::Store,
             shutdown_grace_secs: 5,
+            retry_base_ms: 100,
+            retry_max_ms: 2000,
+            retention_completed: "30d".to_owned(),
+            retention_failed: "28d".to_owned(),
+            allow_short_retention: false,
+            reap_after_secs: 600,
+            scheduler_interval_ms: 50,
         }
     }
 
@@ -245,6 +252,59 @@ impl TestEnv {
             ))
             .await;
     }
+}
+
+/// Drives `worker` until nothing is left: drains the queue, runs the retry
+/// scheduler, and when retries are pending waits until the earliest is due
+/// by the database's own `next_attempt_at` (a condition, not a guess).
+/// Returns every job outcome in order.
+pub async fn settle(env: &TestEnv, worker: &Worker) -> Vec<hookinbox::runtime::JobOutcome> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    let mut outcomes = Vec::new();
+    loop {
+        assert!(tokio::time::Instant::now() < deadline, "did not settle");
+        outcomes.extend(worker.drain().await.expect("drain").outcomes);
+        if worker.schedule_once().await.expect("scheduler") > 0 {
+            continue;
+        }
+        let next: Option<f64> = env
+            .db
+            .query_one(
+                "select extract(epoch from min(next_attempt_at) - now())::float8 from deliveries \
+                 where status = 'failed' and retryable",
+                &[],
+            )
+            .await
+            .expect("next due")
+            .get(0);
+        match next {
+            None => return outcomes,
+            Some(wait) => {
+                tokio::time::sleep(
+                    Duration::from_secs_f64(wait.max(0.0)) + Duration::from_millis(5),
+                )
+                .await
+            }
+        }
+    }
+}
+
+/// Runs a `hookinbox-worker` subcommand against this test's database and
+/// queues; returns the exit code and standard output.
+pub fn worker_cli(env: &TestEnv, args: &[&str]) -> (i32, String) {
+    let out = std::process::Command::new(bin("hookinbox-worker"))
+        .args(args)
+        .env("DATABASE_URL", &env.database_url)
+        .env("AMQP_URL", amqp_url())
+        .env("HOOKINBOX_QUEUE_PREFIX", &env.prefix)
+        .env("HOOKINBOX_AUTO_MIGRATE", "false")
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
 }
 
 /// Connects a plain client, driving its connection in the background.

@@ -2,17 +2,25 @@
 //! subcommands are the operator's tools. Everything lives in the library;
 //! this file reads the settings and dispatches.
 
+use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use hookinbox::config::{HandlerKind, WorkerArgs};
 use hookinbox::handler::{Handler, Store};
+use hookinbox::ops::OpsCommand;
 use hookinbox::runtime::Worker;
 
-/// Runs hookinbox jobs: take the claim, run the effect, complete fenced.
+/// Runs hookinbox jobs (take the claim, run the effect, complete fenced),
+/// and the operator's commands.
 #[derive(Parser)]
-#[command(name = "hookinbox-worker", version, about)]
+#[command(
+    name = "hookinbox-worker",
+    version,
+    about,
+    after_help = "Exit codes: 0 done, 1 nothing matched, 2 usage or connection error.\n\nExamples:\n  hookinbox-worker                       # run the worker\n  hookinbox-worker migrate\n  hookinbox-worker dlq list --json\n  hookinbox-worker dlq replay --all --dry-run\n  hookinbox-worker deliveries show <X-GitHub-Delivery>"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
@@ -26,12 +34,30 @@ enum Command {
     Run,
     /// Apply pending database migrations, then exit.
     Migrate,
+    #[command(flatten)]
+    Ops(OpsCommand),
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> ExitCode {
     hookinbox::telemetry::init();
     let cli = Cli::parse();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("Error: cannot start the runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("Error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<u8> {
     let handler_kind = cli.args.handler;
     let config = cli
         .args
@@ -44,7 +70,13 @@ async fn main() -> anyhow::Result<()> {
                 .await
                 .context("migration failed")?;
             println!("applied {applied} migration(s)");
-            Ok(())
+            Ok(0)
+        }
+        Command::Ops(command) => {
+            let found = hookinbox::ops::run(command, &config, &mut std::io::stdout().lock())
+                .await
+                .context("command failed")?;
+            Ok(found.exit_code())
         }
         Command::Run => {
             let handler: Arc<dyn Handler> = match handler_kind {
@@ -54,7 +86,8 @@ async fn main() -> anyhow::Result<()> {
                 .await
                 .context("cannot start hookinbox-worker")?;
             let shutdown = hookinbox::shutdown::on_signals();
-            worker.run(shutdown).await.context("worker failed")
+            worker.run(shutdown).await.context("worker failed")?;
+            Ok(0)
         }
     }
 }

@@ -73,7 +73,7 @@ async fn a_job_that_crashes_every_time_is_stopped_by_max_attempts_as_poison() {
 }
 
 #[tokio::test]
-async fn a_handler_past_its_time_limit_is_cancelled_and_recorded_as_timeout() {
+async fn a_handler_past_its_time_limit_is_cancelled_recorded_as_timeout_and_retried() {
     let env = TestEnv::new().await;
     let ingest = env.ingest().await;
     let mut args = env.worker_args();
@@ -91,8 +91,9 @@ async fn a_handler_past_its_time_limit_is_cancelled_and_recorded_as_timeout() {
         report.outcomes,
         vec![JobOutcome::Failed {
             class: ErrorClass::Timeout,
-            retryable: false
-        }]
+            retryable: true
+        }],
+        "a timeout is transient: retried with backoff"
     );
     assert_eq!(
         env.count("select count(*) from deliveries where last_error_class = 'timeout'")

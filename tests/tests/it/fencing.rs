@@ -28,6 +28,12 @@ async fn stale_worker_cannot_complete() {
     let policy = env.common().policy();
     let k = key("stale-1");
     let client = pool.get().await.expect("client");
+    let raw = fixtures::own("push");
+    let body = deliveries::ParkedBody {
+        content_type: "application/json",
+        headers: &[],
+        body: &raw,
+    };
     let Claim::Claimed { token: t0, .. } = deliveries::claim(
         &client,
         &policy,
@@ -42,7 +48,7 @@ async fn stale_worker_cannot_complete() {
     .expect("claim") else {
         panic!("new key must be claimed")
     };
-    let Take::Taken { token: stale, .. } = deliveries::take(&client, &policy, &k, t0)
+    let Take::Taken { token: stale, .. } = deliveries::take(&client, &policy, &k, t0, body)
         .await
         .expect("take")
     else {
@@ -62,7 +68,7 @@ async fn stale_worker_cannot_complete() {
         attempts,
         takeover,
         ..
-    } = deliveries::take(&client, &policy, &k, t0)
+    } = deliveries::take(&client, &policy, &k, t0, body)
         .await
         .expect("take")
     else {
@@ -97,7 +103,7 @@ async fn stale_worker_cannot_complete() {
         retry_in: None,
     };
     assert!(
-        deliveries::fail(&client, &k, stale, &failure)
+        deliveries::fail(&client, &k, stale, &failure, body)
             .await
             .expect("fail")
             .is_none()

@@ -8,6 +8,10 @@ mod fencing;
 mod lifecycle;
 mod outages;
 mod races;
+mod retention;
+mod retries;
+mod retries_support;
+mod serial;
 mod settings;
 
 use hookinbox::broker::Job;

@@ -1,56 +1,68 @@
 //! RabbitMQ or Postgres unreachable (through a closable proxy, never by
 //! stopping the shared services), and a claim whose publish was lost.
 
-use std::time::Duration;
-
 use hookinbox::deliveries::{self, Claim, NewClaim};
 use hookinbox::key::{DeliveryId, DeliveryKey, HookId, SourceName};
 use hookinbox::runtime::JobOutcome;
-use hookinbox_tests::{Hook, TestEnv, fixtures, proxy::Proxy, wait_until};
+use std::sync::Arc;
+
+use hookinbox::handler::Store;
+use hookinbox_tests::{Hook, TestEnv, fixtures, proxy::Proxy, settle};
 use sha2::{Digest, Sha256};
 
 #[tokio::test]
-async fn broker_unreachable_gives_503_and_releases_the_claim_then_redelivery_completes() {
+async fn broker_down_at_ingest_parks_answers_202_and_everything_completes_once_it_is_back() {
     let env = TestEnv::new().await;
     let proxy = Proxy::start("127.0.0.1:5672").await;
+    let through_proxy = format!("amqp://guest:guest@127.0.0.1:{}/%2f", proxy.port());
     let mut args = env.ingest_args();
-    args.common.amqp_url = format!("amqp://guest:guest@127.0.0.1:{}/%2f", proxy.port());
+    args.common.amqp_url = through_proxy.clone();
     args.common.publish_timeout_ms = 2000;
     let ingest = env.ingest_with(args.validate().expect("valid")).await;
+    let mut worker_args = env.worker_args();
+    worker_args.common.amqp_url = through_proxy;
+    let worker = env
+        .worker_with(worker_args.validate().expect("valid"), Arc::new(Store))
+        .await;
 
     proxy.close();
-    let hook = Hook::new("push", fixtures::own("push"));
-    let answer = ingest.send(&hook).await;
+    let hooks: Vec<Hook> = (0..3)
+        .map(|_| Hook::new("push", fixtures::own("push")))
+        .collect();
+    for hook in &hooks {
+        let answer = ingest.send(hook).await;
+        assert_eq!(
+            (answer.status, answer.kind()),
+            (202, "accepted"),
+            "{:?}",
+            answer.body
+        );
+        assert_eq!(answer.body["parked"], true);
+    }
     assert_eq!(
-        (answer.status, answer.kind()),
-        (503, "error"),
-        "{:?}",
-        answer.body
-    );
-    let row = env
-        .db
-        .query_one(
-            "select status, retryable, attempts, last_error_class from deliveries",
-            &[],
+        env.count(
+            "select count(*) from deliveries d join parked_bodies p using (provider, source, hook_id, delivery_id) \
+             where d.status = 'failed' and d.retryable and d.next_attempt_at <= now() and d.attempts = 0 \
+             and d.last_error_class = 'publish'"
         )
-        .await
-        .expect("claim row");
-    assert_eq!(row.get::<_, String>(0), "failed");
-    assert!(row.get::<_, bool>(1), "released as retryable");
-    assert_eq!(row.get::<_, i32>(2), 0);
-    assert_eq!(row.get::<_, String>(3), "publish");
-    assert_eq!(env.work_depth().await, 0);
+        .await,
+        3,
+        "recorded as due, bodies parked"
+    );
+    // While the broker is away, the scheduler cannot publish and puts the
+    // rows back as due.
+    assert_eq!(worker.schedule_once().await.expect("pass"), 0);
+    assert_eq!(env.events().await, 0);
 
     proxy.reopen();
-    wait_until("ingest to reconnect", Duration::from_secs(20), || async {
-        ingest.get("/readyz").await == 200
-    })
-    .await;
-    let answer = ingest.send(&hook).await;
-    assert_eq!((answer.status, answer.kind()), (202, "accepted"));
-    let report = env.store_worker().await.drain().await.expect("drain");
-    assert_eq!(report.outcomes, vec![JobOutcome::Completed]);
-    assert_eq!(env.events().await, 1);
+    let outcomes = settle(&env, &worker).await;
+    assert_eq!(outcomes, vec![JobOutcome::Completed; 3]);
+    assert_eq!(env.events().await, 3);
+    assert_eq!(
+        env.count("select count(*) from parked_bodies").await,
+        0,
+        "completion deletes bodies"
+    );
     env.cleanup().await;
 }
 

@@ -1,0 +1,152 @@
+//! The retry policy, apart from the mechanism that carries it out.
+//!
+//! Delays grow exponentially from `HOOKINBOX_RETRY_BASE_MS` with full
+//! jitter on top (`backon`: each delay `d` becomes a random value in
+//! `[d, 2d)`), and are capped at `HOOKINBOX_RETRY_MAX_MS`. A handler's own
+//! "retry after" wins, bounded by the same cap. The mechanism — parked
+//! bodies, `next_attempt_at`, the scheduler — lives in
+//! [`crate::deliveries`] and [`crate::runtime`].
+
+use std::time::Duration;
+
+use backon::BackoffBuilder;
+
+use crate::deliveries::{ErrorClass, Failure};
+use crate::handler::HandlerError;
+
+/// When and how often a transient failure is retried.
+#[derive(Clone, Copy, Debug)]
+pub struct RetryPolicy {
+    /// The first retry's delay (before jitter).
+    pub base: Duration,
+    /// No delay is longer than this.
+    pub max: Duration,
+    /// Takes allowed in all; the last failure is dead-lettered.
+    pub max_attempts: i32,
+}
+
+impl RetryPolicy {
+    /// The delay after the `attempt`-th take failed (1-based): within
+    /// `[d, 2d)` for `d = base·2^(attempt-1)`, never above `max`.
+    pub fn delay(&self, attempt: i32) -> Duration {
+        let n = usize::try_from(attempt.max(1)).unwrap_or(1);
+        backon::ExponentialBuilder::default()
+            .with_min_delay(self.base)
+            .with_max_delay(self.max)
+            .with_factor(2.0)
+            .with_jitter()
+            .with_max_times(n)
+            .build()
+            .nth(n - 1)
+            .unwrap_or(self.max)
+            .min(self.max)
+    }
+
+    /// Decides how a handler error after `attempts` takes is recorded:
+    /// retried after a delay, or failed for good (permanent errors at once,
+    /// transient ones once attempts run out, as `max_attempts`).
+    pub fn decide(&self, error: &HandlerError, attempts: i32) -> Failure {
+        self.decide_class(
+            error.class(),
+            error.to_string(),
+            error.retry_after(),
+            attempts,
+        )
+    }
+
+    /// Like [`RetryPolicy::decide`], from a class and message.
+    pub fn decide_class(
+        &self,
+        class: ErrorClass,
+        message: String,
+        retry_after: Option<Duration>,
+        attempts: i32,
+    ) -> Failure {
+        if class == ErrorClass::Permanent {
+            return Failure {
+                class,
+                message,
+                retry_in: None,
+            };
+        }
+        if attempts >= self.max_attempts {
+            return Failure {
+                class: ErrorClass::MaxAttempts,
+                message: format!("{} attempts failed; last: {message}", attempts),
+                retry_in: None,
+            };
+        }
+        let delay = match retry_after {
+            Some(asked) => asked.min(self.max),
+            None => self.delay(attempts),
+        };
+        Failure {
+            class,
+            message,
+            retry_in: Some(delay),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delays_grow_within_jitter_bounds_and_respect_the_cap() {
+        let policy = RetryPolicy {
+            base: Duration::from_millis(100),
+            max: Duration::from_secs(2),
+            max_attempts: 10,
+        };
+        for _ in 0..200 {
+            for attempt in 1..=8 {
+                let d = Duration::from_millis(100 * (1 << (attempt - 1))).min(policy.max);
+                let got = policy.delay(attempt);
+                assert!(got >= d, "attempt {attempt}: {got:?} < {d:?}");
+                assert!(got <= (d * 2).min(policy.max), "attempt {attempt}: {got:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn retry_after_wins_but_is_capped() {
+        let policy = RetryPolicy {
+            base: Duration::from_millis(100),
+            max: Duration::from_secs(10),
+            max_attempts: 5,
+        };
+        let asked = HandlerError::Transient {
+            message: "busy".into(),
+            retry_after: Some(Duration::from_secs(2)),
+        };
+        assert_eq!(
+            policy.decide(&asked, 1).retry_in,
+            Some(Duration::from_secs(2))
+        );
+        let greedy = HandlerError::Transient {
+            message: "busy".into(),
+            retry_after: Some(Duration::from_secs(3600)),
+        };
+        assert_eq!(
+            policy.decide(&greedy, 1).retry_in,
+            Some(Duration::from_secs(10))
+        );
+    }
+
+    #[test]
+    fn permanent_is_never_retried_and_exhausted_is_max_attempts() {
+        let policy = RetryPolicy {
+            base: Duration::from_millis(100),
+            max: Duration::from_secs(10),
+            max_attempts: 3,
+        };
+        let f = policy.decide(&HandlerError::permanent("no"), 1);
+        assert_eq!((f.class, f.retry_in), (ErrorClass::Permanent, None));
+        let f = policy.decide(&HandlerError::transient("later"), 3);
+        assert_eq!((f.class, f.retry_in), (ErrorClass::MaxAttempts, None));
+        let f = policy.decide(&HandlerError::transient("later"), 2);
+        assert_eq!(f.class, ErrorClass::Transient);
+        assert!(f.retry_in.is_some());
+    }
+}

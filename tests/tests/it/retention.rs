@@ -1,0 +1,181 @@
+//! The retention sweeper and the reaper.
+
+use std::sync::Arc;
+
+use hookinbox::deliveries::{self, Claim, NewClaim};
+use hookinbox::key::{DeliveryId, DeliveryKey, HookId, SourceName};
+use hookinbox::runtime::JobOutcome;
+use hookinbox_tests::{Hook, TestEnv, fixtures, settle, worker_cli};
+use sha2::{Digest, Sha256};
+
+use crate::AlwaysPermanent;
+
+#[tokio::test]
+async fn the_sweeper_deletes_only_expired_rows_of_each_state_with_their_bodies() {
+    let env = TestEnv::new().await;
+    let ingest = env.ingest().await;
+    for _ in 0..6 {
+        let hook = Hook::new("push", fixtures::own("push"));
+        assert_eq!(ingest.send(&hook).await.status, 202);
+    }
+    // Two completed, two dead letters (bodies parked), two left processing.
+    let store = env.store_worker().await;
+    let failing = env.worker(Arc::new(AlwaysPermanent)).await;
+    for worker in [&store, &store, &failing, &failing] {
+        assert!(worker.drain_one().await.expect("drain one").is_some());
+    }
+    let old = "now() - interval '40 days'";
+    env.db
+        .batch_execute(&format!(
+            "update deliveries set completed_at = {old} where delivery_id = '{}';
+             update deliveries set failed_at = {old} where delivery_id = '{}';
+             update deliveries set created_at = {old}, lease_until = now() + interval '1 hour' where status = 'processing';",
+            ids_by_status(&env, "completed").await[0],
+            ids_by_status(&env, "failed").await[0],
+        ))
+        .await
+        .expect("age rows");
+    let (code, out) = worker_cli(&env, &["sweep"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("swept 1 completed and 1 failed"), "{out}");
+    assert_eq!(
+        env.count("select count(*) from deliveries where status = 'completed'")
+            .await,
+        1
+    );
+    assert_eq!(
+        env.count("select count(*) from deliveries where status = 'failed'")
+            .await,
+        1
+    );
+    assert_eq!(
+        env.count("select count(*) from deliveries where status = 'processing'")
+            .await,
+        2
+    );
+    assert_eq!(
+        env.count("select count(*) from parked_bodies").await,
+        1,
+        "the swept body went with its row"
+    );
+    env.cleanup().await;
+}
+
+async fn ids_by_status(env: &TestEnv, status: &str) -> Vec<String> {
+    env.db
+        .query(
+            "select delivery_id from deliveries where status = $1 order by delivery_id",
+            &[&status],
+        )
+        .await
+        .expect("ids")
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+fn key_of(hook: &Hook) -> DeliveryKey {
+    DeliveryKey::github(
+        SourceName::default_source(),
+        HookId::parse(hook.hook_id.as_deref().map(str::as_bytes)).expect("hook id"),
+        DeliveryId::parse(hook.id().as_bytes()).expect("id"),
+    )
+}
+
+#[tokio::test]
+async fn the_reaper_marks_only_abandoned_claims_lost_and_both_ways_out_complete() {
+    let env = TestEnv::new().await;
+    let ingest = env.ingest().await;
+    let worker = env.store_worker().await;
+    let pool = hookinbox::db::pool(&env.database_url, 1).expect("pool");
+    let client = pool.get().await.expect("client");
+
+    // A: its job message is still queued (it carries the token).
+    let a = Hook::new("push", fixtures::own("push"));
+    assert_eq!(ingest.send(&a).await.status, 202);
+    // B: its ingest died after the claim; no message exists.
+    let b = Hook::new("push", fixtures::own("push"));
+    let sha: [u8; 32] = Sha256::digest(&b.body).into();
+    let claim = deliveries::claim(
+        &client,
+        &env.common().policy(),
+        NewClaim {
+            key: &key_of(&b),
+            event: "push",
+            action: None,
+            body_sha256: &sha,
+        },
+    )
+    .await
+    .expect("claim");
+    assert!(matches!(claim, Claim::Claimed { .. }));
+    // C: a live claim; D: expired only a moment ago.
+    let c = Hook::new("push", fixtures::own("push"));
+    let d = Hook::new("push", fixtures::own("push"));
+    for h in [&c, &d] {
+        assert_eq!(ingest.send(h).await.status, 202);
+    }
+    env.db
+        .execute(
+            "update deliveries set lease_until = now() - interval '1 hour' where delivery_id = any($1)",
+            &[&vec![a.id().to_owned(), b.id().to_owned()]],
+        )
+        .await
+        .expect("abandon");
+    env.db
+        .execute(
+            "update deliveries set lease_until = now() - interval '1 second' where delivery_id = $1",
+            &[&d.id()],
+        )
+        .await
+        .expect("expire");
+    let token_a: uuid::Uuid = env
+        .db
+        .query_one(
+            "select claim_token from deliveries where delivery_id = $1",
+            &[&a.id()],
+        )
+        .await
+        .expect("row")
+        .get(0);
+
+    assert_eq!(worker.reap_once().await.expect("reap"), 2);
+    let lost: Vec<String> = env
+        .db
+        .query(
+            "select delivery_id from deliveries where last_error_class = 'lost' and retryable and status = 'failed'",
+            &[],
+        )
+        .await
+        .expect("lost")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(lost.len(), 2);
+    assert!(lost.contains(&a.id().to_owned()) && lost.contains(&b.id().to_owned()));
+    let kept: uuid::Uuid = env
+        .db
+        .query_one(
+            "select claim_token from deliveries where delivery_id = $1",
+            &[&a.id()],
+        )
+        .await
+        .expect("row")
+        .get(0);
+    assert_eq!(kept, token_a, "the reaper keeps the token");
+
+    // Way out 1: A's message still carries the token and takes it.
+    // Way out 2: B is taken at once by GitHub's redelivery.
+    let answer = ingest.send(&b).await;
+    assert_eq!((answer.status, answer.kind()), (202, "accepted"));
+    let outcomes = settle(&env, &worker).await;
+    assert_eq!(
+        outcomes
+            .iter()
+            .filter(|o| **o == JobOutcome::Completed)
+            .count(),
+        4
+    );
+    assert_eq!(env.events().await, 4);
+    env.cleanup().await;
+}
