@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::GenericClient;
+use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
 use crate::db::DbError;
@@ -41,6 +42,15 @@ pub struct Policy {
 
 fn secs(d: Duration) -> f64 {
     d.as_secs_f64()
+}
+
+type Param<'a> = &'a (dyn ToSql + Sync);
+
+/// The key's four columns (`$1`–`$4` of every keyed statement), then `rest`.
+fn params<'a>(key: &'a DeliveryKey, rest: &[Param<'a>]) -> Vec<Param<'a>> {
+    let mut all: Vec<Param<'a>> = vec![&key.provider, &key.source, &key.hook_id, &key.delivery_id];
+    all.extend_from_slice(rest);
+    all
 }
 
 /// Why a delivery failed. Stored in `last_error_class`; bounded, so it can
@@ -210,18 +220,17 @@ pub async fn claim(
         let row = client
             .query_opt(
                 &insert,
-                &[
-                    &k.provider,
-                    &k.source.as_str(),
-                    &k.hook_id.as_str(),
-                    &k.delivery_id.as_str(),
-                    &req.event,
-                    &req.action,
-                    &body_sha,
-                    &token.0,
-                    &secs(policy.lease),
-                    &policy.max_attempts,
-                ],
+                &params(
+                    k,
+                    &[
+                        &req.event,
+                        &req.action,
+                        &body_sha,
+                        &token.0,
+                        &secs(policy.lease),
+                        &policy.max_attempts,
+                    ],
+                ),
             )
             .await?;
         if let Some(row) = row {
@@ -235,14 +244,7 @@ pub async fn claim(
         let Some(row) = client
             .query_opt(
                 &state,
-                &[
-                    &k.provider,
-                    &k.source.as_str(),
-                    &k.hook_id.as_str(),
-                    &k.delivery_id.as_str(),
-                    &body_sha,
-                    &secs(policy.publish_timeout),
-                ],
+                &params(k, &[&body_sha, &secs(policy.publish_timeout)]),
             )
             .await?
         else {
@@ -366,17 +368,16 @@ pub async fn park_due(
     let row = client
         .query_one(
             &stmt,
-            &[
-                &key.provider,
-                &key.source.as_str(),
-                &key.hook_id.as_str(),
-                &key.delivery_id.as_str(),
-                &token.0,
-                &redact(error),
-                &parked.content_type,
-                &headers,
-                &parked.body,
-            ],
+            &params(
+                key,
+                &[
+                    &token.0,
+                    &redact(error),
+                    &parked.content_type,
+                    &headers,
+                    &parked.body,
+                ],
+            ),
         )
         .await?;
     Ok(row.get::<_, i64>(0) == 1)
@@ -475,12 +476,6 @@ pub async fn take(
     presented: ClaimToken,
     parked: ParkedBody<'_>,
 ) -> Result<Take, DbError> {
-    let k = [
-        &key.provider as &(dyn tokio_postgres::types::ToSql + Sync),
-        &key.source.as_str(),
-        &key.hook_id.as_str(),
-        &key.delivery_id.as_str(),
-    ];
     let take = client.prepare_cached(TAKE).await?;
     let poison = client.prepare_cached(&renumber(POISON, 6)).await?;
     let headers = parked.headers_json();
@@ -491,16 +486,7 @@ pub async fn take(
         if let Some(row) = client
             .query_opt(
                 &take,
-                &[
-                    k[0],
-                    k[1],
-                    k[2],
-                    k[3],
-                    &presented.0,
-                    &token.0,
-                    &lease,
-                    &policy.max_attempts,
-                ],
+                &params(key, &[&presented.0, &token.0, &lease, &policy.max_attempts]),
             )
             .await?
         {
@@ -514,17 +500,16 @@ pub async fn take(
         if let Some(row) = client
             .query_opt(
                 &poison,
-                &[
-                    k[0],
-                    k[1],
-                    k[2],
-                    k[3],
-                    &presented.0,
-                    &policy.max_attempts,
-                    &parked.content_type,
-                    &headers,
-                    &parked.body,
-                ],
+                &params(
+                    key,
+                    &[
+                        &presented.0,
+                        &policy.max_attempts,
+                        &parked.content_type,
+                        &headers,
+                        &parked.body,
+                    ],
+                ),
             )
             .await?
         {
@@ -532,7 +517,7 @@ pub async fn take(
                 attempts: row.get(0),
             });
         }
-        let Some(row) = client.query_opt(&state, &k).await? else {
+        let Some(row) = client.query_opt(&state, &params(key, &[])).await? else {
             return Ok(Take::Resolved(None));
         };
         let status = Status::parse(row.get(0));
@@ -565,17 +550,7 @@ pub async fn renew(
 ) -> Result<bool, DbError> {
     let stmt = client.prepare_cached(RENEW).await?;
     let n = client
-        .execute(
-            &stmt,
-            &[
-                &key.provider,
-                &key.source.as_str(),
-                &key.hook_id.as_str(),
-                &key.delivery_id.as_str(),
-                &token.0,
-                &secs(policy.lease),
-            ],
-        )
+        .execute(&stmt, &params(key, &[&token.0, &secs(policy.lease)]))
         .await?;
     Ok(n == 1)
 }
@@ -596,18 +571,7 @@ pub async fn fence(
     token: ClaimToken,
 ) -> Result<bool, DbError> {
     let stmt = client.prepare_cached(FENCE).await?;
-    let row = client
-        .query_opt(
-            &stmt,
-            &[
-                &key.provider,
-                &key.source.as_str(),
-                &key.hook_id.as_str(),
-                &key.delivery_id.as_str(),
-                &token.0,
-            ],
-        )
-        .await?;
+    let row = client.query_opt(&stmt, &params(key, &[&token.0])).await?;
     Ok(row.is_some())
 }
 
@@ -637,18 +601,7 @@ pub async fn complete(
     token: ClaimToken,
 ) -> Result<bool, DbError> {
     let stmt = client.prepare_cached(COMPLETE).await?;
-    let row = client
-        .query_one(
-            &stmt,
-            &[
-                &key.provider,
-                &key.source.as_str(),
-                &key.hook_id.as_str(),
-                &key.delivery_id.as_str(),
-                &token.0,
-            ],
-        )
-        .await?;
+    let row = client.query_one(&stmt, &params(key, &[&token.0])).await?;
     Ok(row.get::<_, i64>(0) == 1)
 }
 
@@ -709,20 +662,19 @@ pub async fn fail(
     let row = client
         .query_opt(
             &stmt,
-            &[
-                &key.provider,
-                &key.source.as_str(),
-                &key.hook_id.as_str(),
-                &key.delivery_id.as_str(),
-                &token.0,
-                &retryable,
-                &delay,
-                &failure.class.as_str(),
-                &redact(&failure.message),
-                &parked.content_type,
-                &headers,
-                &parked.body,
-            ],
+            &params(
+                key,
+                &[
+                    &token.0,
+                    &retryable,
+                    &delay,
+                    &failure.class.as_str(),
+                    &redact(&failure.message),
+                    &parked.content_type,
+                    &headers,
+                    &parked.body,
+                ],
+            ),
         )
         .await?;
     Ok(row.map(|row| Failed {
@@ -746,18 +698,7 @@ pub async fn release_lease(
     token: ClaimToken,
 ) -> Result<bool, DbError> {
     let stmt = client.prepare_cached(RELEASE_LEASE).await?;
-    let n = client
-        .execute(
-            &stmt,
-            &[
-                &key.provider,
-                &key.source.as_str(),
-                &key.hook_id.as_str(),
-                &key.delivery_id.as_str(),
-                &token.0,
-            ],
-        )
-        .await?;
+    let n = client.execute(&stmt, &params(key, &[&token.0])).await?;
     Ok(n == 1)
 }
 
@@ -774,17 +715,7 @@ pub async fn mark_dead_lettered(
     key: &DeliveryKey,
 ) -> Result<(), DbError> {
     let stmt = client.prepare_cached(MARK_DEAD_LETTERED).await?;
-    client
-        .execute(
-            &stmt,
-            &[
-                &key.provider,
-                &key.source.as_str(),
-                &key.hook_id.as_str(),
-                &key.delivery_id.as_str(),
-            ],
-        )
-        .await?;
+    client.execute(&stmt, &params(key, &[])).await?;
     Ok(())
 }
 
@@ -841,17 +772,7 @@ pub async fn get(
     key: &DeliveryKey,
 ) -> Result<Option<Delivery>, DbError> {
     let stmt = client.prepare_cached(GET).await?;
-    let row = client
-        .query_opt(
-            &stmt,
-            &[
-                &key.provider,
-                &key.source.as_str(),
-                &key.hook_id.as_str(),
-                &key.delivery_id.as_str(),
-            ],
-        )
-        .await?;
+    let row = client.query_opt(&stmt, &params(key, &[])).await?;
     row.as_ref().map(delivery_from_row).transpose()
 }
 
@@ -973,15 +894,7 @@ pub async fn reschedule(
     let n = client
         .execute(
             &stmt,
-            &[
-                &key.provider,
-                &key.source.as_str(),
-                &key.hook_id.as_str(),
-                &key.delivery_id.as_str(),
-                &token.0,
-                &secs(delay),
-                &redact(error),
-            ],
+            &params(key, &[&token.0, &secs(delay), &redact(error)]),
         )
         .await?;
     Ok(n == 1)
@@ -1061,16 +974,7 @@ pub async fn replay(
 ) -> Result<Option<ParkedJob>, DbError> {
     let stmt = client.prepare_cached(REPLAY).await?;
     let row = client
-        .query_opt(
-            &stmt,
-            &[
-                &key.provider,
-                &key.source.as_str(),
-                &key.hook_id.as_str(),
-                &key.delivery_id.as_str(),
-                &secs(policy.lease),
-            ],
-        )
+        .query_opt(&stmt, &params(key, &[&secs(policy.lease)]))
         .await?;
     row.as_ref().map(parked_job).transpose()
 }
@@ -1092,17 +996,7 @@ pub async fn unreplay(
 ) -> Result<bool, DbError> {
     let stmt = client.prepare_cached(UNREPLAY).await?;
     let n = client
-        .execute(
-            &stmt,
-            &[
-                &key.provider,
-                &key.source.as_str(),
-                &key.hook_id.as_str(),
-                &key.delivery_id.as_str(),
-                &token.0,
-                &redact(error),
-            ],
-        )
+        .execute(&stmt, &params(key, &[&token.0, &redact(error)]))
         .await?;
     Ok(n == 1)
 }

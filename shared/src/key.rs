@@ -155,6 +155,28 @@ macro_rules! display_as_str {
 }
 display_as_str!(DeliveryId, HookId, EventName, SourceName);
 
+/// The key's parts bind as text parameters, so statements take them as is.
+macro_rules! to_sql_as_str {
+    ($($t:ty),*) => {$(
+        impl tokio_postgres::types::ToSql for $t {
+            fn to_sql(
+                &self,
+                ty: &tokio_postgres::types::Type,
+                out: &mut bytes::BytesMut,
+            ) -> Result<tokio_postgres::types::IsNull, Box<dyn std::error::Error + Sync + Send>> {
+                self.as_str().to_sql(ty, out)
+            }
+
+            fn accepts(ty: &tokio_postgres::types::Type) -> bool {
+                <&str as tokio_postgres::types::ToSql>::accepts(ty)
+            }
+
+            tokio_postgres::types::to_sql_checked!();
+        }
+    )*};
+}
+to_sql_as_str!(DeliveryId, HookId, SourceName);
+
 /// What makes a delivery unique: `(provider, source, hook_id, delivery_id)`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct DeliveryKey {
