@@ -282,3 +282,47 @@ async fn usage_errors_exit_2() {
     assert_eq!(code, 1, "nothing matched");
     env.cleanup().await;
 }
+
+#[tokio::test]
+async fn purge_deletes_old_dead_letters_with_their_bodies_and_queue_copies() {
+    let env = TestEnv::new().await;
+    let ingest = env.ingest().await;
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let hook = Hook::new("push", fixtures::own("push"));
+        assert_eq!(ingest.send(&hook).await.status, 202);
+        ids.push(hook.id().to_owned());
+    }
+    let broken = Scripted::new((0..2).map(|_| HandlerError::permanent("no")).collect());
+    settle(&env, &env.worker(broken).await).await;
+    assert_eq!(env.dead_depth().await, 2);
+    env.db
+        .execute(
+            "update deliveries set failed_at = now() - interval '20 days' where delivery_id = $1",
+            &[&ids[0]],
+        )
+        .await
+        .expect("age one");
+
+    let (code, out) = worker_cli(&env, &["dlq", "purge", "--older-than", "14d", "--dry-run"]);
+    assert_eq!((code, out.trim()), (0, "would purge 1 dead letter(s)"));
+    assert_eq!(env.deliveries().await, 2, "dry run changed nothing");
+    let (code, out) = worker_cli(&env, &["dlq", "purge", "--older-than", "14d"]);
+    assert_eq!((code, out.trim()), (0, "purged 1 dead letter(s)"));
+    let left: String = env
+        .db
+        .query_one("select delivery_id from deliveries", &[])
+        .await
+        .expect("one row left")
+        .get(0);
+    assert_eq!(left, ids[1]);
+    assert_eq!(env.count("select count(*) from parked_bodies").await, 1);
+    assert_eq!(
+        env.dead_depth().await,
+        1,
+        "the purged copy left the queue too"
+    );
+    let (code, _) = worker_cli(&env, &["dlq", "purge", "--older-than", "14d"]);
+    assert_eq!(code, 1, "nothing left to purge");
+    env.cleanup().await;
+}
