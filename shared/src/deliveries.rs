@@ -163,6 +163,8 @@ pub enum Claim {
         /// False for a new row; true when an expired lease or a due retry
         /// was claimed again.
         reclaimed: bool,
+        /// Takes so far (0 for a new row; a reclaim keeps the count).
+        attempts: i32,
     },
     /// Claimed by an earlier request that never saw its job taken, longer
     /// ago than the publish timeout: its publish may have died with its
@@ -191,7 +193,7 @@ on conflict (provider, source, hook_id, delivery_id) do update
       and ((d.status = 'processing' and d.lease_until < now())
         or (d.status = 'failed' and d.retryable and d.next_attempt_at <= now()
             and d.attempts < $10))
-returning (xmax = 0) as inserted";
+returning (xmax = 0) as inserted, attempts";
 
 const CLAIM_STATE: &str = "
 select status, attempts, claim_token, body_sha256 = $5 as same_body,
@@ -238,6 +240,7 @@ pub async fn claim(
             return Ok(Claim::Claimed {
                 token,
                 reclaimed: !inserted,
+                attempts: row.get(1),
             });
         }
         // ON CONFLICT ... WHERE refused: report what is there.
@@ -341,7 +344,7 @@ with moved as (
         failed_at = now(), first_failed_at = coalesce(first_failed_at, now()),
         last_error_class = 'publish', last_error = $6
     where provider = $1 and source = $2 and hook_id = $3 and delivery_id = $4
-      and claim_token = $5 and status = 'processing' and attempts = 0
+      and claim_token = $5 and status = 'processing' and attempts = $7
     returning provider, source, hook_id, delivery_id
 ), ",
     park_moved!(),
@@ -353,7 +356,8 @@ select count(*) from moved"
 /// as failed, retryable, due now, so that the scheduler publishes it once
 /// the broker is back. One statement, so the row never says "due" without
 /// a body to publish. Guarded by the claim's own token *and*
-/// `attempts = 0`: if a worker took the job after all (the confirm was
+/// `attempts` as the claim saw it (0 for a new claim; a reclaimed retry
+/// keeps its count): if a worker took the job after all (the confirm was
 /// lost, not the message), this changes nothing and never undoes the take.
 /// Returns whether it parked.
 pub async fn park_due(
@@ -361,9 +365,10 @@ pub async fn park_due(
     key: &DeliveryKey,
     token: ClaimToken,
     error: &str,
+    attempts_at_claim: i32,
     parked: ParkedBody<'_>,
 ) -> Result<bool, DbError> {
-    let stmt = client.prepare_cached(&renumber(PARK_DUE, 6)).await?;
+    let stmt = client.prepare_cached(&renumber(PARK_DUE, 7)).await?;
     let headers = parked.headers_json();
     let row = client
         .query_one(
@@ -373,6 +378,7 @@ pub async fn park_due(
                 &[
                     &token.0,
                     &redact(error),
+                    &attempts_at_claim,
                     &parked.content_type,
                     &headers,
                     &parked.body,
@@ -436,7 +442,7 @@ from prev
 where d.provider = $1 and d.source = $2 and d.hook_id = $3 and d.delivery_id = $4
   and d.attempts < $8
   and ((d.status = 'processing' and (d.claim_token = $5 or d.lease_until < now()))
-    or (d.status = 'failed' and d.last_error_class = 'lost' and d.claim_token = $5))
+    or (d.status = 'failed' and d.last_error_class = 'lost'))
 returning d.attempts, prev.claim_token <> $5 and d.last_error_class is distinct from 'lost',
           d.created_at";
 
@@ -451,7 +457,7 @@ with moved as (
     where provider = $1 and source = $2 and hook_id = $3 and delivery_id = $4
       and attempts >= $6
       and ((status = 'processing' and (claim_token = $5 or lease_until < now()))
-        or (status = 'failed' and last_error_class = 'lost' and claim_token = $5))
+        or (status = 'failed' and last_error_class = 'lost'))
     returning provider, source, hook_id, delivery_id, attempts
 ), ",
     park_moved!(),
@@ -1015,10 +1021,12 @@ where ctid in (
 )";
 
 /// The reaper: claims whose lease expired more than `after` ago (ingest may
-/// have died between the claim and the publish, or the message was lost)
-/// become failed, retryable, class `lost`, due now, keeping their token. A
-/// message that still carries that token can take it; otherwise the next
-/// redelivery (or, with a parked body, the scheduler) takes it at once.
+/// have died between the claim and the publish, the message was lost, or
+/// every worker was down) become failed, retryable, class `lost`, due now,
+/// keeping their token. Any message of the delivery still in the queue
+/// takes it (the token may be a dead worker's, which no message carries);
+/// otherwise the next redelivery (or, with a parked body, the scheduler)
+/// takes it at once.
 pub async fn reap(
     client: &impl GenericClient,
     after: Duration,

@@ -328,9 +328,11 @@ async fn handle(
     })?;
     drop(client);
 
-    let (token, republish) = match claim {
-        Claim::Claimed { token, .. } => (token, false),
-        Claim::Republish { token } => (token, true),
+    let (token, attempts_at_claim, republish) = match claim {
+        Claim::Claimed {
+            token, attempts, ..
+        } => (token, attempts, false),
+        Claim::Republish { token } => (token, 0, true),
         Claim::Conflict => {
             return Ok((
                 StatusCode::CONFLICT,
@@ -375,23 +377,32 @@ async fn handle(
         )),
         Err(e) => {
             tracing::warn!(error = %e, delivery_id = %job.key.delivery_id, "publish failed; parking");
-            park(state, &job, &e.to_string()).await
+            park(state, &job, attempts_at_claim, &e.to_string()).await
         }
     }
 }
 
 /// The broker failed us: park the body and record the delivery as due now
-/// (token- and `attempts = 0`-guarded, see [`deliveries::park_due`]), so the
+/// (guarded by the token and the attempts the claim saw, see [`deliveries::park_due`]), so the
 /// scheduler publishes it once the broker is back. Postgres holds it now,
 /// so the answer is still 202; only if Postgres fails too is it 503.
 async fn park(
     state: &State,
     job: &Job,
+    attempts_at_claim: i32,
     error: &str,
 ) -> Result<(StatusCode, serde_json::Value, &'static str), Reject> {
     let parked = match state.pool.get().await {
         Ok(client) => {
-            deliveries::park_due(&client, &job.key, job.token, error, ParkedBody::of(job)).await
+            deliveries::park_due(
+                &client,
+                &job.key,
+                job.token,
+                error,
+                attempts_at_claim,
+                ParkedBody::of(job),
+            )
+            .await
         }
         Err(e) => Err(DbError::from(e)),
     };

@@ -471,6 +471,13 @@ impl Worker {
                         return JobOutcome::Left;
                     };
                     match self.attempt(job, token, attempts, created_at, stop).await {
+                        // Fenced by the reaper rather than by another
+                        // worker (Postgres was out of reach past the lease):
+                        // nobody holds the delivery, so this message must
+                        // take it again instead of being acked away.
+                        Attempt::Done(JobOutcome::Fenced) if self.is_lost(job).await => {
+                            presented = token;
+                        }
                         Attempt::Done(outcome) => return outcome,
                         Attempt::RetryTake => {
                             presented = token;
@@ -806,6 +813,17 @@ impl Worker {
                 _ = tokio::time::sleep(self.inner.config.scheduler_interval) => {}
             }
         }
+    }
+
+    /// Whether the delivery sits in `failed`, class `lost` (reaped).
+    async fn is_lost(&self, job: &Job) -> bool {
+        let Ok(client) = self.inner.pool.get().await else {
+            return false;
+        };
+        matches!(
+            deliveries::get(&client, &job.key).await,
+            Ok(Some(row)) if row.status == Status::Failed && row.last_error_class.as_deref() == Some("lost")
+        )
     }
 
     /// Waits until Postgres answers. False when the worker is stopping.

@@ -115,10 +115,38 @@ async fn the_reaper_marks_only_abandoned_claims_lost_and_both_ways_out_complete(
     for h in [&c, &d] {
         assert_eq!(ingest.send(h).await.status, 202);
     }
+    // E: a worker took it (installing its own token, which no message
+    // carries) and died; its message went back to the queue.
+    let e = Hook::new("push", fixtures::own("push"));
+    assert_eq!(ingest.send(&e).await.status, 202);
+    let t0: uuid::Uuid = env
+        .db
+        .query_one(
+            "select claim_token from deliveries where delivery_id = $1",
+            &[&e.id()],
+        )
+        .await
+        .expect("row")
+        .get(0);
+    let raw = fixtures::own("push");
+    let taken = deliveries::take(
+        &client,
+        &env.common().policy(),
+        &key_of(&e),
+        hookinbox::key::ClaimToken(t0),
+        deliveries::ParkedBody {
+            content_type: "application/json",
+            headers: &[],
+            body: &raw,
+        },
+    )
+    .await
+    .expect("take");
+    assert!(matches!(taken, deliveries::Take::Taken { .. }));
     env.db
         .execute(
             "update deliveries set lease_until = now() - interval '1 hour' where delivery_id = any($1)",
-            &[&vec![a.id().to_owned(), b.id().to_owned()]],
+            &[&vec![a.id().to_owned(), b.id().to_owned(), e.id().to_owned()]],
         )
         .await
         .expect("abandon");
@@ -139,7 +167,7 @@ async fn the_reaper_marks_only_abandoned_claims_lost_and_both_ways_out_complete(
         .expect("row")
         .get(0);
 
-    assert_eq!(worker.reap_once().await.expect("reap"), 2);
+    assert_eq!(worker.reap_once().await.expect("reap"), 3);
     let lost: Vec<String> = env
         .db
         .query(
@@ -151,8 +179,9 @@ async fn the_reaper_marks_only_abandoned_claims_lost_and_both_ways_out_complete(
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(lost.len(), 2);
+    assert_eq!(lost.len(), 3);
     assert!(lost.contains(&a.id().to_owned()) && lost.contains(&b.id().to_owned()));
+    assert!(lost.contains(&e.id().to_owned()));
     let kept: uuid::Uuid = env
         .db
         .query_one(
@@ -164,7 +193,8 @@ async fn the_reaper_marks_only_abandoned_claims_lost_and_both_ways_out_complete(
         .get(0);
     assert_eq!(kept, token_a, "the reaper keeps the token");
 
-    // Way out 1: A's message still carries the token and takes it.
+    // Way out 1: a message of the delivery takes it: A's carries the kept
+    // token; E's carries the ingest token, not the dead worker's.
     // Way out 2: B is taken at once by GitHub's redelivery.
     let answer = ingest.send(&b).await;
     assert_eq!((answer.status, answer.kind()), (202, "accepted"));
@@ -174,8 +204,8 @@ async fn the_reaper_marks_only_abandoned_claims_lost_and_both_ways_out_complete(
             .iter()
             .filter(|o| **o == JobOutcome::Completed)
             .count(),
-        4
+        5
     );
-    assert_eq!(env.events().await, 4);
+    assert_eq!(env.events().await, 5);
     env.cleanup().await;
 }
