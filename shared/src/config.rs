@@ -13,9 +13,12 @@ use std::time::Duration;
 use clap::builder::BoolishValueParser;
 
 use crate::deliveries::Policy;
-use crate::key::{EventName, SourceName};
+use crate::key::SourceName;
 use crate::retry::RetryPolicy;
 use crate::signature::{Secret, Secrets};
+use crate::sources::{
+    EventFilter, ForwardConfig, HandlerConfig, Source, inline_secret, parse_forward_url,
+};
 
 /// A setting that makes a binary refuse to start. The message names the
 /// variable and never contains a secret.
@@ -29,6 +32,14 @@ pub enum ConfigError {
         /// What is wrong with it.
         problem: String,
     },
+    /// A field of the config file is invalid.
+    #[error("{name}: {problem}")]
+    Field {
+        /// The field, e.g. `sources[1].handler.url`.
+        name: String,
+        /// What is wrong with it.
+        problem: String,
+    },
     /// A file named by a setting cannot be read.
     #[error("{name}: cannot read {path}: {source}")]
     Unreadable {
@@ -39,6 +50,16 @@ pub enum ConfigError {
         /// Why.
         source: std::io::Error,
     },
+}
+
+impl ConfigError {
+    /// An invalid field of the config file (or any setting named at run time).
+    pub fn field(name: &str, problem: impl Into<String>) -> Self {
+        Self::Field {
+            name: name.to_owned(),
+            problem: problem.into(),
+        }
+    }
 }
 
 fn invalid(name: &'static str, problem: impl Into<String>) -> ConfigError {
@@ -207,6 +228,11 @@ pub struct IngestArgs {
     )]
     pub github_secret: Option<String>,
 
+    /// A TOML file defining several sources (see config.example.toml);
+    /// replaces the single-source variables.
+    #[arg(long, env = "HOOKINBOX_CONFIG", value_name = "HOOKINBOX_CONFIG")]
+    pub config: Option<PathBuf>,
+
     /// A file with one secret per line (any one verifies; for rotation).
     #[arg(
         long,
@@ -240,26 +266,6 @@ pub struct IngestArgs {
     pub body_timeout_ms: u64,
 }
 
-/// One webhook source: its secrets and which events it takes.
-#[derive(Clone, Debug)]
-pub struct Source {
-    /// Its name, the `{source}` of the route.
-    pub name: SourceName,
-    /// Any one of them verifies.
-    pub secrets: Secrets,
-    /// `None` takes every event.
-    pub allowed_events: Option<Vec<EventName>>,
-}
-
-impl Source {
-    /// Whether this source takes `event`.
-    pub fn takes(&self, event: &EventName) -> bool {
-        self.allowed_events
-            .as_ref()
-            .is_none_or(|allowed| allowed.contains(event))
-    }
-}
-
 /// Validated settings of `hookinbox-ingest`.
 #[derive(Clone)]
 pub struct IngestConfig {
@@ -276,34 +282,52 @@ pub struct IngestConfig {
 }
 
 impl IngestArgs {
-    /// Checks every setting and loads the secrets.
+    /// Checks every setting and loads the sources and their secrets.
     pub fn validate(self) -> Result<IngestConfig, ConfigError> {
         self.common.validate()?;
-        let secrets = load_secrets(
-            self.github_secret.as_deref(),
-            self.github_secret_file.as_deref(),
-        )?;
-        let allowed_events = parse_events(&self.allowed_events)?;
+        let sources = match &self.config {
+            Some(path) => {
+                if self.github_secret.is_some() || self.github_secret_file.is_some() {
+                    return Err(invalid(
+                        "HOOKINBOX_CONFIG",
+                        "defines the sources' secrets; unset HOOKINBOX_GITHUB_SECRET(_FILE)",
+                    ));
+                }
+                if !self.allowed_events.trim().is_empty() {
+                    return Err(invalid(
+                        "HOOKINBOX_CONFIG",
+                        "defines each source's events; unset HOOKINBOX_ALLOWED_EVENTS",
+                    ));
+                }
+                crate::sources::from_file(path)?
+            }
+            None => vec![Source {
+                name: SourceName::default_source(),
+                secrets: load_secrets(
+                    self.github_secret.as_deref(),
+                    self.github_secret_file.as_deref(),
+                )?,
+                hook_ids: None,
+                events: EventFilter::parse(
+                    "HOOKINBOX_ALLOWED_EVENTS",
+                    self.allowed_events
+                        .split(',')
+                        .filter(|e| !e.trim().is_empty()),
+                )?,
+                // Ingest does not run handlers.
+                handler: HandlerConfig::Store,
+            }],
+        };
         if self.max_body_bytes == 0 {
             return Err(invalid("HOOKINBOX_MAX_BODY_BYTES", "must be at least 1"));
         }
         if self.body_timeout_ms == 0 {
             return Err(invalid("HOOKINBOX_BODY_TIMEOUT_MS", "must be at least 1"));
         }
-        let name = SourceName::default_source();
-        let mut sources = BTreeMap::new();
-        sources.insert(
-            name.clone(),
-            Source {
-                name,
-                secrets,
-                allowed_events,
-            },
-        );
         Ok(IngestConfig {
             common: self.common,
             listen: self.listen,
-            sources: Arc::new(sources),
+            sources: Arc::new(sources.into_iter().map(|s| (s.name.clone(), s)).collect()),
             max_body_bytes: self.max_body_bytes,
             body_timeout: Duration::from_millis(self.body_timeout_ms),
         })
@@ -351,10 +375,10 @@ pub fn load_secrets(inline: Option<&str>, file: Option<&Path>) -> Result<Secrets
 }
 
 /// Parses one secret per line; the file's final line ending is optional.
-pub fn secrets_from_lines(name: &'static str, text: &str) -> Result<Secrets, ConfigError> {
+pub fn secrets_from_lines(name: &str, text: &str) -> Result<Secrets, ConfigError> {
     let body = strip_line_ending(text);
     if body.is_empty() {
-        return Err(invalid(
+        return Err(ConfigError::field(
             name,
             "holds no secret; an empty secret lets anyone sign",
         ));
@@ -363,7 +387,7 @@ pub fn secrets_from_lines(name: &'static str, text: &str) -> Result<Secrets, Con
     for (i, line) in body.split('\n').enumerate() {
         let line = line.strip_suffix('\r').unwrap_or(line);
         if line.is_empty() {
-            return Err(invalid(
+            return Err(ConfigError::field(
                 name,
                 format!("line {} is empty; an empty secret lets anyone sign", i + 1),
             ));
@@ -373,34 +397,13 @@ pub fn secrets_from_lines(name: &'static str, text: &str) -> Result<Secrets, Con
     Ok(Secrets::new(secrets))
 }
 
-fn parse_events(list: &str) -> Result<Option<Vec<EventName>>, ConfigError> {
-    let names: Vec<&str> = list
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .collect();
-    if names.is_empty() {
-        return Ok(None);
-    }
-    names
-        .into_iter()
-        .map(|n| {
-            EventName::parse(n.as_bytes()).map_err(|_| {
-                invalid(
-                    "HOOKINBOX_ALLOWED_EVENTS",
-                    format!("'{n}' is not an event name (a-z, 0-9, '_')"),
-                )
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()
-        .map(Some)
-}
-
 /// Which built-in handler a worker runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum HandlerKind {
     /// Write each event into `github_events`, in the completing transaction.
     Store,
+    /// POST each event to `HOOKINBOX_FORWARD_URL`.
+    Forward,
 }
 
 /// Settings of `hookinbox-worker`.
@@ -437,6 +440,37 @@ pub struct WorkerArgs {
         default_value = "store"
     )]
     pub handler: HandlerKind,
+
+    /// Where the `forward` handler POSTs.
+    #[arg(
+        long,
+        env = "HOOKINBOX_FORWARD_URL",
+        value_name = "HOOKINBOX_FORWARD_URL"
+    )]
+    pub forward_url: Option<String>,
+
+    /// Signs forwarded requests (`X-Hookinbox-Signature-256`) when set.
+    #[arg(
+        long,
+        env = "HOOKINBOX_FORWARD_SECRET",
+        value_name = "HOOKINBOX_FORWARD_SECRET",
+        hide_env_values = true
+    )]
+    pub forward_secret: Option<String>,
+
+    /// Milliseconds a forwarded request may take.
+    #[arg(
+        long,
+        env = "HOOKINBOX_FORWARD_TIMEOUT_MS",
+        value_name = "HOOKINBOX_FORWARD_TIMEOUT_MS",
+        default_value_t = 10_000
+    )]
+    pub forward_timeout_ms: u64,
+
+    /// A TOML file defining several sources and their handlers; replaces
+    /// the single-source variables.
+    #[arg(long, env = "HOOKINBOX_CONFIG", value_name = "HOOKINBOX_CONFIG")]
+    pub config: Option<PathBuf>,
 
     /// Seconds in-flight jobs get to finish after SIGTERM.
     #[arg(
@@ -531,6 +565,8 @@ pub struct WorkerConfig {
     pub reap_after: Duration,
     /// Pause between scheduler passes.
     pub scheduler_interval: Duration,
+    /// The handler of each configured source.
+    pub handlers: Arc<BTreeMap<SourceName, HandlerConfig>>,
 }
 
 /// The shortest completed retention accepted without consent: GitHub lets
@@ -586,7 +622,45 @@ impl WorkerArgs {
                 "must be at least 1",
             ));
         }
+        let handlers: BTreeMap<SourceName, HandlerConfig> = match &self.config {
+            Some(path) => crate::sources::from_file(path)?
+                .into_iter()
+                .map(|s| (s.name, s.handler))
+                .collect(),
+            None => {
+                let handler = match self.handler {
+                    HandlerKind::Store => HandlerConfig::Store,
+                    HandlerKind::Forward => {
+                        let url = self.forward_url.as_deref().ok_or_else(|| {
+                            invalid(
+                                "HOOKINBOX_FORWARD_URL",
+                                "is required with HOOKINBOX_HANDLER=forward",
+                            )
+                        })?;
+                        if self.forward_timeout_ms == 0 {
+                            return Err(invalid(
+                                "HOOKINBOX_FORWARD_TIMEOUT_MS",
+                                "must be at least 1",
+                            ));
+                        }
+                        HandlerConfig::Forward(ForwardConfig {
+                            url: parse_forward_url("HOOKINBOX_FORWARD_URL", url)?,
+                            secret: self
+                                .forward_secret
+                                .as_deref()
+                                .map(|s| inline_secret("HOOKINBOX_FORWARD_SECRET", s))
+                                .transpose()?,
+                            timeout: Duration::from_millis(self.forward_timeout_ms),
+                        })
+                    }
+                };
+                [(SourceName::default_source(), handler)]
+                    .into_iter()
+                    .collect()
+            }
+        };
         Ok(WorkerConfig {
+            handlers: Arc::new(handlers),
             retry: RetryPolicy {
                 base: Duration::from_millis(self.retry_base_ms),
                 max: Duration::from_millis(self.retry_max_ms),
@@ -634,15 +708,5 @@ mod tests {
             Some("F: line 2 is empty; an empty secret lets anyone sign")
         );
         assert!(secrets_from_lines("F", "\n").is_err());
-    }
-
-    #[test]
-    fn allowed_events_parse() {
-        assert!(parse_events("").ok().flatten().is_none());
-        assert_eq!(
-            parse_events("push, issues").ok().flatten().map(|v| v.len()),
-            Some(2)
-        );
-        assert!(parse_events("push,Bad-Event").is_err());
     }
 }

@@ -26,6 +26,8 @@
 //! }
 //! ```
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -34,8 +36,9 @@ use deadpool_postgres::Pool;
 use crate::broker::Job;
 use crate::db::{Client, DbError};
 use crate::deliveries;
-use crate::key::{ClaimToken, DeliveryKey};
+use crate::key::{ClaimToken, DeliveryKey, SourceName};
 use crate::payload::{self, ContentType};
+use crate::sources::HandlerConfig;
 
 /// How a handler failed. The runtime records it and decides what follows:
 /// a transient error is retried, a permanent one is dead-lettered.
@@ -319,4 +322,43 @@ impl Handler for Store {
         .await?;
         Ok(())
     }
+}
+
+/// Sends each delivery to the handler of its source.
+pub struct Router {
+    routes: BTreeMap<SourceName, Arc<dyn Handler>>,
+}
+
+#[async_trait::async_trait]
+impl Handler for Router {
+    async fn handle(&self, job: &Job, effect: &mut Effect) -> Result<(), HandlerError> {
+        match self.routes.get(&job.key.source) {
+            Some(handler) => handler.handle(job, effect).await,
+            None => Err(HandlerError::permanent(format!(
+                "no handler is configured for source '{}'",
+                job.key.source
+            ))),
+        }
+    }
+}
+
+/// Builds the built-in handler of every configured source (one pooled HTTP
+/// client serves all `forward` sources).
+pub fn from_config(
+    handlers: &BTreeMap<SourceName, HandlerConfig>,
+) -> Result<Arc<dyn Handler>, reqwest::Error> {
+    let client = crate::forward::client()?;
+    let routes = handlers
+        .iter()
+        .map(|(name, config)| {
+            let handler: Arc<dyn Handler> = match config {
+                HandlerConfig::Store => Arc::new(Store),
+                HandlerConfig::Forward(forward) => {
+                    Arc::new(crate::forward::Forward::new(client.clone(), forward))
+                }
+            };
+            (name.clone(), handler)
+        })
+        .collect();
+    Ok(Arc::new(Router { routes }))
 }

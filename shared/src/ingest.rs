@@ -14,7 +14,9 @@
 //!    If the publish fails, park the body in Postgres as a retry due now
 //!    and answer 202 all the same: the scheduler publishes it later.
 
+use std::collections::BTreeMap;
 use std::net::TcpListener;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix_web::http::StatusCode;
@@ -27,12 +29,13 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use crate::broker::{Job, Publisher, Topology};
-use crate::config::{IngestConfig, Source};
+use crate::config::IngestConfig;
 use crate::db::{self, DbError};
 use crate::deliveries::{self, Claim, NewClaim, ParkedBody, Policy, Status};
 use crate::key::{DeliveryId, DeliveryKey, EventName, HookId, KeyError, SourceName};
 use crate::payload::{self, ContentType};
 use crate::signature::SignatureError;
+use crate::sources::Source;
 
 /// Stops a running server (see [`IngestApp::handle`]).
 pub use actix_web::dev::ServerHandle;
@@ -54,12 +57,44 @@ struct State {
     policy: Policy,
     pool: Pool,
     publisher: Publisher,
+    secret_matches: Arc<SecretMatches>,
+}
+
+/// How often each secret position of each source verified a request.
+/// Rotation can be finished once the old secret's count stops moving; the
+/// same counts are exported as `hookinbox_secret_matches_total`.
+#[derive(Default, Debug)]
+pub struct SecretMatches(Mutex<BTreeMap<(String, usize), u64>>);
+
+impl SecretMatches {
+    fn record(&self, source: &SourceName, position: usize) {
+        metrics::counter!(
+            "hookinbox_secret_matches_total",
+            "source" => source.as_str().to_owned(),
+            "position" => position.to_string()
+        )
+        .increment(1);
+        if let Ok(mut counts) = self.0.lock() {
+            *counts
+                .entry((source.as_str().to_owned(), position))
+                .or_default() += 1;
+        }
+    }
+
+    /// Matches of `source`'s secret at `position` (0 is the first listed).
+    pub fn get(&self, source: &str, position: usize) -> u64 {
+        self.0
+            .lock()
+            .map(|c| c.get(&(source.to_owned(), position)).copied().unwrap_or(0))
+            .unwrap_or(0)
+    }
 }
 
 /// A built, bound, not yet running ingest server.
 pub struct IngestApp {
     server: actix_web::dev::Server,
     port: u16,
+    secret_matches: Arc<SecretMatches>,
 }
 
 impl IngestApp {
@@ -93,11 +128,13 @@ impl IngestApp {
             tracing::warn!(error = %e, "RabbitMQ not reachable at start; will retry on publish");
         }
         let port = listener.local_addr()?.port();
+        let secret_matches = Arc::new(SecretMatches::default());
         let state = web::Data::new(State {
             policy: common.policy(),
             config,
             pool,
             publisher,
+            secret_matches: secret_matches.clone(),
         });
         let server = HttpServer::new(move || {
             App::new()
@@ -114,12 +151,21 @@ impl IngestApp {
         .client_request_timeout(Duration::from_secs(5))
         .listen(listener)?
         .run();
-        Ok(Self { server, port })
+        Ok(Self {
+            server,
+            port,
+            secret_matches,
+        })
     }
 
     /// The port the server listens on.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// Secret matches by source and position, for rotation.
+    pub fn secret_matches(&self) -> Arc<SecretMatches> {
+        self.secret_matches.clone()
     }
 
     /// A handle that can stop the server.
@@ -279,7 +325,8 @@ async fn handle(
     let body = read_body(body, headers, config.max_body_bytes, config.body_timeout).await?;
 
     // 2. The signature, before anything else is trusted.
-    verify(source, headers, &body)?;
+    let position = verify(source, headers, &body)?;
+    state.secret_matches.record(&source.name, position);
 
     // 3. Event, delivery id, hook id.
     let event = match single(headers, "x-github-event")? {
@@ -289,7 +336,7 @@ async fn handle(
     if event.as_str() == "ping" {
         return Ok((StatusCode::OK, json!({"status": "pong"}), "pong"));
     }
-    if !source.takes(&event) {
+    if !source.events.takes_event(&event) {
         return Ok((StatusCode::OK, json!({"status": "ignored"}), "ignored"));
     }
     let delivery_id = match single(headers, "x-github-delivery")? {
@@ -297,11 +344,23 @@ async fn handle(
         None => return Err(KeyError::MissingDeliveryId.into()),
     };
     let hook_id = HookId::parse(single(headers, "x-github-hook-id")?)?;
+    if !source.accepts_hook(&hook_id) {
+        // The hook id is not covered by the signature: without this pin a
+        // captured request could be replayed under another hook id.
+        return Err(Reject::new(
+            StatusCode::FORBIDDEN,
+            "unknown_hook",
+            "X-GitHub-Hook-ID is not a hook this source accepts",
+        ));
+    }
     let json = payload::json_text(content_type, &body)
         .map_err(|e| Reject::new(StatusCode::BAD_REQUEST, "bad_payload", e.to_string()))?;
     let action = payload::action(&json)
         .map_err(|e| Reject::new(StatusCode::BAD_REQUEST, "bad_payload", e.to_string()))?;
     drop(json);
+    if !source.events.takes(&event, action.as_deref()) {
+        return Ok((StatusCode::OK, json!({"status": "ignored"}), "ignored"));
+    }
     let key = DeliveryKey::github(source.name.clone(), hook_id, delivery_id);
     tracing::Span::current().record("delivery_id", key.delivery_id.as_str());
 

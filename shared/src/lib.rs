@@ -10,6 +10,7 @@
 //!
 //! - [`config`]: settings of both binaries, read from the environment, and
 //!   the checks that make a binary refuse to start on a bad one.
+//! - [`sources`]: webhook sources (TOML or env): secrets, pins, events, handlers.
 //! - [`signature`]: `X-Hub-Signature-256` parsing and constant-time checks.
 //! - [`key`]: the nouns that name a delivery (`DeliveryKey`, `DeliveryId`,
 //!   `HookId`, `EventName`) and their validation.
@@ -21,6 +22,7 @@
 //!   publisher.
 //! - [`payload`]: the JSON and form body shapes, and the `action` field.
 //! - [`retry`]: the retry policy (exponential backoff with jitter, capped).
+//! - [`forward`]: the `forward` handler (POST with an idempotency key).
 //! - [`handler`]: the `Handler` trait that effects implement, and `store`.
 //! - [`runtime`]: the worker runtime: consume, take, lease, fence, complete.
 //! - [`ops`]: the operator commands (list, show, replay, purge, sweep).
@@ -42,6 +44,7 @@ pub mod broker;
 pub mod config;
 pub mod db;
 pub mod deliveries;
+pub mod forward;
 pub mod handler;
 pub mod ingest;
 pub mod key;
@@ -51,6 +54,7 @@ pub mod retry;
 pub mod runtime;
 pub mod shutdown;
 pub mod signature;
+pub mod sources;
 pub mod telemetry;
 
 pub use key::{ClaimToken, DeliveryId, DeliveryKey, EventName, HookId, SourceName};

@@ -116,6 +116,11 @@ impl Secrets {
         Self(secrets)
     }
 
+    /// The secrets, in order.
+    pub fn into_vec(self) -> Vec<Secret> {
+        self.0
+    }
+
     /// How many secrets there are.
     pub fn len(&self) -> usize {
         self.0.len()

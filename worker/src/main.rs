@@ -2,15 +2,12 @@
 //! subcommands are the operator's tools. Everything lives in the library;
 //! this file reads the settings and dispatches.
 
-use std::process::ExitCode;
-use std::sync::Arc;
-
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use hookinbox::config::{HandlerKind, WorkerArgs};
-use hookinbox::handler::{Handler, Store};
+use hookinbox::config::WorkerArgs;
 use hookinbox::ops::OpsCommand;
 use hookinbox::runtime::Worker;
+use std::process::ExitCode;
 
 /// Runs hookinbox jobs (take the claim, run the effect, complete fenced),
 /// and the operator's commands.
@@ -58,7 +55,6 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<u8> {
-    let handler_kind = cli.args.handler;
     let config = cli
         .args
         .validate()
@@ -79,9 +75,8 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
             Ok(found.exit_code())
         }
         Command::Run => {
-            let handler: Arc<dyn Handler> = match handler_kind {
-                HandlerKind::Store => Arc::new(Store),
-            };
+            let handler = hookinbox::handler::from_config(&config.handlers)
+                .context("cannot build the HTTP client")?;
             let worker = Worker::build(config, handler)
                 .await
                 .context("cannot start hookinbox-worker")?;

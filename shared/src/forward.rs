@@ -1,0 +1,161 @@
+//! The `forward` handler: POSTs each delivery's raw body to a URL.
+//!
+//! The request carries the body byte for byte, the original `X-GitHub-*`
+//! headers and `Content-Type`, and `Idempotency-Key:
+//! <provider>:<source>:<hook_id>:<delivery_id>`. With a forward secret it
+//! also carries `X-Hookinbox-Signature-256: sha256=<hex>`, the HMAC-SHA256 of
+//! the body, so the receiver can check where it came from.
+//!
+//! A crash between the POST and the completion sends the same delivery
+//! again, always with the same `Idempotency-Key`: receivers must dedupe on
+//! it. That is the price of an effect outside Postgres.
+
+use std::time::{Duration, SystemTime};
+
+use reqwest::StatusCode;
+use reqwest::header::{CONTENT_TYPE, HeaderMap, RETRY_AFTER};
+
+use crate::broker::Job;
+use crate::handler::{Effect, Handler, HandlerError};
+use crate::signature::Secret;
+use crate::sources::ForwardConfig;
+
+/// The header carrying the forward signature.
+pub const SIGNATURE_HEADER: &str = "x-hookinbox-signature-256";
+
+/// Builds the one pooled HTTP client a worker shares between its `forward`
+/// sources. Redirects are not followed: a 3xx answer to a POST is a
+/// misconfiguration, not a place to resend the payload.
+pub fn client() -> Result<reqwest::Client, reqwest::Error> {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .pool_idle_timeout(Duration::from_secs(60))
+        .user_agent(concat!("hookinbox/", env!("CARGO_PKG_VERSION")))
+        .build()
+}
+
+/// POSTs deliveries to one URL.
+pub struct Forward {
+    client: reqwest::Client,
+    url: reqwest::Url,
+    secret: Option<Secret>,
+    timeout: Duration,
+}
+
+impl Forward {
+    /// A forwarder using the shared `client`.
+    pub fn new(client: reqwest::Client, config: &ForwardConfig) -> Self {
+        Self {
+            client,
+            url: config.url.clone(),
+            secret: config.secret.clone(),
+            timeout: config.timeout,
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Handler for Forward {
+    async fn handle(&self, job: &Job, _effect: &mut Effect) -> Result<(), HandlerError> {
+        let mut request = self
+            .client
+            .post(self.url.clone())
+            .timeout(self.timeout)
+            .header(CONTENT_TYPE, &job.content_type)
+            .header("idempotency-key", job.key.idempotency_key());
+        for (name, value) in &job.github_headers {
+            request = request.header(name.as_str(), value.as_str());
+        }
+        if let Some(secret) = &self.secret {
+            request = request.header(SIGNATURE_HEADER, secret.sign(&job.body));
+        }
+        // `Bytes` clones share the buffer: the body is not copied.
+        match request.body(job.body.clone()).send().await {
+            Ok(response) => classify(response.status(), response.headers(), SystemTime::now()),
+            // Messages name the failure, never the URL (it may carry a token).
+            Err(e) if e.is_timeout() => Err(HandlerError::transient(format!(
+                "receiver did not answer within {:?}",
+                self.timeout
+            ))),
+            Err(e) if e.is_connect() => {
+                Err(HandlerError::transient("cannot connect to the receiver"))
+            }
+            Err(_) => Err(HandlerError::transient("request to the receiver failed")),
+        }
+    }
+}
+
+/// 2xx is done; 408, 429 and 5xx are worth retrying (honouring
+/// `Retry-After`); every other answer is permanent.
+pub fn classify(
+    status: StatusCode,
+    headers: &HeaderMap,
+    now: SystemTime,
+) -> Result<(), HandlerError> {
+    if status.is_success() {
+        return Ok(());
+    }
+    let message = format!("receiver answered {}", status.as_u16());
+    if status == StatusCode::REQUEST_TIMEOUT
+        || status == StatusCode::TOO_MANY_REQUESTS
+        || status.is_server_error()
+    {
+        return Err(HandlerError::Transient {
+            message,
+            retry_after: headers
+                .get(RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| retry_after(v, now)),
+        });
+    }
+    Err(HandlerError::permanent(message))
+}
+
+/// `Retry-After` in either form: delay-seconds or an HTTP-date. A date in
+/// the past means now. The retry policy caps it.
+pub fn retry_after(value: &str, now: SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(secs) = value.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_both_forms() {
+        let now = httpdate::parse_http_date("Sun, 06 Nov 1994 08:49:37 GMT").expect("date");
+        assert_eq!(retry_after("120", now), Some(Duration::from_secs(120)));
+        assert_eq!(
+            retry_after("Sun, 06 Nov 1994 08:50:07 GMT", now),
+            Some(Duration::from_secs(30))
+        );
+        assert_eq!(
+            retry_after("Sun, 06 Nov 1994 08:00:00 GMT", now),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(retry_after("soon", now), None);
+    }
+
+    #[test]
+    fn answers_are_classified() {
+        let none = HeaderMap::new();
+        let now = SystemTime::now();
+        assert!(classify(StatusCode::OK, &none, now).is_ok());
+        assert!(classify(StatusCode::NO_CONTENT, &none, now).is_ok());
+        for transient in [408, 429, 500, 502, 503, 504] {
+            let status = StatusCode::from_u16(transient).expect("status");
+            let err = classify(status, &none, now).expect_err("fails");
+            assert!(err.is_transient(), "{transient}");
+        }
+        for permanent in [301, 400, 401, 403, 404, 410, 422] {
+            let status = StatusCode::from_u16(permanent).expect("status");
+            let err = classify(status, &none, now).expect_err("fails");
+            assert!(!err.is_transient(), "{permanent}");
+        }
+    }
+}

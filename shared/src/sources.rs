@@ -1,0 +1,443 @@
+//! Webhook sources: each has a name (its route), secrets, optionally the
+//! hook ids it accepts, the events it takes, and the handler that runs its
+//! deliveries.
+//!
+//! Several sources come from a TOML file named by `HOOKINBOX_CONFIG` (see
+//! `config.example.toml`); without it, environment variables configure
+//! one source named `default`. Both binaries read the same file: ingest
+//! uses the secrets, pins and event filters; the worker uses the handlers.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::config::{ConfigError, secrets_from_lines};
+use crate::key::{EventName, HookId, SourceName};
+use crate::signature::{Secret, Secrets};
+
+/// The events a source takes: every event, or a list where each event may
+/// be limited to some actions (`pull_request.opened`).
+#[derive(Clone, Debug, Default)]
+pub struct EventFilter(Option<BTreeMap<String, Option<BTreeSet<String>>>>);
+
+impl EventFilter {
+    /// Takes every event.
+    pub fn all() -> Self {
+        Self(None)
+    }
+
+    /// Parses entries such as `push` or `pull_request.opened`; `field`
+    /// names the setting in errors. An empty list takes every event.
+    pub fn parse<'a>(
+        field: &str,
+        entries: impl IntoIterator<Item = &'a str>,
+    ) -> Result<Self, ConfigError> {
+        let mut map: BTreeMap<String, Option<BTreeSet<String>>> = BTreeMap::new();
+        for entry in entries {
+            let entry = entry.trim();
+            let (event, action) = match entry.split_once('.') {
+                Some((e, a)) => (e, Some(a)),
+                None => (entry, None),
+            };
+            let bad = || {
+                ConfigError::field(
+                    field,
+                    format!("'{entry}' is not an event name or event.action (a-z, 0-9, '_')"),
+                )
+            };
+            EventName::parse(event.as_bytes()).map_err(|_| bad())?;
+            match action {
+                None => {
+                    map.insert(event.to_owned(), None);
+                }
+                Some(action) => {
+                    EventName::parse(action.as_bytes()).map_err(|_| bad())?;
+                    match map
+                        .entry(event.to_owned())
+                        .or_insert_with(|| Some(BTreeSet::new()))
+                    {
+                        // The bare event is listed too: every action already.
+                        None => {}
+                        Some(actions) => {
+                            actions.insert(action.to_owned());
+                        }
+                    }
+                }
+            }
+        }
+        Ok(Self((!map.is_empty()).then_some(map)))
+    }
+
+    /// Whether any action of `event` may be taken (checked before the body
+    /// is parsed).
+    pub fn takes_event(&self, event: &EventName) -> bool {
+        self.0
+            .as_ref()
+            .is_none_or(|m| m.contains_key(event.as_str()))
+    }
+
+    /// Whether `event` with `action` is taken.
+    pub fn takes(&self, event: &EventName, action: Option<&str>) -> bool {
+        match &self.0 {
+            None => true,
+            Some(map) => match map.get(event.as_str()) {
+                None => false,
+                Some(None) => true,
+                Some(Some(actions)) => action.is_some_and(|a| actions.contains(a)),
+            },
+        }
+    }
+}
+
+/// Settings of the `forward` handler.
+#[derive(Clone, Debug)]
+pub struct ForwardConfig {
+    /// Where to POST.
+    pub url: reqwest::Url,
+    /// Signs each request (`X-Hookinbox-Signature-256`) when set.
+    pub secret: Option<Secret>,
+    /// Request timeout.
+    pub timeout: Duration,
+}
+
+/// Which handler runs a source's deliveries.
+#[derive(Clone, Debug)]
+pub enum HandlerConfig {
+    /// Write the event into `github_events`.
+    Store,
+    /// POST it to a URL.
+    Forward(ForwardConfig),
+}
+
+/// One webhook source.
+#[derive(Clone, Debug)]
+pub struct Source {
+    /// Its name: the `{source}` of `/webhooks/github/{source}`.
+    pub name: SourceName,
+    /// Any one of them verifies (several allow rotation).
+    pub secrets: Secrets,
+    /// `Some`: only these `X-GitHub-Hook-ID`s are accepted. The delivery
+    /// and hook ids are not covered by GitHub's signature, so pinning stops
+    /// a captured request from being replayed under another hook id.
+    pub hook_ids: Option<BTreeSet<HookId>>,
+    /// Which events it takes.
+    pub events: EventFilter,
+    /// Which handler runs its deliveries.
+    pub handler: HandlerConfig,
+}
+
+impl Source {
+    /// Whether a hook id is accepted.
+    pub fn accepts_hook(&self, hook_id: &HookId) -> bool {
+        self.hook_ids
+            .as_ref()
+            .is_none_or(|ids| ids.contains(hook_id))
+    }
+}
+
+/// The default forward timeout.
+pub const DEFAULT_FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    sources: Vec<FileSource>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileSource {
+    name: String,
+    #[serde(default)]
+    secrets: Vec<String>,
+    #[serde(default)]
+    secret_files: Vec<PathBuf>,
+    hook_ids: Option<Vec<HookIdValue>>,
+    #[serde(default)]
+    events: Vec<String>,
+    #[serde(default)]
+    handler: FileHandler,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum HookIdValue {
+    Number(u64),
+    Text(String),
+}
+
+#[derive(Deserialize, Default)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+enum FileHandler {
+    #[default]
+    Store,
+    Forward {
+        url: String,
+        secret: Option<String>,
+        secret_file: Option<PathBuf>,
+        timeout_ms: Option<u64>,
+    },
+}
+
+/// Parses a forward URL (http or https).
+pub fn parse_forward_url(field: &str, raw: &str) -> Result<reqwest::Url, ConfigError> {
+    let url = reqwest::Url::parse(raw)
+        .map_err(|e| ConfigError::field(field, format!("not a valid URL ({e})")))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+        return Err(ConfigError::field(
+            field,
+            "must be an http:// or https:// URL with a host",
+        ));
+    }
+    Ok(url)
+}
+
+/// One secret given inline, refused when empty.
+pub fn inline_secret(field: &str, value: &str) -> Result<Secret, ConfigError> {
+    let value = value.strip_suffix('\n').unwrap_or(value);
+    let value = value.strip_suffix('\r').unwrap_or(value);
+    if value.is_empty() {
+        return Err(ConfigError::field(
+            field,
+            "is empty; an empty secret lets anyone sign",
+        ));
+    }
+    Ok(Secret::new(value))
+}
+
+/// Loads every source from the TOML file at `path`. Every error names the
+/// field (`sources[1].handler.url`, say).
+pub fn from_file(path: &Path) -> Result<Vec<Source>, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Unreadable {
+        name: "HOOKINBOX_CONFIG",
+        path: path.to_owned(),
+        source,
+    })?;
+    let file: File = toml::from_str(&text)
+        .map_err(|e| ConfigError::field("HOOKINBOX_CONFIG", e.to_string().trim_end().to_owned()))?;
+    if file.sources.is_empty() {
+        return Err(ConfigError::field(
+            "HOOKINBOX_CONFIG",
+            "defines no [[sources]]",
+        ));
+    }
+    let mut names = BTreeSet::new();
+    let mut sources = Vec::new();
+    for (i, raw) in file.sources.into_iter().enumerate() {
+        let at = |field: &str| format!("sources[{i}].{field}");
+        let name = SourceName::parse(&raw.name)
+            .map_err(|e| ConfigError::field(&at("name"), e.to_string()))?;
+        if !names.insert(name.clone()) {
+            return Err(ConfigError::field(
+                &at("name"),
+                format!("'{name}' is defined twice"),
+            ));
+        }
+        let mut secrets = Vec::new();
+        for (j, s) in raw.secrets.iter().enumerate() {
+            secrets.push(inline_secret(&at(&format!("secrets[{j}]")), s)?);
+        }
+        for (j, file) in raw.secret_files.iter().enumerate() {
+            let field = at(&format!("secret_files[{j}]"));
+            let text = std::fs::read_to_string(file).map_err(|e| {
+                ConfigError::field(&field, format!("cannot read {}: {e}", file.display()))
+            })?;
+            secrets.extend(secrets_from_lines(&field, &text)?.into_vec());
+        }
+        if secrets.is_empty() {
+            return Err(ConfigError::field(
+                &at("secrets"),
+                format!("source '{name}' has no secret (give secrets or secret_files)"),
+            ));
+        }
+        let hook_ids = match raw.hook_ids {
+            None => None,
+            Some(ids) => {
+                let mut set = BTreeSet::new();
+                for (j, id) in ids.into_iter().enumerate() {
+                    let text = match id {
+                        HookIdValue::Number(n) => n.to_string(),
+                        HookIdValue::Text(t) => t,
+                    };
+                    let hook = HookId::parse(Some(text.as_bytes())).map_err(|_| {
+                        ConfigError::field(
+                            &at(&format!("hook_ids[{j}]")),
+                            format!("'{text}' is not 1 to 20 digits"),
+                        )
+                    })?;
+                    set.insert(hook);
+                }
+                Some(set)
+            }
+        };
+        let events = EventFilter::parse(&at("events"), raw.events.iter().map(String::as_str))?;
+        let handler = match raw.handler {
+            FileHandler::Store => HandlerConfig::Store,
+            FileHandler::Forward {
+                url,
+                secret,
+                secret_file,
+                timeout_ms,
+            } => {
+                let url = parse_forward_url(&at("handler.url"), &url)?;
+                let secret = match (secret, secret_file) {
+                    (Some(_), Some(_)) => {
+                        return Err(ConfigError::field(
+                            &at("handler.secret"),
+                            "give secret or secret_file, not both",
+                        ));
+                    }
+                    (Some(s), None) => Some(inline_secret(&at("handler.secret"), &s)?),
+                    (None, Some(file)) => {
+                        let field = at("handler.secret_file");
+                        let text = std::fs::read_to_string(&file).map_err(|e| {
+                            ConfigError::field(
+                                &field,
+                                format!("cannot read {}: {e}", file.display()),
+                            )
+                        })?;
+                        Some(inline_secret(&field, &text)?)
+                    }
+                    (None, None) => None,
+                };
+                if timeout_ms == Some(0) {
+                    return Err(ConfigError::field(
+                        &at("handler.timeout_ms"),
+                        "must be at least 1",
+                    ));
+                }
+                HandlerConfig::Forward(ForwardConfig {
+                    url,
+                    secret,
+                    timeout: timeout_ms
+                        .map(Duration::from_millis)
+                        .unwrap_or(DEFAULT_FORWARD_TIMEOUT),
+                })
+            }
+        };
+        sources.push(Source {
+            name,
+            secrets: Secrets::new(secrets),
+            hook_ids,
+            events,
+            handler,
+        });
+    }
+    Ok(sources)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(s: &str) -> EventName {
+        EventName::parse(s.as_bytes()).expect("event")
+    }
+
+    #[test]
+    fn event_filters_take_events_and_actions() {
+        let f = EventFilter::parse("f", ["push", "pull_request.opened", "pull_request.closed"])
+            .expect("valid");
+        assert!(f.takes(&ev("push"), None));
+        assert!(f.takes(&ev("push"), Some("x")));
+        assert!(f.takes(&ev("pull_request"), Some("opened")));
+        assert!(!f.takes(&ev("pull_request"), Some("labeled")));
+        assert!(!f.takes(&ev("pull_request"), None));
+        assert!(!f.takes(&ev("issues"), Some("opened")));
+        assert!(f.takes_event(&ev("pull_request")));
+        assert!(!f.takes_event(&ev("issues")));
+        assert!(EventFilter::parse("f", ["pull_request.Opened"]).is_err());
+        assert!(
+            EventFilter::parse("f", Vec::<&str>::new())
+                .expect("empty")
+                .takes(&ev("x"), None)
+        );
+    }
+
+    fn write(text: &str) -> PathBuf {
+        let path =
+            std::env::temp_dir().join(format!("hookinbox-src-{}.toml", uuid::Uuid::new_v4()));
+        std::fs::write(&path, text).expect("write");
+        path
+    }
+
+    #[test]
+    fn a_full_file_parses() {
+        let path = write(
+            r#"
+[[sources]]
+name = "main"
+secrets = ["new", "old"]
+hook_ids = [123, "456"]
+events = ["push", "pull_request.opened"]
+
+[[sources]]
+name = "relay"
+secrets = ["other"]
+handler = { kind = "forward", url = "http://127.0.0.1:9/hook", secret = "sign", timeout_ms = 500 }
+"#,
+        );
+        let sources = from_file(&path).expect("valid");
+        assert_eq!(sources.len(), 2);
+        assert_eq!(sources[0].secrets.len(), 2);
+        assert!(sources[0].accepts_hook(&HookId::parse(Some(b"456")).expect("id")));
+        assert!(!sources[0].accepts_hook(&HookId::parse(Some(b"789")).expect("id")));
+        assert!(matches!(sources[1].handler, HandlerConfig::Forward(_)));
+        let _ = std::fs::remove_file(path);
+    }
+
+    #[test]
+    fn every_bad_field_is_named() {
+        let cases = [
+            (
+                "[[sources]]\nname = \"a\"\nsecrets = [\"s\"]\nhandler = { kind = \"shell\" }\n",
+                "shell",
+            ),
+            (
+                "[[sources]]\nname = \"a\"\nsecrets = [\"s\"]\nhandler = { kind = \"forward\", url = \"not a url\" }\n",
+                "sources[0].handler.url",
+            ),
+            ("[[sources]]\nname = \"a\"\n", "sources[0].secrets"),
+            (
+                "[[sources]]\nname = \"a\"\nsecrets = [\"\"]\n",
+                "sources[0].secrets[0]",
+            ),
+            (
+                "[[sources]]\nname = \"a\"\nsecrets = [\"s\"]\n[[sources]]\nname = \"a\"\nsecrets = [\"t\"]\n",
+                "sources[1].name",
+            ),
+            (
+                "[[sources]]\nname = \"a\"\nsecrets = [\"s\"]\nhook_ids = [\"12x\"]\n",
+                "sources[0].hook_ids[0]",
+            ),
+            (
+                "[[sources]]\nname = \"Bad Name\"\nsecrets = [\"s\"]\n",
+                "sources[0].name",
+            ),
+            (
+                "[[sources]]\nname = \"a\"\nsecrets = [\"s\"]\nevents = [\"push.\"]\n",
+                "sources[0].events",
+            ),
+            (
+                "[[sources]]\nname = \"a\"\nsecrets = [\"s\"]\ncolour = 1\n",
+                "colour",
+            ),
+            ("", "no [[sources]]"),
+        ];
+        for (text, expected) in cases {
+            let path = write(text);
+            let err = from_file(&path)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(
+                err.contains(expected),
+                "{text:?}: expected {expected:?} in {err:?}"
+            );
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
