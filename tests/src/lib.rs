@@ -8,6 +8,7 @@
 
 pub mod fixtures;
 pub mod proxy;
+pub mod receiver;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -3,8 +3,10 @@
 
 mod answers;
 mod corpus;
+mod example;
 mod failures;
 mod fencing;
+mod forward;
 mod lifecycle;
 mod outages;
 mod races;
@@ -13,6 +15,7 @@ mod retries;
 mod retries_support;
 mod serial;
 mod settings;
+mod sources;
 
 use hookinbox::broker::Job;
 use hookinbox::handler::{Effect, Handler, HandlerError};

@@ -25,6 +25,52 @@ fn run(binary: &str, env: &[(&str, &str)]) -> (bool, String) {
 }
 
 #[test]
+fn each_bad_config_file_is_refused_naming_the_field() {
+    let dir = std::env::temp_dir().join(format!("hookinbox-configs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let cases = [
+        (
+            "[[sources]]\nname = \"a\"\nsecrets = [\"s\"]\nhandler = { kind = \"shell\" }\n",
+            "unknown variant `shell`",
+        ),
+        (
+            "[[sources]]\nname = \"a\"\nsecrets = [\"s\"]\nhandler = { kind = \"forward\", url = \"ftp//nowhere\" }\n",
+            "sources[0].handler.url",
+        ),
+        (
+            "[[sources]]\nname = \"a\"\n",
+            "sources[0].secrets: source 'a' has no secret",
+        ),
+        (
+            "[[sources]]\nname = \"a\"\nsecrets = [\"\"]\n",
+            "sources[0].secrets[0]: is empty",
+        ),
+        (
+            "[[sources]]\nname = \"a\"\nsecrets = [\"s\"]\n[[sources]]\nname = \"a\"\nsecrets = [\"t\"]\n",
+            "sources[1].name: 'a' is defined twice",
+        ),
+        (
+            "[[sources]]\nname = \"a\"\nsecrets = [\"s\"]\nhook_ids = [\"12x\"]\n",
+            "sources[0].hook_ids[0]",
+        ),
+    ];
+    for (i, (text, expected)) in cases.iter().enumerate() {
+        let path = dir.join(format!("{i}.toml"));
+        std::fs::write(&path, text).expect("write");
+        let path = path.to_string_lossy().into_owned();
+        for binary in ["hookinbox-ingest", "hookinbox-worker"] {
+            let (ok, stderr) = run(binary, &[("HOOKINBOX_CONFIG", &path)]);
+            assert!(!ok, "{binary} {text:?} must refuse to start");
+            assert!(
+                stderr.contains(expected),
+                "{binary}: expected '{expected}' in:\n{stderr}"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
 fn each_bad_setting_is_refused_by_name() {
     let dir = std::env::temp_dir().join(format!("hookinbox-settings-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");

@@ -1,0 +1,57 @@
+//! The custom-handler example, run as a process, end to end.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use hookinbox_tests::{Hook, TestEnv, fixtures, wait_until};
+
+#[tokio::test]
+async fn the_custom_handler_example_runs_end_to_end() {
+    let env = TestEnv::new().await;
+    let ingest = env.ingest().await;
+    let exe = hookinbox_tests::bin("examples/custom_handler");
+    let mut child = tokio::process::Command::new(exe)
+        .env("DATABASE_URL", &env.database_url)
+        .env("AMQP_URL", hookinbox_tests::amqp_url())
+        .env("HOOKINBOX_QUEUE_PREFIX", &env.prefix)
+        .env("HOOKINBOX_AUTO_MIGRATE", "false")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("example starts");
+    let push = Hook::new("push", fixtures::own("push"));
+    assert_eq!(ingest.send(&push).await.status, 202);
+    // Another event completes without an effect.
+    assert_eq!(
+        ingest
+            .send(&Hook::new("issues", fixtures::own("issues")))
+            .await
+            .status,
+        202
+    );
+    wait_until(
+        "both deliveries to complete",
+        Duration::from_secs(30),
+        || async {
+            env.count("select count(*) from deliveries where status = 'completed'")
+                .await
+                == 2
+        },
+    )
+    .await;
+    // A redelivery is a duplicate: the count does not move twice.
+    assert_eq!(ingest.send(&push).await.status, 200);
+    let commits: i64 = env
+        .db
+        .query_one(
+            "select commits from commit_counts where repository = 'acme/inbox'",
+            &[],
+        )
+        .await
+        .expect("counted")
+        .get(0);
+    assert_eq!(commits, 1);
+    child.kill().await.expect("stop");
+    env.cleanup().await;
+}
