@@ -579,6 +579,29 @@ impl Publisher {
         .await
     }
 
+    /// Ready messages and consumers of one of this topology's queues.
+    pub async fn queue_stats(&self, queue: &str) -> Result<(u32, u32), BrokerError> {
+        let channel = self.channel().await?;
+        let declared = channel
+            .queue_declare(
+                queue,
+                QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await;
+        match declared {
+            Ok(q) => Ok((q.message_count(), q.consumer_count())),
+            Err(e) => {
+                // A failed passive declare closes the channel.
+                self.forget(&channel).await;
+                Err(BrokerError::Channel(e))
+            }
+        }
+    }
+
     /// Closes the connection.
     pub async fn close(&self) {
         let mut state = self.state.lock().await;

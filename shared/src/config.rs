@@ -219,6 +219,15 @@ pub struct IngestArgs {
     )]
     pub listen: SocketAddr,
 
+    /// Address of the metrics listener (`/metrics`, `/healthz`, `/readyz`).
+    #[arg(
+        long,
+        env = "HOOKINBOX_METRICS_LISTEN",
+        value_name = "HOOKINBOX_METRICS_LISTEN",
+        default_value = "0.0.0.0:9898"
+    )]
+    pub metrics_listen: SocketAddr,
+
     /// The webhook secret of the `default` source.
     #[arg(
         long,
@@ -273,6 +282,8 @@ pub struct IngestConfig {
     pub common: CommonArgs,
     /// Listener address.
     pub listen: SocketAddr,
+    /// Metrics listener address.
+    pub metrics_listen: SocketAddr,
     /// Configured sources by name.
     pub sources: Arc<BTreeMap<SourceName, Source>>,
     /// Body cap in bytes.
@@ -327,6 +338,7 @@ impl IngestArgs {
         Ok(IngestConfig {
             common: self.common,
             listen: self.listen,
+            metrics_listen: self.metrics_listen,
             sources: Arc::new(sources.into_iter().map(|s| (s.name.clone(), s)).collect()),
             max_body_bytes: self.max_body_bytes,
             body_timeout: Duration::from_millis(self.body_timeout_ms),
@@ -421,6 +433,15 @@ pub struct WorkerArgs {
         default_value_t = 16
     )]
     pub concurrency: u16,
+
+    /// Address of the metrics listener (`/metrics`, `/healthz`, `/readyz`).
+    #[arg(
+        long,
+        env = "HOOKINBOX_METRICS_LISTEN",
+        value_name = "HOOKINBOX_METRICS_LISTEN",
+        default_value = "0.0.0.0:9899"
+    )]
+    pub metrics_listen: SocketAddr,
 
     /// Milliseconds a handler may run before it is cancelled.
     #[arg(
@@ -551,6 +572,8 @@ pub struct WorkerConfig {
     pub common: CommonArgs,
     /// Jobs at once, and the prefetch.
     pub concurrency: u16,
+    /// Metrics listener address (served while the worker runs).
+    pub metrics_listen: SocketAddr,
     /// Handler time limit.
     pub handler_timeout: Duration,
     /// Drain time after SIGTERM.
@@ -668,6 +691,7 @@ impl WorkerArgs {
             },
             common: self.common,
             concurrency: self.concurrency,
+            metrics_listen: self.metrics_listen,
             handler_timeout: Duration::from_millis(self.handler_timeout_ms),
             shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),
             retention_completed,

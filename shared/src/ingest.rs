@@ -69,7 +69,7 @@ pub struct SecretMatches(Mutex<BTreeMap<(String, usize), u64>>);
 impl SecretMatches {
     fn record(&self, source: &SourceName, position: usize) {
         metrics::counter!(
-            "hookinbox_secret_matches_total",
+            crate::metrics::SECRET_MATCHES,
             "source" => source.as_str().to_owned(),
             "position" => position.to_string()
         )
@@ -94,6 +94,7 @@ impl SecretMatches {
 pub struct IngestApp {
     server: actix_web::dev::Server,
     port: u16,
+    metrics_port: u16,
     secret_matches: Arc<SecretMatches>,
 }
 
@@ -128,6 +129,14 @@ impl IngestApp {
             tracing::warn!(error = %e, "RabbitMQ not reachable at start; will retry on publish");
         }
         let port = listener.local_addr()?.port();
+        let ready_pool = pool.clone();
+        let readiness: crate::metrics::Readiness = Arc::new(move || {
+            let pool = ready_pool.clone();
+            Box::pin(async move { db::ping(&pool).await })
+        });
+        let (metrics_port, metrics_server) =
+            crate::metrics::serve(config.metrics_listen, readiness)?;
+        tokio::spawn(metrics_server);
         let secret_matches = Arc::new(SecretMatches::default());
         let state = web::Data::new(State {
             policy: common.policy(),
@@ -154,6 +163,7 @@ impl IngestApp {
         Ok(Self {
             server,
             port,
+            metrics_port,
             secret_matches,
         })
     }
@@ -161,6 +171,11 @@ impl IngestApp {
     /// The port the server listens on.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The port of the metrics listener.
+    pub fn metrics_port(&self) -> u16 {
+        self.metrics_port
     }
 
     /// Secret matches by source and position, for rotation.
@@ -264,37 +279,65 @@ async fn receive_named(
     receive(req, body, state, &source).await
 }
 
+/// What a request revealed about itself, for its log line and metrics.
+/// Filled as the steps pass, so nothing unverified reaches a label.
+#[derive(Default)]
+struct Seen {
+    /// The configured source, or `None` for an unknown one.
+    source: Option<SourceName>,
+    /// The event, once the signature verified.
+    event: Option<EventName>,
+    /// The delivery id, once validated.
+    delivery_id: Option<DeliveryId>,
+}
+
 async fn receive(
     req: HttpRequest,
     body: web::Payload,
     state: web::Data<State>,
     source: &str,
 ) -> HttpResponse {
-    let result = handle(&req, body, &state, source).await;
-    match result {
-        Ok((status, body, outcome)) => {
-            tracing::info!(
-                source,
-                status = status.as_u16(),
-                outcome,
-                "webhook answered"
-            );
-            answer(status, body)
-        }
+    let started = std::time::Instant::now();
+    let mut seen = Seen::default();
+    let result = handle(&req, body, &state, source, &mut seen).await;
+    let (status, outcome, body) = match result {
+        Ok((status, body, outcome)) => (status, outcome, body),
         Err(reject) => {
-            tracing::info!(
-                source,
-                status = reject.status.as_u16(),
-                outcome = reject.outcome,
-                reason = %reject.message,
-                "webhook refused"
-            );
-            answer(
-                reject.status,
-                json!({"status": "error", "error": reject.message}),
-            )
+            if reject.status == StatusCode::UNAUTHORIZED {
+                metrics::counter!(
+                    crate::metrics::SIGNATURE_FAILURES,
+                    "source" => seen.source.as_ref().map_or("unknown", |s| s.as_str()).to_owned()
+                )
+                .increment(1);
+            }
+            let body = json!({"status": "error", "error": reject.message});
+            (reject.status, reject.outcome, body)
         }
-    }
+    };
+    let source_label = seen
+        .source
+        .as_ref()
+        .map_or("unknown", |s| s.as_str())
+        .to_owned();
+    let event_label = seen.event.as_ref().map_or("", |e| e.as_str()).to_owned();
+    tracing::info!(
+        source = %source_label,
+        event = %event_label,
+        delivery_id = seen.delivery_id.as_ref().map_or("", |d| d.as_str()),
+        status = status.as_u16(),
+        outcome,
+        error = body["error"].as_str().unwrap_or(""),
+        "webhook answered"
+    );
+    metrics::counter!(
+        crate::metrics::INGEST_REQUESTS,
+        "source" => source_label,
+        "event" => event_label,
+        "outcome" => outcome
+    )
+    .increment(1);
+    metrics::histogram!(crate::metrics::INGEST_REQUEST_SECONDS).record(started.elapsed());
+    answer(status, body)
 }
 
 /// The value of a header that must appear at most once.
@@ -312,12 +355,14 @@ async fn handle(
     body: web::Payload,
     state: &State,
     source_name: &str,
+    seen: &mut Seen,
 ) -> Result<(StatusCode, serde_json::Value, &'static str), Reject> {
     let config = &state.config;
     let source = SourceName::parse(source_name)
         .ok()
         .and_then(|name| config.sources.get(&name))
         .ok_or_else(|| Reject::new(StatusCode::NOT_FOUND, "unknown_source", "unknown source"))?;
+    seen.source = Some(source.name.clone());
     let headers = req.headers();
 
     // 1. The raw body, bounded.
@@ -333,6 +378,7 @@ async fn handle(
         Some(raw) => EventName::parse(raw)?,
         None => return Err(KeyError::MissingEvent.into()),
     };
+    seen.event = Some(event.clone());
     if event.as_str() == "ping" {
         return Ok((StatusCode::OK, json!({"status": "pong"}), "pong"));
     }
@@ -343,6 +389,7 @@ async fn handle(
         Some(raw) => DeliveryId::parse(raw)?,
         None => return Err(KeyError::MissingDeliveryId.into()),
     };
+    seen.delivery_id = Some(delivery_id.clone());
     let hook_id = HookId::parse(single(headers, "x-github-hook-id")?)?;
     if !source.accepts_hook(&hook_id) {
         // The hook id is not covered by the signature: without this pin a
@@ -362,7 +409,6 @@ async fn handle(
         return Ok((StatusCode::OK, json!({"status": "ignored"}), "ignored"));
     }
     let key = DeliveryKey::github(source.name.clone(), hook_id, delivery_id);
-    tracing::Span::current().record("delivery_id", key.delivery_id.as_str());
 
     // 4. The claim: one statement decides.
     let body_sha256: [u8; 32] = Sha256::digest(&body).into();
@@ -370,6 +416,7 @@ async fn handle(
         tracing::warn!(error = %e, "Postgres unavailable");
         unavailable("database")
     })?;
+    let claim_started = std::time::Instant::now();
     let claim = deliveries::claim(
         &client,
         &state.policy,
@@ -386,6 +433,7 @@ async fn handle(
         unavailable("database")
     })?;
     drop(client);
+    metrics::histogram!(crate::metrics::CLAIM_SECONDS).record(claim_started.elapsed());
 
     let (token, attempts_at_claim, republish) = match claim {
         Claim::Claimed {
@@ -423,7 +471,10 @@ async fn handle(
         github_headers: github_headers(headers),
         body,
     };
-    match state.publisher.publish(&job).await {
+    let publish_started = std::time::Instant::now();
+    let published = state.publisher.publish(&job).await;
+    metrics::histogram!(crate::metrics::PUBLISH_CONFIRM_SECONDS).record(publish_started.elapsed());
+    match published {
         Ok(()) if republish => Ok((
             StatusCode::ACCEPTED,
             json!({"status": "accepted", "republished": true}),

@@ -25,6 +25,7 @@
 //! - [`forward`]: the `forward` handler (POST with an idempotency key).
 //! - [`handler`]: the `Handler` trait that effects implement, and `store`.
 //! - [`runtime`]: the worker runtime: consume, take, lease, fence, complete.
+//! - [`metrics`]: Prometheus names, the recorder and the metrics listener.
 //! - [`ops`]: the operator commands (list, show, replay, purge, sweep).
 //! - [`ingest`]: the actix-web application of `hookinbox-ingest`.
 //! - [`telemetry`]: tracing setup; [`shutdown`]: signal handling.
@@ -48,6 +49,7 @@ pub mod forward;
 pub mod handler;
 pub mod ingest;
 pub mod key;
+pub mod metrics;
 pub mod ops;
 pub mod payload;
 pub mod retry;

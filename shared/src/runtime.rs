@@ -146,6 +146,8 @@ struct Inner {
     topology: Topology,
     /// Handler slots. A deferred copy waits without one.
     slots: Semaphore,
+    /// Whether the consumer is attached (for `/readyz`).
+    consuming: std::sync::atomic::AtomicBool,
 }
 
 impl Worker {
@@ -176,6 +178,7 @@ impl Worker {
                 handler,
                 publisher,
                 topology,
+                consuming: std::sync::atomic::AtomicBool::new(false),
             }),
         })
     }
@@ -190,6 +193,24 @@ impl Worker {
     /// grace period, then cancels the rest: they release their leases and
     /// stay unacked, so the broker hands them to another worker at once.
     pub async fn run(&self, shutdown: CancellationToken) -> Result<(), RuntimeError> {
+        let ready = self.clone();
+        let readiness: crate::metrics::Readiness = Arc::new(move || {
+            let worker = ready.clone();
+            Box::pin(async move {
+                worker
+                    .inner
+                    .consuming
+                    .load(std::sync::atomic::Ordering::Relaxed)
+                    && db::ping(&worker.inner.pool).await
+            })
+        });
+        let (port, metrics_server) =
+            crate::metrics::serve(self.inner.config.metrics_listen, readiness).map_err(|e| {
+                BrokerError::Unavailable(format!("cannot bind the metrics listener: {e}"))
+            })?;
+        let metrics_handle = metrics_server.handle();
+        tokio::spawn(metrics_server);
+        tracing::info!(port, "metrics listening");
         let stop = Stop::default();
         let mut jobs = JoinSet::new();
         let mut delays = reconnect_backoff();
@@ -216,6 +237,9 @@ impl Worker {
                 }
             };
             tracing::info!(queue = %self.inner.topology.work_queue(), "consuming");
+            self.inner
+                .consuming
+                .store(true, std::sync::atomic::Ordering::Relaxed);
             loop {
                 tokio::select! {
                     _ = shutdown.cancelled() => {
@@ -244,6 +268,9 @@ impl Worker {
                     Some(_) = jobs.join_next(), if !jobs.is_empty() => {}
                 }
             }
+            self.inner
+                .consuming
+                .store(false, std::sync::atomic::Ordering::Relaxed);
             // Jobs of a lost channel go on: their acks fail harmlessly and
             // the broker redelivers those messages, whose takes then find
             // the deliveries resolved.
@@ -269,6 +296,7 @@ impl Worker {
             let _ = connection.close(200, "shutdown").await;
         }
         self.inner.publisher.close().await;
+        metrics_handle.stop(false).await;
         Ok(())
     }
 
@@ -402,6 +430,7 @@ impl Worker {
             tracing::debug!(parent: &span, error = %e, "ack failed");
         }
         span.in_scope(|| tracing::info!(outcome = outcome.as_str(), "job done"));
+        metrics::counter!(crate::metrics::JOBS, "outcome" => outcome.as_str()).increment(1);
         outcome
     }
 
@@ -411,6 +440,7 @@ impl Worker {
         // outcome is unknown (Postgres failed), it becomes our own token so
         // that the retry takes the delivery back at once.
         let mut presented = job.token;
+        let mut deferred = false;
         loop {
             if stop.hard.is_cancelled() {
                 return JobOutcome::Left;
@@ -443,6 +473,11 @@ impl Worker {
                 }
                 Take::Resolved(_) => return JobOutcome::Duplicate,
                 Take::Deferred { lease_left } => {
+                    if !deferred {
+                        deferred = true;
+                        metrics::counter!(crate::metrics::JOBS, "outcome" => "deferred")
+                            .increment(1);
+                    }
                     // Another holder's lease is live. Wait (without a handler
                     // slot) until it resolves or expires; never run beside it.
                     let wait = lease_left
@@ -466,6 +501,7 @@ impl Worker {
                     tracing::Span::current().record("attempt", attempts);
                     if takeover {
                         tracing::info!("took over an expired lease");
+                        metrics::counter!(crate::metrics::TAKEOVERS).increment(1);
                     }
                     let Ok(_slot) = inner.slots.acquire().await else {
                         return JobOutcome::Left;
@@ -519,6 +555,7 @@ impl Worker {
             attempts,
             created_at,
         );
+        let started = std::time::Instant::now();
         let ran = {
             let handle = AssertUnwindSafe(inner.handler.handle(job, &mut effect)).catch_unwind();
             tokio::select! {
@@ -532,6 +569,7 @@ impl Worker {
             }
         };
         heartbeat.abort();
+        metrics::histogram!(crate::metrics::JOB_SECONDS).record(started.elapsed());
 
         let failure = match ran {
             Ran::Returned(Ok(())) => {
@@ -539,6 +577,8 @@ impl Worker {
                     Ok(Completion::Completed) => {
                         let e2e = chrono::Utc::now() - created_at;
                         tracing::debug!(e2e_ms = e2e.num_milliseconds(), "completed");
+                        metrics::histogram!(crate::metrics::END_TO_END_SECONDS)
+                            .record(e2e.to_std().unwrap_or_default());
                         Attempt::Done(JobOutcome::Completed)
                     }
                     Ok(Completion::Fenced) => {
@@ -725,6 +765,7 @@ impl Worker {
             .into_iter()
             .filter(|ok| *ok)
             .count();
+        metrics::counter!(crate::metrics::RETRIES_PUBLISHED).increment(published as u64);
 
         for parked in orphans {
             let attempts = parked.attempts;
@@ -768,6 +809,7 @@ impl Worker {
         loop {
             let n = deliveries::reap(&client, self.inner.config.reap_after, SWEEP_BATCH).await?;
             total += n;
+            metrics::counter!(crate::metrics::REAPED).increment(n);
             if n < SWEEP_BATCH as u64 {
                 return Ok(total);
             }
@@ -782,11 +824,19 @@ impl Worker {
 
     /// The scheduler, reaper and sweeper, until `stop` is cancelled.
     async fn maintain(&self, stop: CancellationToken) {
+        let mut sampler = Sampler::default();
+        let mut last_sample = tokio::time::Instant::now() - SAMPLE_EVERY;
         let mut last_reap = tokio::time::Instant::now() - REAP_EVERY;
         let mut last_sweep = tokio::time::Instant::now() - SWEEP_EVERY;
         loop {
             if let Err(e) = self.schedule_once().await {
                 tracing::warn!(error = %e, "retry scheduler pass failed");
+            }
+            if last_sample.elapsed() >= SAMPLE_EVERY {
+                last_sample = tokio::time::Instant::now();
+                if let Err(e) = sampler.sample(self).await {
+                    tracing::debug!(error = %e, "state sampling failed");
+                }
             }
             if last_reap.elapsed() >= REAP_EVERY {
                 last_reap = tokio::time::Instant::now();
@@ -839,6 +889,86 @@ impl Worker {
                 _ = tokio::time::sleep(delay) => {}
             }
         }
+    }
+}
+
+/// How often the leader samples the state gauges.
+const SAMPLE_EVERY: Duration = Duration::from_secs(10);
+/// Arbitrary constant naming the sampler's leader lock.
+const SAMPLER_LOCK: i64 = 0x686f_6f6b_7361_6d70; // "hooksamp"
+
+/// Samples the state gauges from Postgres and the broker. One worker at a
+/// time does it: the one holding the sampler's advisory lock, kept on its
+/// own connection for as long as it lives, so that the gauges come from
+/// one place and a dead leader's lock dies with its connection.
+#[derive(Default)]
+struct Sampler {
+    leader: Option<deadpool_postgres::Object>,
+}
+
+const SAMPLE_STATE: &str = "
+select count(*) filter (where status = 'processing'),
+       (select count(*) from deliveries where status = 'completed'),
+       count(*) filter (where status = 'failed' and retryable),
+       count(*) filter (where status = 'failed' and not retryable),
+       coalesce(extract(epoch from now() - min(claimed_at) filter (where status = 'processing')), 0)::float8,
+       coalesce(extract(epoch from now() - min(next_attempt_at)
+           filter (where status = 'failed' and retryable and next_attempt_at <= now())), 0)::float8
+from deliveries
+where status in ('processing', 'failed')";
+
+impl Sampler {
+    async fn sample(&mut self, worker: &Worker) -> Result<(), RuntimeError> {
+        let inner = &worker.inner;
+        if self.leader.is_none() {
+            let client = inner.pool.get().await.map_err(DbError::from)?;
+            let won: bool = client
+                .query_one("select pg_try_advisory_lock($1)", &[&SAMPLER_LOCK])
+                .await
+                .map_err(DbError::from)?
+                .get(0);
+            if won {
+                // Keep this session out of the pool: it holds the lock.
+                self.leader = Some(client);
+            } else {
+                metrics::gauge!(crate::metrics::SAMPLER_LEADER).set(0.0);
+                return Ok(());
+            }
+        }
+        let Some(client) = self.leader.as_ref() else {
+            return Ok(());
+        };
+        let row = match client.query_one(SAMPLE_STATE, &[]).await {
+            Ok(row) => row,
+            Err(e) => {
+                // The session (and with it the lock) is gone.
+                self.leader = None;
+                metrics::gauge!(crate::metrics::SAMPLER_LEADER).set(0.0);
+                return Err(DbError::from(e).into());
+            }
+        };
+        metrics::gauge!(crate::metrics::SAMPLER_LEADER).set(1.0);
+        for (i, state) in ["processing", "completed", "retrying", "dead"]
+            .iter()
+            .enumerate()
+        {
+            metrics::gauge!(crate::metrics::DELIVERIES, "state" => *state)
+                .set(row.get::<_, i64>(i) as f64);
+        }
+        metrics::gauge!(crate::metrics::OLDEST_PROCESSING_SECONDS).set(row.get::<_, f64>(4));
+        metrics::gauge!(crate::metrics::OLDEST_DUE_RETRY_SECONDS).set(row.get::<_, f64>(5));
+        for (label, queue) in [
+            ("work", inner.topology.work_queue()),
+            ("dlq", inner.topology.dead_letter_queue()),
+        ] {
+            if let Ok((messages, consumers)) = inner.publisher.queue_stats(&queue).await {
+                metrics::gauge!(crate::metrics::QUEUE_MESSAGES, "queue" => label)
+                    .set(f64::from(messages));
+                metrics::gauge!(crate::metrics::QUEUE_CONSUMERS, "queue" => label)
+                    .set(f64::from(consumers));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -942,8 +1072,12 @@ async fn heartbeat(
             Err(e) => Err(DbError::from(e)),
         };
         match renewed {
-            Ok(true) => tracing::trace!("lease renewed"),
+            Ok(true) => {
+                tracing::trace!("lease renewed");
+                metrics::counter!(crate::metrics::LEASE_RENEWALS).increment(1);
+            }
             Ok(false) => {
+                metrics::counter!(crate::metrics::LEASES_LOST).increment(1);
                 tracing::warn!("lease lost: the token no longer holds the delivery");
                 lost.cancel();
                 return;

@@ -115,6 +115,7 @@ impl TestEnv {
         IngestArgs {
             common: self.common(),
             listen: "127.0.0.1:0".parse().expect("address"),
+            metrics_listen: "127.0.0.1:0".parse().expect("address"),
             github_secret: Some(SECRET.to_owned()),
             github_secret_file: None,
             config: None,
@@ -129,6 +130,7 @@ impl TestEnv {
         WorkerArgs {
             common: self.common(),
             concurrency: 4,
+            metrics_listen: "127.0.0.1:0".parse().expect("address"),
             handler_timeout_ms: 10_000,
             handler: hookinbox::config::HandlerKind::Store,
             forward_url: None,

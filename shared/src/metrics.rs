@@ -1,0 +1,182 @@
+//! Prometheus metrics: the names, their help texts, the recorder, and the
+//! listener that serves `/metrics` (and, for the worker, `/healthz` and
+//! `/readyz`) on `HOOKINBOX_METRICS_LISTEN`.
+//!
+//! Every name starts `hookinbox_` and uses base units. Labels stay bounded:
+//! no delivery ids; `source` only for configured sources (`unknown`
+//! otherwise); `event` only once the signature verified.
+
+use std::future::Future;
+use std::net::{SocketAddr, TcpListener};
+use std::pin::Pin;
+use std::sync::Arc;
+
+use actix_web::{App, HttpResponse, HttpServer, web};
+use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+/// Ingest requests by `source`, `event` and `outcome`.
+pub const INGEST_REQUESTS: &str = "hookinbox_ingest_requests_total";
+/// Ingest request duration.
+pub const INGEST_REQUEST_SECONDS: &str = "hookinbox_ingest_request_duration_seconds";
+/// Duration of the claim statement.
+pub const CLAIM_SECONDS: &str = "hookinbox_claim_duration_seconds";
+/// Time from publish to the broker's confirm.
+pub const PUBLISH_CONFIRM_SECONDS: &str = "hookinbox_publish_confirm_duration_seconds";
+/// Signature failures by `source`.
+pub const SIGNATURE_FAILURES: &str = "hookinbox_signature_failures_total";
+/// Verifications by `source` and secret `position` (rotation).
+pub const SECRET_MATCHES: &str = "hookinbox_secret_matches_total";
+/// Worker jobs by `outcome`.
+pub const JOBS: &str = "hookinbox_jobs_total";
+/// Handler run time.
+pub const JOB_SECONDS: &str = "hookinbox_job_duration_seconds";
+/// Lease renewals.
+pub const LEASE_RENEWALS: &str = "hookinbox_lease_renewals_total";
+/// Leases found taken by someone else.
+pub const LEASES_LOST: &str = "hookinbox_leases_lost_total";
+/// Takes that replaced a holder whose lease had expired.
+pub const TAKEOVERS: &str = "hookinbox_lease_takeovers_total";
+/// From the first claim to completion.
+pub const END_TO_END_SECONDS: &str = "hookinbox_end_to_end_seconds";
+/// Retries published by the scheduler.
+pub const RETRIES_PUBLISHED: &str = "hookinbox_retries_published_total";
+/// Claims the reaper marked lost.
+pub const REAPED: &str = "hookinbox_reaped_total";
+/// Deliveries by `state` (processing, completed, retrying, dead).
+pub const DELIVERIES: &str = "hookinbox_deliveries";
+/// Age of the oldest processing claim.
+pub const OLDEST_PROCESSING_SECONDS: &str = "hookinbox_oldest_processing_age_seconds";
+/// How long the oldest due retry has been due.
+pub const OLDEST_DUE_RETRY_SECONDS: &str = "hookinbox_oldest_due_retry_age_seconds";
+/// Ready messages by `queue` (work, dlq).
+pub const QUEUE_MESSAGES: &str = "hookinbox_queue_messages";
+/// Consumers by `queue`.
+pub const QUEUE_CONSUMERS: &str = "hookinbox_queue_consumers";
+/// 1 on the worker that samples the gauges above, 0 elsewhere.
+pub const SAMPLER_LEADER: &str = "hookinbox_sampler_leader";
+
+/// Latency buckets, in seconds, for every histogram.
+const BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0, 300.0,
+];
+
+/// Installs the global recorder once per process and describes every
+/// series. Later calls return the same handle.
+pub fn install() -> PrometheusHandle {
+    static HANDLE: std::sync::OnceLock<PrometheusHandle> = std::sync::OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let builder = PrometheusBuilder::new();
+            let builder = builder
+                .set_buckets(BUCKETS)
+                .unwrap_or_else(|_| PrometheusBuilder::new());
+            let recorder = builder.build_recorder();
+            let handle = recorder.handle();
+            // A second recorder (another library installed one) is not fatal:
+            // the handle then renders what this recorder saw, which is nothing.
+            let _ = metrics::set_global_recorder(recorder);
+            describe();
+            handle
+        })
+        .clone()
+}
+
+fn describe() {
+    describe_counter!(
+        INGEST_REQUESTS,
+        "Webhook requests by source, event and outcome"
+    );
+    describe_histogram!(
+        INGEST_REQUEST_SECONDS,
+        Unit::Seconds,
+        "Webhook request duration"
+    );
+    describe_histogram!(CLAIM_SECONDS, Unit::Seconds, "Claim statement duration");
+    describe_histogram!(PUBLISH_CONFIRM_SECONDS, Unit::Seconds, "Publish to confirm");
+    describe_counter!(
+        SIGNATURE_FAILURES,
+        "Requests refused for their signature, by source"
+    );
+    describe_counter!(
+        SECRET_MATCHES,
+        "Verifications by source and secret position"
+    );
+    describe_counter!(JOBS, "Worker jobs by outcome");
+    describe_histogram!(JOB_SECONDS, Unit::Seconds, "Handler run time");
+    describe_counter!(LEASE_RENEWALS, "Lease renewals");
+    describe_counter!(LEASES_LOST, "Leases found taken over during a job");
+    describe_counter!(
+        TAKEOVERS,
+        "Takes of deliveries whose holder's lease expired"
+    );
+    describe_histogram!(
+        END_TO_END_SECONDS,
+        Unit::Seconds,
+        "First claim to completion"
+    );
+    describe_counter!(RETRIES_PUBLISHED, "Retries published by the scheduler");
+    describe_counter!(REAPED, "Abandoned claims marked lost");
+    describe_gauge!(DELIVERIES, "Deliveries by state");
+    describe_gauge!(
+        OLDEST_PROCESSING_SECONDS,
+        Unit::Seconds,
+        "Age of the oldest processing claim"
+    );
+    describe_gauge!(
+        OLDEST_DUE_RETRY_SECONDS,
+        Unit::Seconds,
+        "How long the oldest due retry has waited"
+    );
+    describe_gauge!(QUEUE_MESSAGES, "Ready messages by queue");
+    describe_gauge!(QUEUE_CONSUMERS, "Consumers by queue");
+    describe_gauge!(SAMPLER_LEADER, "1 on the worker sampling the state gauges");
+}
+
+/// A readiness check for `/readyz`.
+pub type Readiness = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = bool> + Send>> + Send + Sync>;
+
+async fn metrics(handle: web::Data<PrometheusHandle>) -> HttpResponse {
+    handle.run_upkeep();
+    HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4")
+        .body(handle.render())
+}
+
+async fn healthz() -> HttpResponse {
+    HttpResponse::Ok().json(serde_json::json!({"status": "ok"}))
+}
+
+async fn readyz(ready: web::Data<Readiness>) -> HttpResponse {
+    if (ready.get_ref())().await {
+        HttpResponse::Ok().json(serde_json::json!({"status": "ok"}))
+    } else {
+        HttpResponse::ServiceUnavailable().json(serde_json::json!({"status": "error"}))
+    }
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` on `listen` until the process
+/// stops. Returns the bound port (0 picks one).
+pub fn serve(
+    listen: SocketAddr,
+    ready: Readiness,
+) -> std::io::Result<(u16, actix_web::dev::Server)> {
+    let handle = web::Data::new(install());
+    let ready = web::Data::new(ready);
+    let listener = TcpListener::bind(listen)?;
+    let port = listener.local_addr()?.port();
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(handle.clone())
+            .app_data(ready.clone())
+            .route("/metrics", web::get().to(metrics))
+            .route("/healthz", web::get().to(healthz))
+            .route("/readyz", web::get().to(readyz))
+    })
+    .workers(1)
+    .disable_signals()
+    .listen(listener)?
+    .run();
+    Ok((port, server))
+}
