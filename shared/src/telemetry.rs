@@ -11,7 +11,15 @@ use tracing_subscriber::EnvFilter;
 
 /// Installs the global subscriber. Call once, first thing in `main`.
 pub fn init() {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let mut filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // These libraries log statement parameters and frames at debug level,
+    // which would put payloads and secrets in the logs: cap them at info
+    // whatever RUST_LOG says.
+    for cap in ["tokio_postgres=info", "lapin=info", "amq_protocol=info"] {
+        if let Ok(directive) = cap.parse() {
+            filter = filter.add_directive(directive);
+        }
+    }
     let format = std::env::var("HOOKINBOX_LOG_FORMAT").unwrap_or_else(|_| "auto".to_owned());
     let json = match format.as_str() {
         "json" => true,

@@ -455,6 +455,81 @@ impl TestIngest {
     }
 }
 
+/// A free local port (bound, then released for a child process to take).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// A binary of this workspace running as a child process.
+pub struct Spawned {
+    /// The process; killed on drop.
+    pub child: tokio::process::Child,
+    /// Its log file (standard error).
+    pub log: PathBuf,
+    /// Its metrics port.
+    pub metrics_port: u16,
+    /// Its main port (ingest) or 0.
+    pub port: u16,
+}
+
+impl Spawned {
+    /// Everything it logged so far.
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// GETs `path` on its metrics listener.
+    pub async fn scrape(&self, path: &str) -> (u16, String) {
+        match reqwest::get(format!("http://127.0.0.1:{}{path}", self.metrics_port)).await {
+            Ok(r) => (r.status().as_u16(), r.text().await.unwrap_or_default()),
+            Err(_) => (0, String::new()),
+        }
+    }
+}
+
+impl TestEnv {
+    /// Runs `hookinbox-ingest` or `hookinbox-worker` against this test's
+    /// database and queues, with `extra` environment variables, logging to
+    /// a file.
+    pub fn spawn(&self, binary: &str, extra: &[(&str, &str)]) -> Spawned {
+        let port = free_port();
+        let metrics_port = free_port();
+        let log = std::env::temp_dir().join(format!("{}-{binary}-{port}.log", self.prefix));
+        let file = std::fs::File::create(&log).expect("log file");
+        let mut cmd = tokio::process::Command::new(bin(binary));
+        cmd.env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("DATABASE_URL", &self.database_url)
+            .env("AMQP_URL", amqp_url())
+            .env("HOOKINBOX_QUEUE_PREFIX", &self.prefix)
+            .env("HOOKINBOX_AUTO_MIGRATE", "false")
+            .env("HOOKINBOX_LISTEN", format!("127.0.0.1:{port}"))
+            .env(
+                "HOOKINBOX_METRICS_LISTEN",
+                format!("127.0.0.1:{metrics_port}"),
+            )
+            .env("HOOKINBOX_LOG_FORMAT", "json");
+        for (k, v) in extra {
+            cmd.env(k, v);
+        }
+        let child = cmd
+            .stdout(std::process::Stdio::null())
+            .stderr(file)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("binary starts");
+        Spawned {
+            child,
+            log,
+            metrics_port,
+            port,
+        }
+    }
+}
+
 /// Path of a workspace binary (`cargo nextest run --workspace` builds them
 /// next to the test binaries).
 pub fn bin(name: &str) -> PathBuf {

@@ -8,6 +8,7 @@ mod failures;
 mod fencing;
 mod forward;
 mod lifecycle;
+mod observability;
 mod outages;
 mod races;
 mod retention;

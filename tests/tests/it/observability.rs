@@ -1,0 +1,422 @@
+//! Metrics and logs of the real binaries.
+
+use std::time::Duration;
+
+use hookinbox_tests::receiver::{Receiver, Reply};
+use hookinbox_tests::{Hook, SECRET, TestEnv, fixtures, wait_until};
+
+/// The value of a series (summed over label sets) in a scrape, if present.
+fn value(scrape: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let mut found = None;
+    for line in scrape.lines().filter(|l| !l.starts_with('#')) {
+        let Some((series, v)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let metric = series.split('{').next().unwrap_or("");
+        if metric != name {
+            continue;
+        }
+        if labels
+            .iter()
+            .all(|(k, v)| series.contains(&format!("{k}=\"{v}\"")))
+        {
+            *found.get_or_insert(0.0) += v.parse::<f64>().unwrap_or(0.0);
+        }
+    }
+    found
+}
+
+#[tokio::test]
+async fn both_metrics_endpoints_show_every_series_moving_after_real_traffic() {
+    let env = TestEnv::new().await;
+    let ingest = env.spawn(
+        "hookinbox-ingest",
+        &[
+            ("HOOKINBOX_GITHUB_SECRET", SECRET),
+            ("HOOKINBOX_PUBLISH_TIMEOUT_MS", "1000"),
+        ],
+    );
+    let base = format!("http://127.0.0.1:{}", ingest.port);
+    wait_until("ingest to be ready", Duration::from_secs(20), || async {
+        reqwest::get(format!("{base}/readyz"))
+            .await
+            .map(|r| r.status() == 200)
+            .unwrap_or(false)
+    })
+    .await;
+    let http = reqwest::Client::new();
+    let send = |hook: Hook| {
+        let http = http.clone();
+        let base = base.clone();
+        async move {
+            let mut req = http
+                .post(format!("{base}{}", hook.path))
+                .header("content-type", &hook.content_type)
+                .body(hook.body.clone());
+            for (k, v) in [
+                ("x-github-event", hook.event.clone()),
+                ("x-github-delivery", hook.delivery.clone()),
+                ("x-github-hook-id", hook.hook_id.clone()),
+                ("x-hub-signature-256", hook.signature.clone()),
+            ] {
+                if let Some(v) = v {
+                    req = req.header(k, v);
+                }
+            }
+            req.send().await.expect("answer").status().as_u16()
+        }
+    };
+
+    let normal = Hook::new("push", fixtures::own("push"));
+    let flaky = Hook::new("push", fixtures::own("push"));
+    let bad = Hook::new("push", fixtures::own("push"));
+    let slow = Hook::new("push", fixtures::own("push"));
+    let (flaky_id, bad_id, slow_id) = (
+        flaky.id().to_owned(),
+        bad.id().to_owned(),
+        slow.id().to_owned(),
+    );
+    let receiver = Receiver::start(move |req, seen| {
+        let id = req.header("x-github-delivery").unwrap_or("");
+        if id == flaky_id && seen == 0 {
+            Reply::status(503)
+        } else if id == bad_id {
+            Reply::status(400)
+        } else if id == slow_id && seen == 0 {
+            // Hangs: its worker is fenced by the heartbeat, not the reply.
+            Reply {
+                delay: Duration::from_secs(60),
+                ..Reply::status(200)
+            }
+        } else {
+            Reply::status(200)
+        }
+    })
+    .await;
+
+    for hook in [&normal, &flaky, &bad, &slow] {
+        assert_eq!(send(hook.clone()).await, 202);
+    }
+    assert_eq!(
+        send(normal.clone()).await,
+        202,
+        "duplicate while processing"
+    );
+    assert_eq!(send(normal.clone().signed_with("wrong")).await, 401);
+    assert_eq!(send(Hook::new("ping", fixtures::own("ping"))).await, 200);
+    // The slow delivery's claim is older than the publish timeout and still
+    // untaken: its redelivery republishes it (a second copy).
+    wait_until("the slow claim to age", Duration::from_secs(10), || async {
+        env.count("select count(*) from deliveries where claimed_at < now() - interval '1100 milliseconds'").await == 4
+    })
+    .await;
+    assert_eq!(send(slow.clone()).await, 202);
+
+    let worker_env = [
+        ("HOOKINBOX_HANDLER", "forward"),
+        ("HOOKINBOX_FORWARD_URL", receiver.url.as_str()),
+        ("HOOKINBOX_LEASE_SECS", "3"),
+        ("HOOKINBOX_FORWARD_TIMEOUT_MS", "60000"),
+        ("HOOKINBOX_CONCURRENCY", "1"),
+        ("HOOKINBOX_RETRY_BASE_MS", "100"),
+        ("HOOKINBOX_RETRY_MAX_MS", "500"),
+        ("HOOKINBOX_SCHEDULER_INTERVAL_MS", "50"),
+    ];
+    // Worker A takes the first copy of the slow delivery and waits on the
+    // receiver; worker B gets the second copy, which is deferred.
+    let a = env.spawn("hookinbox-worker", &worker_env);
+    wait_until(
+        "the slow delivery to reach the receiver",
+        Duration::from_secs(30),
+        || async {
+            receiver
+                .received()
+                .iter()
+                .any(|r| r.header("x-github-delivery") == Some(slow.id()))
+        },
+    )
+    .await;
+    let b = env.spawn("hookinbox-worker", &worker_env);
+    wait_until(
+        "worker B to defer the second copy",
+        Duration::from_secs(30),
+        || async {
+            value(
+                &b.scrape("/metrics").await.1,
+                "hookinbox_jobs_total",
+                &[("outcome", "deferred")],
+            )
+            .is_some()
+        },
+    )
+    .await;
+    wait_until("A to renew its lease", Duration::from_secs(30), || async {
+        value(
+            &a.scrape("/metrics").await.1,
+            "hookinbox_lease_renewals_total",
+            &[],
+        )
+        .is_some()
+    })
+    .await;
+    // A stalls past its lease; B takes the delivery over and finishes it.
+    let pid_a = a.child.id().expect("pid").to_string();
+    let signal = |sig: &str| {
+        assert!(
+            std::process::Command::new("kill")
+                .args([sig, &pid_a])
+                .status()
+                .expect("kill")
+                .success()
+        );
+    };
+    signal("-STOP");
+    env.db
+        .execute(
+            "update deliveries set lease_until = now() - interval '1 second' where delivery_id = $1",
+            &[&slow.id()],
+        )
+        .await
+        .expect("lapse");
+    wait_until(
+        "B to complete the slow delivery",
+        Duration::from_secs(30),
+        || async {
+            env.count(&format!(
+                "select count(*) from deliveries where delivery_id = '{}' and status = 'completed'",
+                slow.id()
+            ))
+            .await
+                == 1
+        },
+    )
+    .await;
+    signal("-CONT");
+    wait_until(
+        "A to find its lease lost and be fenced",
+        Duration::from_secs(30),
+        || async {
+            value(
+                &a.scrape("/metrics").await.1,
+                "hookinbox_jobs_total",
+                &[("outcome", "fenced")],
+            )
+            .is_some()
+        },
+    )
+    .await;
+    wait_until("every delivery to settle", Duration::from_secs(60), || async {
+        env.count(
+            "select count(*) from deliveries where status = 'completed' or (status = 'failed' and not retryable)",
+        )
+        .await
+            == 4
+    })
+    .await;
+    assert_eq!(
+        send(normal.clone()).await,
+        200,
+        "duplicate of a completed delivery"
+    );
+
+    let (status, ingest_metrics) = ingest.scrape("/metrics").await;
+    assert_eq!(status, 200);
+    for (name, labels) in [
+        (
+            "hookinbox_ingest_requests_total",
+            vec![("outcome", "accepted")],
+        ),
+        (
+            "hookinbox_ingest_requests_total",
+            vec![("outcome", "duplicate")],
+        ),
+        (
+            "hookinbox_ingest_requests_total",
+            vec![("outcome", "republished")],
+        ),
+        ("hookinbox_ingest_requests_total", vec![("outcome", "pong")]),
+        (
+            "hookinbox_ingest_requests_total",
+            vec![("outcome", "bad_signature"), ("source", "default")],
+        ),
+        ("hookinbox_ingest_request_duration_seconds_count", vec![]),
+        ("hookinbox_claim_duration_seconds_count", vec![]),
+        ("hookinbox_publish_confirm_duration_seconds_count", vec![]),
+        (
+            "hookinbox_signature_failures_total",
+            vec![("source", "default")],
+        ),
+        (
+            "hookinbox_secret_matches_total",
+            vec![("source", "default"), ("position", "0")],
+        ),
+    ] {
+        let v = value(&ingest_metrics, name, &labels);
+        assert!(
+            v.is_some_and(|v| v > 0.0),
+            "ingest {name} {labels:?}: {v:?}\n{ingest_metrics}"
+        );
+    }
+
+    // The state gauges are sampled every 10 s by one leader.
+    wait_until(
+        "a worker to sample its gauges",
+        Duration::from_secs(30),
+        || async {
+            let scrape = format!(
+                "{}\n{}",
+                a.scrape("/metrics").await.1,
+                b.scrape("/metrics").await.1
+            );
+            value(&scrape, "hookinbox_deliveries", &[("state", "completed")])
+                .is_some_and(|v| v >= 3.0)
+        },
+    )
+    .await;
+    // Both workers' series, summed.
+    let worker_metrics = format!(
+        "{}\n{}",
+        a.scrape("/metrics").await.1,
+        b.scrape("/metrics").await.1
+    );
+    for (name, labels) in [
+        ("hookinbox_jobs_total", vec![("outcome", "completed")]),
+        ("hookinbox_jobs_total", vec![("outcome", "fenced")]),
+        ("hookinbox_jobs_total", vec![("outcome", "retried")]),
+        ("hookinbox_jobs_total", vec![("outcome", "dead_lettered")]),
+        ("hookinbox_jobs_total", vec![("outcome", "deferred")]),
+        ("hookinbox_job_duration_seconds_count", vec![]),
+        ("hookinbox_lease_renewals_total", vec![]),
+        ("hookinbox_lease_takeovers_total", vec![]),
+        ("hookinbox_end_to_end_seconds_count", vec![]),
+        ("hookinbox_retries_published_total", vec![]),
+        ("hookinbox_deliveries", vec![("state", "completed")]),
+        ("hookinbox_deliveries", vec![("state", "dead")]),
+        ("hookinbox_sampler_leader", vec![]),
+        ("hookinbox_leases_lost_total", vec![]),
+        ("hookinbox_queue_consumers", vec![("queue", "work")]),
+    ] {
+        let v = value(&worker_metrics, name, &labels);
+        assert!(
+            v.is_some_and(|v| v > 0.0),
+            "worker {name} {labels:?}: {v:?}\n{worker_metrics}"
+        );
+    }
+    for name in [
+        "hookinbox_oldest_processing_age_seconds",
+        "hookinbox_oldest_due_retry_age_seconds",
+        "hookinbox_queue_messages",
+    ] {
+        assert!(worker_metrics.contains(name), "worker {name} is exported");
+    }
+    assert_eq!(b.scrape("/healthz").await.0, 200);
+    assert_eq!(b.scrape("/readyz").await.0, 200);
+    assert_eq!(ingest.scrape("/healthz").await.0, 200);
+    env.cleanup().await;
+}
+
+/// Distinctive fragments of a payload: its longer string values, except
+/// bare identifiers (event and action names are logged on purpose).
+fn fragments(body: &[u8]) -> Vec<String> {
+    fn walk(v: &serde_json::Value, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::String(s)
+                if s.len() >= 24 && !s.bytes().all(|b| b.is_ascii_lowercase() || b == b'_') =>
+            {
+                out.push(s.clone())
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|x| walk(x, out)),
+            serde_json::Value::Object(o) => o.values().for_each(|x| walk(x, out)),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) {
+        walk(&v, &mut out);
+    }
+    out.truncate(8);
+    out
+}
+
+#[tokio::test]
+async fn logs_never_carry_the_secret_the_signature_or_the_payload() {
+    let env = TestEnv::new().await;
+    let verbose = [
+        ("RUST_LOG", "debug,hookinbox=trace"),
+        ("HOOKINBOX_GITHUB_SECRET", SECRET),
+    ];
+    let ingest = env.spawn("hookinbox-ingest", &verbose);
+    let worker = env.spawn("hookinbox-worker", &[("RUST_LOG", "debug,hookinbox=trace")]);
+    let base = format!("http://127.0.0.1:{}", ingest.port);
+    wait_until("ingest to be ready", Duration::from_secs(20), || async {
+        reqwest::get(format!("{base}/readyz"))
+            .await
+            .map(|r| r.status() == 200)
+            .unwrap_or(false)
+    })
+    .await;
+    let http = reqwest::Client::new();
+    let mut signatures = Vec::new();
+    let mut payload_bits = Vec::new();
+    let all = fixtures::all();
+    for fixture in &all {
+        let hook = Hook::new(&fixture.event, fixture.body.clone());
+        let signature = hook.signature.clone().expect("signed");
+        let status = http
+            .post(format!("{base}/webhooks/github"))
+            .header("content-type", "application/json")
+            .header("x-github-event", &fixture.event)
+            .header("x-github-delivery", hook.id())
+            .header("x-hub-signature-256", &signature)
+            .body(fixture.body.clone())
+            .send()
+            .await
+            .expect("answer")
+            .status();
+        assert!(status.is_success());
+        // A bad signature is logged as refused; its value must not be.
+        let wrong = hookinbox_tests::sign("wrong", &fixture.body);
+        let refused = http
+            .post(format!("{base}/webhooks/github"))
+            .header("content-type", "application/json")
+            .header("x-github-event", &fixture.event)
+            .header("x-github-delivery", hook.id())
+            .header("x-hub-signature-256", &wrong)
+            .body(fixture.body.clone())
+            .send()
+            .await
+            .expect("answer")
+            .status();
+        assert_eq!(refused.as_u16(), 401);
+        signatures.push(signature);
+        signatures.push(wrong);
+        payload_bits.extend(fragments(&fixture.body));
+    }
+    let expected = all.iter().filter(|f| f.event != "ping").count() as i64;
+    wait_until(
+        "every delivery to complete",
+        Duration::from_secs(120),
+        || async { env.events().await == expected },
+    )
+    .await;
+    let logs = format!("{}\n{}", ingest.logs(), worker.logs());
+    assert!(
+        logs.contains("webhook answered") && logs.contains("job done"),
+        "logs were captured"
+    );
+    assert!(!logs.contains(SECRET), "the secret is never logged");
+    for signature in &signatures {
+        let hex = signature.trim_start_matches("sha256=");
+        assert!(!logs.contains(hex), "a signature value was logged");
+    }
+    let leaked: Vec<_> = payload_bits
+        .iter()
+        .filter(|b| logs.contains(b.as_str()))
+        .collect();
+    assert!(
+        leaked.is_empty(),
+        "payload fragments in the logs: {leaked:?}"
+    );
+    assert!(payload_bits.len() > 10, "the check looked for something");
+    env.cleanup().await;
+}
