@@ -2,8 +2,10 @@
 //! publishes them to RabbitMQ and answers 202. Everything lives in the
 //! library; this file reads the settings and starts the server.
 
+use std::process::ExitCode;
+
 use anyhow::Context;
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use hookinbox::config::IngestArgs;
 use hookinbox::ingest::IngestApp;
 
@@ -11,20 +13,45 @@ use hookinbox::ingest::IngestApp;
 #[derive(Parser)]
 #[command(name = "hookinbox-ingest", version, about)]
 struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
     #[command(flatten)]
     args: IngestArgs,
 }
 
+#[derive(Subcommand)]
+enum Command {
+    /// Serve webhooks (the default with no subcommand).
+    Run,
+    /// Exit 0 if this host's metrics listener answers /healthz (for
+    /// container health checks).
+    Healthcheck,
+}
+
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> anyhow::Result<ExitCode> {
+    let cli = Cli::parse();
+    if let Some(Command::Healthcheck) = cli.command {
+        let healthy = hookinbox::metrics::healthcheck(cli.args.metrics_listen);
+        return Ok(if healthy {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        });
+    }
     hookinbox::telemetry::init();
-    let config = Cli::parse()
+    let config = cli
         .args
         .validate()
         .context("refusing to start: bad setting")?;
     let app = IngestApp::build(config)
         .await
         .context("cannot start hookinbox-ingest")?;
-    tracing::info!(port = app.port(), "hookinbox-ingest listening");
-    app.run_until_stopped().await.context("server failed")
+    tracing::info!(
+        port = app.port(),
+        metrics_port = app.metrics_port(),
+        "hookinbox-ingest listening"
+    );
+    app.run_until_stopped().await.context("server failed")?;
+    Ok(ExitCode::SUCCESS)
 }

@@ -180,3 +180,26 @@ pub fn serve(
     .run();
     Ok((port, server))
 }
+
+/// Asks this host's metrics listener (the port of `listen`) for `/healthz`
+/// and reports whether it answered 200. Container health checks run it
+/// (`hookinbox-ingest healthcheck`): the runtime image carries no HTTP
+/// client.
+pub fn healthcheck(listen: SocketAddr) -> bool {
+    use std::io::{Read, Write};
+    let addr = SocketAddr::from(([127, 0, 0, 1], listen.port()));
+    let timeout = std::time::Duration::from_secs(2);
+    let Ok(mut stream) = std::net::TcpStream::connect_timeout(&addr, timeout) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(timeout));
+    let _ = stream.set_write_timeout(Some(timeout));
+    if stream
+        .write_all(b"GET /healthz HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .is_err()
+    {
+        return false;
+    }
+    let mut head = [0u8; 12];
+    stream.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.") && &head[9..12] == b"200"
+}

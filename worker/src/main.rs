@@ -31,13 +31,23 @@ enum Command {
     Run,
     /// Apply pending database migrations, then exit.
     Migrate,
+    /// Exit 0 if this host's metrics listener answers /healthz (for
+    /// container health checks).
+    Healthcheck,
     #[command(flatten)]
     Ops(OpsCommand),
 }
 
 fn main() -> ExitCode {
-    hookinbox::telemetry::init();
     let cli = Cli::parse();
+    if let Some(Command::Healthcheck) = cli.command {
+        return if hookinbox::metrics::healthcheck(cli.args.metrics_listen) {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        };
+    }
+    hookinbox::telemetry::init();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(e) => {
@@ -60,6 +70,7 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
         .validate()
         .context("refusing to start: bad setting")?;
     match cli.command.unwrap_or(Command::Run) {
+        Command::Healthcheck => Ok(0),
         Command::Migrate => {
             let pool = hookinbox::db::pool(&config.common.database_url, 1)?;
             let applied = hookinbox::db::migrate(&pool)

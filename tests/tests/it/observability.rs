@@ -312,6 +312,29 @@ async fn both_metrics_endpoints_show_every_series_moving_after_real_traffic() {
     assert_eq!(b.scrape("/healthz").await.0, 200);
     assert_eq!(b.scrape("/readyz").await.0, 200);
     assert_eq!(ingest.scrape("/healthz").await.0, 200);
+    // The container health check asks the same listener.
+    for (binary, port) in [
+        ("hookinbox-ingest", ingest.metrics_port),
+        ("hookinbox-worker", b.metrics_port),
+    ] {
+        let status = std::process::Command::new(hookinbox_tests::bin(binary))
+            .arg("healthcheck")
+            .env_clear()
+            .env("HOOKINBOX_METRICS_LISTEN", format!("127.0.0.1:{port}"))
+            .status()
+            .expect("runs");
+        assert!(status.success(), "{binary} healthcheck");
+    }
+    let dead = std::process::Command::new(hookinbox_tests::bin("hookinbox-worker"))
+        .arg("healthcheck")
+        .env_clear()
+        .env(
+            "HOOKINBOX_METRICS_LISTEN",
+            format!("127.0.0.1:{}", hookinbox_tests::free_port()),
+        )
+        .status()
+        .expect("runs");
+    assert!(!dead.success(), "nothing listening is unhealthy");
     env.cleanup().await;
 }
 
