@@ -216,7 +216,12 @@ pub fn from_file(path: &Path) -> Result<Vec<Source>, ConfigError> {
         path: path.to_owned(),
         source,
     })?;
-    let file: File = toml::from_str(&text)
+    from_toml(&text)
+}
+
+/// Parses sources from TOML text (`secret_files` are read from disk).
+pub fn from_toml(text: &str) -> Result<Vec<Source>, ConfigError> {
+    let file: File = toml::from_str(text)
         .map_err(|e| ConfigError::field("HOOKINBOX_CONFIG", e.to_string().trim_end().to_owned()))?;
     if file.sources.is_empty() {
         return Err(ConfigError::field(
