@@ -1,0 +1,452 @@
+//! Model-based test of the delivery state machine against the real
+//! Postgres: random interleavings of claim, take, renew, complete, fail,
+//! lease expiry, the scheduler, replay, sweep and reap, with the
+//! invariants checked after every step:
+//!
+//! - at most one completed effect per key;
+//! - `completed` never goes back;
+//! - a write with a stale token never changes a row;
+//! - `attempts` never exceeds the maximum (a replay resets it to 0).
+//!
+//! Lease expiry is a transition of its own (it backdates `lease_until`), so
+//! the test never waits for a clock.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use hookinbox::deliveries::{
+    self, ErrorClass, Failure, NewClaim, ParkedBody, Policy, Status, Take,
+};
+use hookinbox::handler::{Completion, Effect};
+use hookinbox::key::{ClaimToken, DeliveryId, DeliveryKey, HookId, SourceName};
+use proptest::prelude::*;
+use proptest::test_runner::Config;
+use proptest_state_machine::{ReferenceStateMachine, StateMachineTest, prop_state_machine};
+
+const MAX_ATTEMPTS: i32 = 3;
+
+/// One database and runtime for every case of this test binary; each case
+/// works on its own delivery key.
+struct Shared {
+    runtime: tokio::runtime::Runtime,
+    pool: deadpool_postgres::Pool,
+}
+
+fn shared() -> &'static Shared {
+    static SHARED: OnceLock<Shared> = OnceLock::new();
+    SHARED.get_or_init(|| {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let pool = runtime.block_on(async {
+            let base = hookinbox_tests::postgres_base();
+            let name = format!("hookinbox_model_{}", uuid::Uuid::new_v4().simple());
+            let admin = hookinbox_tests::connect(&format!("{base}/postgres")).await;
+            admin
+                .batch_execute(&format!("create database {name}"))
+                .await
+                .expect("create database");
+            let pool = hookinbox::db::pool(&format!("{base}/{name}"), 4).expect("pool");
+            hookinbox::db::migrate(&pool).await.expect("migrate");
+            pool.get()
+                .await
+                .expect("client")
+                .batch_execute(
+                    "create table model_effects (delivery_id text not null, at timestamptz not null default now())",
+                )
+                .await
+                .expect("effects table");
+            pool
+        });
+        Shared { runtime, pool }
+    })
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    /// A GitHub delivery (or a copy with another body) reaches ingest.
+    Claim { other_body: bool },
+    /// A worker takes the delivery, presenting the n-th token ever seen.
+    Take(usize),
+    /// A holder renews its lease.
+    Renew(usize),
+    /// A holder runs the effect and completes.
+    Complete(usize),
+    /// A holder records a failure.
+    Fail { token: usize, retryable: bool },
+    /// Time passes beyond the lease.
+    Expire,
+    /// Time passes until a retry is due, and the scheduler runs.
+    Schedule,
+    /// An operator replays a failed delivery.
+    Replay,
+    /// The retention sweeper runs.
+    Sweep,
+    /// The reaper runs.
+    Reap,
+}
+
+struct Model;
+
+impl ReferenceStateMachine for Model {
+    type State = ();
+    type Transition = Op;
+
+    fn init_state() -> BoxedStrategy<()> {
+        Just(()).boxed()
+    }
+
+    fn transitions(_: &()) -> BoxedStrategy<Op> {
+        prop_oneof![
+            3 => any::<bool>().prop_map(|other_body| Op::Claim { other_body }),
+            4 => (0..8usize).prop_map(Op::Take),
+            2 => (0..8usize).prop_map(Op::Renew),
+            4 => (0..8usize).prop_map(Op::Complete),
+            3 => (0..8usize, any::<bool>()).prop_map(|(token, retryable)| Op::Fail { token, retryable }),
+            2 => Just(Op::Expire),
+            2 => Just(Op::Schedule),
+            1 => Just(Op::Replay),
+            1 => Just(Op::Sweep),
+            1 => Just(Op::Reap),
+        ]
+        .boxed()
+    }
+
+    fn apply(state: (), _: &Op) {
+        state
+    }
+}
+
+/// What the row looked like, for the stale-write check.
+#[derive(Clone, Debug, PartialEq)]
+struct Snapshot {
+    status: Status,
+    token: ClaimToken,
+    attempts: i32,
+    retryable: bool,
+    lease_until: Option<chrono::DateTime<chrono::Utc>>,
+    next_attempt_at: Option<chrono::DateTime<chrono::Utc>>,
+    error_class: Option<String>,
+}
+
+struct Sut {
+    key: DeliveryKey,
+    policy: Policy,
+    /// Every token ever handed out for this key, in order.
+    tokens: Vec<ClaimToken>,
+    completed_seen: bool,
+    /// The body hash the first claim stored.
+    body: Option<[u8; 32]>,
+}
+
+const BODY: &[u8] = b"{\"action\":\"opened\"}";
+
+fn parked() -> ParkedBody<'static> {
+    ParkedBody {
+        content_type: "application/json",
+        headers: &[],
+        body: BODY,
+    }
+}
+
+impl Sut {
+    async fn snapshot(&self) -> Option<Snapshot> {
+        let client = shared().pool.get().await.expect("client");
+        deliveries::get(&client, &self.key)
+            .await
+            .expect("get")
+            .map(|d| Snapshot {
+                status: d.status,
+                token: d.claim_token,
+                attempts: d.attempts,
+                retryable: d.retryable,
+                lease_until: d.lease_until,
+                next_attempt_at: d.next_attempt_at,
+                error_class: d.last_error_class,
+            })
+    }
+
+    fn token(&self, n: usize) -> Option<ClaimToken> {
+        (!self.tokens.is_empty()).then(|| self.tokens[n % self.tokens.len()])
+    }
+
+    async fn effects(&self) -> i64 {
+        let client = shared().pool.get().await.expect("client");
+        client
+            .query_one(
+                "select count(*) from model_effects where delivery_id = $1",
+                &[&self.key.delivery_id.as_str()],
+            )
+            .await
+            .expect("count")
+            .get(0)
+    }
+
+    /// Runs a token-guarded write and checks the fence: a token that does
+    /// not hold the row (by the snapshot before) must change nothing.
+    async fn guarded<F, Fut>(&mut self, token: ClaimToken, write: F)
+    where
+        F: FnOnce(ClaimToken) -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
+        let before = self.snapshot().await;
+        let effects_before = self.effects().await;
+        write(token).await;
+        let holds = before
+            .as_ref()
+            .is_some_and(|b| b.token == token && b.status == Status::Processing);
+        if !holds {
+            assert_eq!(
+                self.snapshot().await,
+                before,
+                "a stale token changed the row"
+            );
+            assert_eq!(
+                self.effects().await,
+                effects_before,
+                "a stale token ran an effect"
+            );
+        }
+    }
+
+    async fn apply(&mut self, op: Op) {
+        let pool = &shared().pool;
+        let client = pool.get().await.expect("client");
+        match op {
+            Op::Claim { other_body } => {
+                let sha = if other_body { [2u8; 32] } else { [1u8; 32] };
+                let claim = deliveries::claim(
+                    &client,
+                    &self.policy,
+                    NewClaim {
+                        key: &self.key,
+                        event: "push",
+                        action: None,
+                        body_sha256: &sha,
+                    },
+                )
+                .await
+                .expect("claim");
+                match claim {
+                    deliveries::Claim::Claimed { token, .. }
+                    | deliveries::Claim::Republish { token } => {
+                        // The first claim fixes the body; later claims must match it.
+                        assert_eq!(
+                            *self.body.get_or_insert(sha),
+                            sha,
+                            "a different body was claimed"
+                        );
+                        self.tokens.push(token);
+                    }
+                    deliveries::Claim::Conflict => {
+                        assert_ne!(self.body, Some(sha), "the same body reported as a conflict")
+                    }
+                    deliveries::Claim::Duplicate(_) => {}
+                }
+            }
+            Op::Take(n) => {
+                let Some(presented) = self.token(n) else {
+                    return;
+                };
+                if let Take::Taken { token, .. } =
+                    deliveries::take(&client, &self.policy, &self.key, presented, parked())
+                        .await
+                        .expect("take")
+                {
+                    self.tokens.push(token);
+                }
+            }
+            Op::Renew(n) => {
+                let Some(token) = self.token(n) else { return };
+                let (policy, key) = (self.policy, self.key.clone());
+                self.guarded(token, |t| async move {
+                    let client = shared().pool.get().await.expect("client");
+                    deliveries::renew(&client, &policy, &key, t)
+                        .await
+                        .expect("renew");
+                })
+                .await;
+            }
+            Op::Complete(n) => {
+                let Some(token) = self.token(n) else { return };
+                let key = self.key.clone();
+                self.guarded(token, |t| async move {
+                    let mut effect =
+                        Effect::new(shared().pool.clone(), key.clone(), t, 1, chrono::Utc::now());
+                    let ran = match effect.transaction().await {
+                        Ok(tx) => {
+                            tx.execute(
+                                "insert into model_effects (delivery_id) values ($1)",
+                                &[&key.delivery_id.as_str()],
+                            )
+                            .await
+                            .expect("effect");
+                            true
+                        }
+                        Err(_) => false,
+                    };
+                    let completion = effect.complete().await.expect("complete");
+                    assert!(ran || completion == Completion::Fenced);
+                })
+                .await;
+            }
+            Op::Fail { token, retryable } => {
+                let Some(token) = self.token(token) else {
+                    return;
+                };
+                let key = self.key.clone();
+                self.guarded(token, |t| async move {
+                    let client = shared().pool.get().await.expect("client");
+                    let failure = Failure {
+                        class: ErrorClass::Transient,
+                        message: "model".to_owned(),
+                        retry_in: retryable.then_some(Duration::from_secs(3600)),
+                    };
+                    deliveries::fail(&client, &key, t, &failure, parked())
+                        .await
+                        .expect("fail");
+                })
+                .await;
+            }
+            Op::Expire => {
+                client
+                    .execute(
+                        "update deliveries set lease_until = now() - interval '1 second' \
+                         where delivery_id = $1 and status = 'processing'",
+                        &[&self.key.delivery_id.as_str()],
+                    )
+                    .await
+                    .expect("expire");
+            }
+            Op::Schedule => {
+                client
+                    .execute(
+                        "update deliveries set next_attempt_at = now() - interval '1 second' \
+                         where delivery_id = $1 and status = 'failed' and retryable",
+                        &[&self.key.delivery_id.as_str()],
+                    )
+                    .await
+                    .expect("due");
+                deliveries::exhaust_due(&client, &self.policy, 100)
+                    .await
+                    .expect("exhaust");
+                for job in deliveries::schedule_due(&client, &self.policy, 100)
+                    .await
+                    .expect("schedule")
+                {
+                    if job.key == self.key {
+                        self.tokens.push(job.token);
+                    }
+                }
+            }
+            Op::Replay => {
+                if let Some(job) = deliveries::replay(&client, &self.policy, &self.key)
+                    .await
+                    .expect("replay")
+                {
+                    self.tokens.push(job.token);
+                }
+            }
+            Op::Sweep => {
+                // Realistic retention: fresh rows are never swept.
+                deliveries::sweep(
+                    &client,
+                    Duration::from_secs(30 * 86400),
+                    Duration::from_secs(28 * 86400),
+                    500,
+                )
+                .await
+                .expect("sweep");
+            }
+            Op::Reap => {
+                deliveries::reap(&client, Duration::ZERO, 100)
+                    .await
+                    .expect("reap");
+            }
+        }
+    }
+
+    async fn check(&mut self) {
+        assert!(
+            self.effects().await <= 1,
+            "more than one effect for one key"
+        );
+        let now = self.snapshot().await;
+        if let Some(row) = &now {
+            assert!(
+                row.attempts <= MAX_ATTEMPTS,
+                "attempts {} over the maximum",
+                row.attempts
+            );
+            if self.completed_seen {
+                assert_eq!(row.status, Status::Completed, "completed went back");
+            }
+            if row.status == Status::Completed {
+                self.completed_seen = true;
+                assert_eq!(self.effects().await, 1, "completed without its effect");
+            }
+            if row.status == Status::Processing {
+                assert!(row.lease_until.is_some(), "processing without a lease");
+            }
+        } else {
+            assert!(
+                !self.completed_seen,
+                "a completed row vanished before its retention"
+            );
+        }
+    }
+}
+
+struct DeliveryStateMachine;
+
+impl StateMachineTest for DeliveryStateMachine {
+    type SystemUnderTest = Sut;
+    type Reference = Model;
+
+    fn init_test(_: &()) -> Sut {
+        let key = DeliveryKey::github(
+            SourceName::default_source(),
+            HookId::parse(Some(b"1")).expect("hook"),
+            DeliveryId::parse(uuid::Uuid::new_v4().to_string().as_bytes()).expect("id"),
+        );
+        Sut {
+            key,
+            policy: Policy {
+                lease: Duration::from_secs(60),
+                max_attempts: MAX_ATTEMPTS,
+                publish_timeout: Duration::from_secs(5),
+            },
+            tokens: Vec::new(),
+            completed_seen: false,
+            body: None,
+        }
+    }
+
+    fn apply(mut sut: Sut, _: &(), op: Op) -> Sut {
+        shared().runtime.block_on(async {
+            sut.apply(op).await;
+            sut.check().await;
+        });
+        sut
+    }
+}
+
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64)
+}
+
+prop_state_machine! {
+    #![proptest_config(Config {
+        cases: cases(),
+        failure_persistence: None,
+        .. Config::default()
+    })]
+
+    #[test]
+    fn delivery_state_machine_keeps_its_invariants(sequential 1..40 => DeliveryStateMachine);
+}
