@@ -8,6 +8,7 @@ mod failures;
 mod fencing;
 mod forward;
 mod lifecycle;
+mod matrix;
 mod observability;
 mod outages;
 mod races;
