@@ -40,6 +40,8 @@ async fn main() -> anyhow::Result<ExitCode> {
         });
     }
     hookinbox::telemetry::init();
+    #[cfg(feature = "failpoints")]
+    hookinbox::failpoints::setup();
     let config = cli
         .args
         .validate()

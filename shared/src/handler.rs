@@ -320,6 +320,15 @@ impl Handler for Store {
             ],
         )
         .await?;
+        // The fault-injection suite counts effects in a log without a
+        // unique key, so that a second effect would show.
+        #[cfg(feature = "failpoints")]
+        tx.execute(
+            "insert into hookinbox_effect_log (provider, source, hook_id, delivery_id) values ($1, $2, $3, $4)",
+            &[&job.key.provider, &job.key.source, &job.key.hook_id, &job.key.delivery_id],
+        )
+        .await?;
+        crate::kill_point!("worker.mid_effect");
         Ok(())
     }
 }

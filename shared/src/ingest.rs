@@ -434,6 +434,7 @@ async fn handle(
     })?;
     drop(client);
     metrics::histogram!(crate::metrics::CLAIM_SECONDS).record(claim_started.elapsed());
+    crate::kill_point!("ingest.after_claim");
 
     let (token, attempts_at_claim, republish) = match claim {
         Claim::Claimed {

@@ -45,6 +45,7 @@ pub mod broker;
 pub mod config;
 pub mod db;
 pub mod deliveries;
+pub mod failpoints;
 pub mod forward;
 pub mod handler;
 pub mod ingest;

@@ -499,6 +499,7 @@ impl Worker {
                     created_at,
                 } => {
                     tracing::Span::current().record("attempt", attempts);
+                    crate::kill_point!("worker.after_take");
                     if takeover {
                         tracing::info!("took over an expired lease");
                         metrics::counter!(crate::metrics::TAKEOVERS).increment(1);
@@ -575,6 +576,7 @@ impl Worker {
             Ran::Returned(Ok(())) => {
                 return match effect.complete().await {
                     Ok(Completion::Completed) => {
+                        crate::kill_point!("worker.after_commit");
                         let e2e = chrono::Utc::now() - created_at;
                         tracing::debug!(e2e_ms = e2e.num_milliseconds(), "completed");
                         metrics::histogram!(crate::metrics::END_TO_END_SECONDS)

@@ -48,6 +48,8 @@ fn main() -> ExitCode {
         };
     }
     hookinbox::telemetry::init();
+    #[cfg(feature = "failpoints")]
+    hookinbox::failpoints::setup();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(e) => {

@@ -1,0 +1,738 @@
+//! The fault-injection suite: the real `hookinbox-ingest` and several
+//! `hookinbox-worker` processes (built with the `failpoints` feature) under
+//! a steady stream of signed deliveries with redeliveries, while faults hit
+//! them at the worst moments. Postgres and RabbitMQ are private instances
+//! the suite starts itself, so restarting them disturbs nothing else.
+//!
+//! Run it with `scripts/faults.sh [CYCLES] [KILLS_PER_CYCLE]`. At the end it
+//! checks the ledger: every delivery answered 2xx has exactly one `store`
+//! effect or is a dead letter; no effect is duplicated; no effect exists for
+//! a delivery never sent.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use hookinbox_tests::proxy::Proxy;
+use hookinbox_tests::{SECRET, fixtures, free_port, sign};
+use tokio::process::{Child, Command};
+
+/// A private Postgres: its own data directory and port.
+struct PrivatePg {
+    dir: PathBuf,
+    port: u16,
+}
+
+fn as_postgres(args: &[&str]) -> std::process::Command {
+    let mut cmd = std::process::Command::new("runuser");
+    cmd.args(["-u", "postgres", "--"]).args(args);
+    cmd
+}
+
+impl PrivatePg {
+    fn bin(name: &str) -> String {
+        format!("/usr/lib/postgresql/15/bin/{name}")
+    }
+
+    fn start_new(root: &Path) -> anyhow::Result<Self> {
+        let dir = root.join("pg");
+        std::fs::create_dir_all(&dir)?;
+        std::process::Command::new("chown")
+            .args(["-R", "postgres:postgres"])
+            .arg(root)
+            .status()?;
+        let port = free_port();
+        let ok = as_postgres(&[
+            &Self::bin("initdb"),
+            "-D",
+            dir.to_str().unwrap_or(""),
+            "--auth=trust",
+            "-U",
+            "postgres",
+        ])
+        .stdout(Stdio::null())
+        .status()?
+        .success();
+        if !ok {
+            bail!("initdb failed");
+        }
+        let pg = Self { dir, port };
+        pg.start()?;
+        Ok(pg)
+    }
+
+    fn ctl(&self, args: &[&str]) -> anyhow::Result<()> {
+        let dir = self.dir.to_string_lossy().into_owned();
+        let options = format!("-p {} -k {dir} -c listen_addresses=127.0.0.1", self.port);
+        let mut all = vec![
+            Self::bin("pg_ctl"),
+            "-D".into(),
+            dir.clone(),
+            "-o".into(),
+            options,
+            "-l".into(),
+            format!("{dir}/log"),
+        ];
+        all.extend(args.iter().map(|s| s.to_string()));
+        let refs: Vec<&str> = all.iter().map(String::as_str).collect();
+        let ok = as_postgres(&refs)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()?
+            .success();
+        if !ok {
+            bail!("pg_ctl {args:?} failed");
+        }
+        Ok(())
+    }
+
+    fn start(&self) -> anyhow::Result<()> {
+        self.ctl(&["start", "-w"])
+    }
+
+    fn stop_immediate(&self) -> anyhow::Result<()> {
+        self.ctl(&["stop", "-m", "immediate", "-w"])
+    }
+
+    fn url(&self, port: u16, db: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{port}/{db}")
+    }
+}
+
+impl Drop for PrivatePg {
+    fn drop(&mut self) {
+        let _ = self.ctl(&["stop", "-m", "fast", "-w"]);
+    }
+}
+
+/// A private RabbitMQ node: its own name, ports and data directory.
+struct PrivateRabbit {
+    dir: PathBuf,
+    node: String,
+    port: u16,
+}
+
+impl PrivateRabbit {
+    fn start_new(root: &Path) -> anyhow::Result<Self> {
+        let dir = root.join("rabbit");
+        std::fs::create_dir_all(dir.join("mnesia"))?;
+        std::fs::create_dir_all(dir.join("log"))?;
+        std::fs::write(dir.join("enabled_plugins"), "[].\n")?;
+        let port = free_port();
+        std::fs::write(
+            dir.join("rabbitmq.conf"),
+            format!("listeners.tcp.local = 127.0.0.1:{port}\nloopback_users = none\n"),
+        )?;
+        std::process::Command::new("chown")
+            .args(["-R", "rabbitmq:rabbitmq"])
+            .arg(&dir)
+            .status()?;
+        let rabbit = Self {
+            dir,
+            node: format!("hookinbox-faults-{}@localhost", std::process::id()),
+            port,
+        };
+        rabbit.boot()?;
+        Ok(rabbit)
+    }
+
+    fn boot(&self) -> anyhow::Result<()> {
+        let d = self.dir.to_string_lossy();
+        let status = std::process::Command::new("rabbitmq-server")
+            .arg("-detached")
+            .env("RABBITMQ_NODENAME", &self.node)
+            .env("RABBITMQ_NODE_PORT", self.port.to_string())
+            .env("RABBITMQ_DIST_PORT", free_port().to_string())
+            .env("RABBITMQ_MNESIA_BASE", format!("{d}/mnesia"))
+            .env("RABBITMQ_LOG_BASE", format!("{d}/log"))
+            .env(
+                "RABBITMQ_ENABLED_PLUGINS_FILE",
+                format!("{d}/enabled_plugins"),
+            )
+            .env("RABBITMQ_CONFIG_FILE", format!("{d}/rabbitmq.conf"))
+            .env("RABBITMQ_PID_FILE", format!("{d}/pid"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()?;
+        if !status.success() {
+            bail!("rabbitmq-server failed");
+        }
+        self.await_up()
+    }
+
+    fn ctl(&self, args: &[&str]) -> bool {
+        std::process::Command::new("rabbitmqctl")
+            .args(["-q", "-n", &self.node])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+    }
+
+    fn await_up(&self) -> anyhow::Result<()> {
+        for _ in 0..120 {
+            if self.ctl(&["await_startup", "--timeout", "5"]) {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        bail!("private RabbitMQ did not start")
+    }
+
+    fn restart_app(&self) -> anyhow::Result<()> {
+        if !self.ctl(&["stop_app"]) || !self.ctl(&["start_app"]) {
+            bail!("stop_app/start_app failed");
+        }
+        self.await_up()
+    }
+
+    fn kill9_and_boot(&self) -> anyhow::Result<()> {
+        let pid = std::fs::read_to_string(self.dir.join("pid"))?
+            .trim()
+            .to_owned();
+        std::process::Command::new("kill")
+            .args(["-9", &pid])
+            .status()?;
+        for _ in 0..100 {
+            if !Path::new(&format!("/proc/{pid}")).exists() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        self.boot()
+    }
+
+    fn url(&self, port: u16) -> String {
+        format!("amqp://guest:guest@127.0.0.1:{port}/%2f?heartbeat=2")
+    }
+}
+
+impl Drop for PrivateRabbit {
+    fn drop(&mut self) {
+        let _ = self.ctl(&["stop"]);
+    }
+}
+
+/// What the suite sent and what it was told.
+#[derive(Clone)]
+struct Sent {
+    event: String,
+    body: Vec<u8>,
+    ok: bool,
+    answers: u32,
+    /// Requests for it that got no 2xx (connection cut, ingest killed,
+    /// 503): its effect may still have happened, which is allowed.
+    failures: u32,
+}
+
+#[derive(Default)]
+struct Ledger {
+    sent: HashMap<String, Sent>,
+    order: Vec<String>,
+    redeliveries: u64,
+    failed_requests: u64,
+}
+
+struct Suite {
+    root: PathBuf,
+    bins: PathBuf,
+    pg: PrivatePg,
+    rabbit: PrivateRabbit,
+    db: String,
+    pg_proxy: Proxy,
+    amqp_proxy: Proxy,
+    ingest_port: u16,
+    ingest: Option<Child>,
+    workers: Vec<Option<Child>>,
+    counts: HashMap<&'static str, u32>,
+    http: reqwest::Client,
+}
+
+const LEASE_SECS: &str = "3";
+
+impl Suite {
+    fn log(&self, name: &str) -> std::fs::File {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.root.join(format!("{name}.log")))
+            .expect("log file")
+    }
+
+    fn spawn_ingest(&mut self, failpoint: Option<&str>) -> anyhow::Result<()> {
+        let mut cmd = Command::new(self.bins.join("hookinbox-ingest"));
+        cmd.env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("DATABASE_URL", self.pg.url(self.pg.port, &self.db))
+            .env("AMQP_URL", self.rabbit.url(self.amqp_proxy.port()))
+            .env("HOOKINBOX_GITHUB_SECRET", SECRET)
+            .env("HOOKINBOX_AUTO_MIGRATE", "false")
+            .env("HOOKINBOX_LEASE_SECS", LEASE_SECS)
+            .env("HOOKINBOX_PUBLISH_TIMEOUT_MS", "2000")
+            .env(
+                "HOOKINBOX_LISTEN",
+                format!("127.0.0.1:{}", self.ingest_port),
+            )
+            .env("HOOKINBOX_METRICS_LISTEN", "127.0.0.1:0")
+            .env("HOOKINBOX_LOG_FORMAT", "json")
+            .env("HOOKINBOX_QUEUE_PREFIX", "faults");
+        if let Some(fp) = failpoint {
+            cmd.env("FAILPOINTS", fp);
+        }
+        self.ingest = Some(
+            cmd.stdout(Stdio::null())
+                .stderr(self.log("ingest"))
+                .kill_on_drop(true)
+                .spawn()?,
+        );
+        Ok(())
+    }
+
+    fn spawn_worker(&mut self, i: usize, failpoint: Option<&str>) -> anyhow::Result<()> {
+        let mut cmd = Command::new(self.bins.join("hookinbox-worker"));
+        cmd.env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("DATABASE_URL", self.pg.url(self.pg_proxy.port(), &self.db))
+            .env("AMQP_URL", self.rabbit.url(self.rabbit.port))
+            .env("HOOKINBOX_AUTO_MIGRATE", "false")
+            .env("HOOKINBOX_LEASE_SECS", LEASE_SECS)
+            .env("HOOKINBOX_REAP_AFTER_SECS", "3")
+            .env("HOOKINBOX_RETRY_BASE_MS", "200")
+            .env("HOOKINBOX_RETRY_MAX_MS", "2000")
+            .env("HOOKINBOX_MAX_ATTEMPTS", "50")
+            .env("HOOKINBOX_PUBLISH_TIMEOUT_MS", "2000")
+            .env("HOOKINBOX_CONCURRENCY", "4")
+            .env("HOOKINBOX_METRICS_LISTEN", "127.0.0.1:0")
+            .env("HOOKINBOX_LOG_FORMAT", "json")
+            .env("HOOKINBOX_QUEUE_PREFIX", "faults");
+        if let Some(fp) = failpoint {
+            cmd.env("FAILPOINTS", fp);
+        }
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(self.log(&format!("worker-{i}")))
+            .kill_on_drop(true)
+            .spawn()?;
+        self.workers[i] = Some(child);
+        Ok(())
+    }
+
+    fn count(&mut self, what: &'static str) {
+        *self.counts.entry(what).or_default() += 1;
+    }
+
+    /// Restarts worker `i` armed at `point`, waits for it to kill itself
+    /// there, and starts it again unarmed.
+    async fn worker_kill(&mut self, i: usize, point: &'static str) -> anyhow::Result<()> {
+        if let Some(mut old) = self.workers[i].take() {
+            let _ = old.kill().await;
+        }
+        self.spawn_worker(i, Some(&format!("{point}=1*return")))?;
+        let child = self.workers[i].as_mut().context("worker")?;
+        match tokio::time::timeout(Duration::from_secs(30), child.wait()).await {
+            Ok(_) => self.count(point),
+            Err(_) => {
+                let _ = child.kill().await;
+                self.count("worker kill -9 from outside (point not reached)");
+            }
+        }
+        self.spawn_worker(i, None)
+    }
+
+    async fn ingest_kill(&mut self) -> anyhow::Result<()> {
+        if let Some(mut old) = self.ingest.take() {
+            let _ = old.kill().await;
+        }
+        self.spawn_ingest(Some("ingest.after_claim=1*return"))?;
+        let child = self.ingest.as_mut().context("ingest")?;
+        match tokio::time::timeout(Duration::from_secs(30), child.wait()).await {
+            Ok(_) => self.count("ingest.after_claim"),
+            Err(_) => {
+                let _ = child.kill().await;
+                self.count("ingest kill -9 from outside (point not reached)");
+            }
+        }
+        self.spawn_ingest(None)
+    }
+
+    /// Worker `i` stops (SIGSTOP) in the middle of a job, stays stopped past
+    /// its lease and the AMQP heartbeat timeout, so the broker requeues its
+    /// messages and another worker takes the delivery over; then it wakes
+    /// (SIGCONT) and its completion must be fenced.
+    async fn lease_steal(&mut self, i: usize) -> anyhow::Result<()> {
+        if let Some(mut old) = self.workers[i].take() {
+            let _ = old.kill().await;
+        }
+        let marker = format!("hookinbox-steal-{}", uuid::Uuid::new_v4().simple());
+        self.spawn_worker(
+            i,
+            Some(&format!("worker.after_take=1*print({marker})->sleep(3000)")),
+        )?;
+        let log = self.root.join(format!("worker-{i}.log"));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains(&marker)
+        {
+            if Instant::now() > deadline {
+                self.count("lease steal skipped (no job reached the worker)");
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let pid = self.workers[i]
+            .as_ref()
+            .and_then(Child::id)
+            .context("worker pid")?
+            .to_string();
+        signal("-STOP", &pid)?;
+        tokio::time::sleep(Duration::from_secs(9)).await;
+        signal("-CONT", &pid)?;
+        self.count("lease steal (SIGSTOP mid-job past the lease, SIGCONT)");
+        Ok(())
+    }
+}
+
+fn signal(sig: &str, pid: &str) -> anyhow::Result<()> {
+    if !std::process::Command::new("kill")
+        .args([sig, pid])
+        .status()?
+        .success()
+    {
+        bail!("kill {sig} {pid} failed");
+    }
+    Ok(())
+}
+
+/// Sends one delivery and records the answer.
+async fn deliver(
+    http: &reqwest::Client,
+    port: u16,
+    ledger: &Mutex<Ledger>,
+    id: &str,
+    event: &str,
+    body: &[u8],
+) {
+    let answer = http
+        .post(format!("http://127.0.0.1:{port}/webhooks/github"))
+        .timeout(Duration::from_secs(10))
+        .header("content-type", "application/json")
+        .header("x-github-event", event)
+        .header("x-github-delivery", id)
+        .header("x-github-hook-id", "4242")
+        .header("x-hub-signature-256", sign(SECRET, body))
+        .body(body.to_vec())
+        .send()
+        .await;
+    let ok = matches!(&answer, Ok(r) if r.status().is_success());
+    let mut ledger = ledger.lock().expect("ledger");
+    if answer.is_err() || !ok {
+        ledger.failed_requests += 1;
+    }
+    let entry = ledger.sent.entry(id.to_owned()).or_insert_with(|| Sent {
+        event: event.to_owned(),
+        body: body.to_vec(),
+        ok: false,
+        answers: 0,
+        failures: 0,
+    });
+    entry.ok |= ok;
+    entry.answers += 1;
+    if !ok {
+        entry.failures += 1;
+    }
+}
+
+/// The steady stream: new deliveries at `rate` per second, one in ten a
+/// redelivery of an earlier one.
+async fn traffic(
+    http: reqwest::Client,
+    port: u16,
+    ledger: Arc<Mutex<Ledger>>,
+    stop: tokio_util::sync::CancellationToken,
+    rate: u32,
+) {
+    let payloads: Vec<_> = fixtures::all()
+        .into_iter()
+        .filter(|f| f.event != "ping")
+        .collect();
+    let mut tick = tokio::time::interval(Duration::from_secs(1) / rate);
+    let mut n: u64 = 0;
+    while !stop.is_cancelled() {
+        tick.tick().await;
+        n += 1;
+        let again = if n.is_multiple_of(10) {
+            let l = ledger.lock().expect("ledger");
+            l.order
+                .get((n as usize * 7919) % l.order.len().max(1))
+                .cloned()
+        } else {
+            None
+        };
+        let redelivery = again.and_then(|id| {
+            let mut l = ledger.lock().expect("ledger");
+            let s = l.sent.get(&id).cloned()?;
+            l.redeliveries += 1;
+            Some((id, s.event, s.body))
+        });
+        let (id, event, body) = match redelivery {
+            Some(found) => found,
+            None => {
+                let f = &payloads[n as usize % payloads.len()];
+                let id = format!("fault-{n}-{}", uuid::Uuid::new_v4().simple());
+                let mut l = ledger.lock().expect("ledger");
+                l.order.push(id.clone());
+                l.sent.insert(
+                    id.clone(),
+                    Sent {
+                        event: f.event.clone(),
+                        body: f.body.clone(),
+                        ok: false,
+                        answers: 0,
+                        failures: 0,
+                    },
+                );
+                (id, f.event.clone(), f.body.clone())
+            }
+        };
+        let (http, ledger) = (http.clone(), ledger.clone());
+        tokio::spawn(async move { deliver(&http, port, &ledger, &id, &event, &body).await });
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let mut args = std::env::args().skip(1);
+    let cycles: u32 = args.next().and_then(|a| a.parse().ok()).unwrap_or(1);
+    let kills_per_cycle: u32 = args.next().and_then(|a| a.parse().ok()).unwrap_or(3);
+    let bins = PathBuf::from(
+        std::env::var("HOOKINBOX_FAULT_BINS")
+            .context("HOOKINBOX_FAULT_BINS names the failpoint build")?,
+    );
+    let report_path = std::env::var_os("HOOKINBOX_FAULT_REPORT").map(PathBuf::from);
+    let root = std::env::temp_dir().join(format!("hookinbox-faults-{}", std::process::id()));
+    std::fs::create_dir_all(&root)?;
+    eprintln!("faults: working in {}", root.display());
+
+    let pg = PrivatePg::start_new(&root)?;
+    let rabbit = PrivateRabbit::start_new(&root)?;
+    let db = "faults".to_owned();
+    let admin = hookinbox_tests::connect(&pg.url(pg.port, "postgres")).await;
+    admin
+        .batch_execute(&format!("create database {db}"))
+        .await?;
+    let pool = hookinbox::db::pool(&pg.url(pg.port, &db), 2)?;
+    hookinbox::db::migrate(&pool).await?;
+    pool.get()
+        .await?
+        .batch_execute(
+            "create table hookinbox_effect_log (provider text, source text, hook_id text, delivery_id text, at timestamptz default now())",
+        )
+        .await?;
+    let pg_proxy = Proxy::start(&format!("127.0.0.1:{}", pg.port)).await;
+    let amqp_proxy = Proxy::start(&format!("127.0.0.1:{}", rabbit.port)).await;
+    let ledger = Arc::new(Mutex::new(Ledger::default()));
+    let mut suite = Suite {
+        root: root.clone(),
+        bins,
+        pg,
+        rabbit,
+        db,
+        pg_proxy,
+        amqp_proxy,
+        ingest_port: free_port(),
+        ingest: None,
+        workers: vec![None, None, None],
+        counts: HashMap::new(),
+        http: reqwest::Client::new(),
+    };
+    suite.spawn_ingest(None)?;
+    for i in 0..3 {
+        suite.spawn_worker(i, None)?;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let stream = tokio::spawn(traffic(
+        suite.http.clone(),
+        suite.ingest_port,
+        ledger.clone(),
+        stop.clone(),
+        40,
+    ));
+    let started = Instant::now();
+
+    let points = [
+        "worker.after_take",
+        "worker.mid_effect",
+        "worker.after_commit",
+    ];
+    for cycle in 0..cycles {
+        eprintln!("faults: cycle {}/{cycles}", cycle + 1);
+        for k in 0..kills_per_cycle {
+            let point = points[(k as usize) % points.len()];
+            suite.worker_kill((k as usize) % 3, point).await?;
+        }
+        suite.ingest_kill().await?;
+        suite.lease_steal(cycle as usize % 3).await?;
+        if cycle % 2 == 0 {
+            suite.rabbit.restart_app()?;
+            suite.count("broker stop_app/start_app");
+        } else {
+            suite.rabbit.kill9_and_boot()?;
+            suite.count("broker kill -9");
+        }
+        suite.pg.stop_immediate()?;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        suite.pg.start()?;
+        suite.count("postgres stop -m immediate");
+        suite.pg_proxy.close();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        suite.pg_proxy.reopen();
+        suite.count("worker-postgres connections cut");
+        suite.amqp_proxy.close();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        suite.amqp_proxy.reopen();
+        suite.count("ingest-broker connections cut");
+    }
+    stop.cancel();
+    let _ = stream.await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // Like an operator after an outage: redeliver what never got a 2xx.
+    let check = hookinbox_tests::connect(&suite.pg.url(suite.pg.port, &suite.db)).await;
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let pending: Vec<(String, String, Vec<u8>)> = ledger
+            .lock()
+            .expect("ledger")
+            .sent
+            .iter()
+            .filter(|(_, s)| !s.ok)
+            .map(|(id, s)| (id.clone(), s.event.clone(), s.body.clone()))
+            .collect();
+        for (id, event, body) in &pending {
+            deliver(&suite.http, suite.ingest_port, &ledger, id, event, body).await;
+        }
+        let open: i64 = check
+            .query_one(
+                "select count(*) from deliveries where status = 'processing' or (status = 'failed' and retryable)",
+                &[],
+            )
+            .await?
+            .get(0);
+        let unanswered = ledger
+            .lock()
+            .expect("ledger")
+            .sent
+            .values()
+            .filter(|s| !s.ok)
+            .count();
+        if open == 0 && unanswered == 0 {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("did not settle: {open} open deliveries, {unanswered} never answered 2xx");
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+
+    // The ledger against the effects.
+    let effects: HashMap<String, i64> = check
+        .query(
+            "select delivery_id, count(*) from hookinbox_effect_log group by delivery_id",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let dead: HashSet<String> = check
+        .query(
+            "select delivery_id from deliveries where status = 'failed' and not retryable",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let (report, failed, summary) = {
+        let l = ledger.lock().expect("ledger");
+        let accepted: Vec<&String> = l
+            .sent
+            .iter()
+            .filter(|(_, s)| s.ok)
+            .map(|(id, _)| id)
+            .collect();
+        let lost: Vec<&&String> = accepted
+            .iter()
+            .filter(|id| {
+                effects.get(id.as_str()).copied().unwrap_or(0) != 1 && !dead.contains(id.as_str())
+            })
+            .collect();
+        let duplicates: Vec<(&String, &i64)> = effects.iter().filter(|(_, n)| **n > 1).collect();
+        let unknown: Vec<&String> = effects
+            .keys()
+            .filter(|id| !l.sent.contains_key(*id))
+            .collect();
+        let fenced = std::fs::read_dir(&root)?
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("worker-"))
+            .map(|e| {
+                std::fs::read_to_string(e.path())
+                    .unwrap_or_default()
+                    .matches("\"outcome\":\"fenced\",\"target\"")
+                    .count()
+            })
+            .sum::<usize>();
+
+        let mut report = String::new();
+        report.push_str(&format!(
+        "Fault-injection run: {cycles} cycle(s), {kills_per_cycle} worker kill(s) per cycle, {:.0} s, 3 workers, 40 deliveries/s.\n\n| fault | injected |\n|---|---|\n",
+        started.elapsed().as_secs_f64()
+    ));
+        let mut counts: Vec<_> = suite.counts.iter().collect();
+        counts.sort();
+        for (fault, n) in counts {
+            report.push_str(&format!("| {fault} | {n} |\n"));
+        }
+        report.push_str(&format!(
+        "\n| ledger | count |\n|---|---|\n| deliveries sent | {} |\n| redeliveries sent | {} |\n| requests that failed (no 2xx) | {} |\n| answered 2xx | {} |\n| effects | {} |\n| dead letters | {} |\n| **lost** (2xx, no effect, not dead-lettered) | **{}** |\n| **duplicate effects** | **{}** |\n| effects for never-sent ids | {} |\n| effects of deliveries that had a failed request (allowed) | {} |\n| fenced completions logged | {fenced} |\n",
+        l.sent.len(),
+        l.redeliveries,
+        l.failed_requests,
+        accepted.len(),
+        effects.len(),
+        dead.len(),
+        lost.len(),
+        duplicates.len(),
+        unknown.len(),
+        l.sent
+            .iter()
+            .filter(|(id, s)| s.failures > 0 && effects.contains_key(id.as_str()))
+            .count(),
+    ));
+        let failed = !lost.is_empty() || !duplicates.is_empty() || !unknown.is_empty();
+        let summary = format!("lost {lost:?}, duplicated {duplicates:?}, unknown {unknown:?}");
+        (report, failed, summary)
+    };
+    println!("{report}");
+    if let Some(path) = report_path {
+        std::fs::write(path, &report)?;
+    }
+    for w in suite.workers.iter_mut().flatten() {
+        let _ = w.kill().await;
+    }
+    if let Some(i) = suite.ingest.as_mut() {
+        let _ = i.kill().await;
+    }
+    if failed {
+        bail!("{summary}");
+    }
+    let _ = std::fs::remove_dir_all(&root);
+    Ok(())
+}
