@@ -1,0 +1,13 @@
+-- B_pg1: one claim upsert per transaction, the shape of deliveries::claim.
+\set id random(1, 2000000000)
+insert into deliveries as d
+    (provider, source, hook_id, delivery_id, event, action, body_sha256,
+     status, claim_token, lease_until, claimed_at)
+values ('github', 'bench', '1', :id::text, 'push', null, '\x00'::bytea,
+        'processing', gen_random_uuid(), now() + interval '60 seconds', now())
+on conflict (provider, source, hook_id, delivery_id) do update
+    set status = 'processing', claim_token = excluded.claim_token,
+        lease_until = excluded.lease_until, claimed_at = excluded.claimed_at
+    where d.body_sha256 = excluded.body_sha256
+      and d.status = 'processing' and d.lease_until < now()
+returning (xmax = 0);

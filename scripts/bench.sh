@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# The benchmark: baselines and hookinbox measured in the same run, on this
+# machine, against the local Postgres and RabbitMQ. Writes a Markdown report
+# (bench-report.md, or $BENCH_REPORT).
+#
+#   scripts/bench.sh            full run (about 10 minutes)
+#   scripts/bench.sh --smoke    a 10-second load-generator run, no figures
+#
+# Settings: STEP (seconds per search step, default 10), HOLD (seconds at S
+# for the headline figure, default 60).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mode="${1:-full}"
+STEP="${STEP:-10}"
+HOLD="${HOLD:-60}"
+report="${BENCH_REPORT:-bench-report.md}"
+base="${HOOKINBOX_TEST_POSTGRES:-postgres://postgres@127.0.0.1:5432}"
+amqp="${AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}"
+export HOOKINBOX_GITHUB_SECRET="bench-secret"
+if [ -z "${HOOKINBOX_GITHUB_FIXTURES:-}" ] && [ -d ../shared/fixtures/github-payloads ]; then
+  HOOKINBOX_GITHUB_FIXTURES="$(cd ../shared/fixtures/github-payloads && pwd)"
+  export HOOKINBOX_GITHUB_FIXTURES
+fi
+
+profile=release
+[ "$mode" = "--smoke" ] && profile=debug
+cargo build -q --profile "$( [ $profile = debug ] && echo dev || echo release )" \
+  -p hookinbox-ingest -p hookinbox-worker -p hookinbox-tests --bins
+bin="target/$profile"
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+pids=()
+dbs=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  for db in "${dbs[@]}"; do psql -q "$base/postgres" -c "drop database if exists $db with (force)" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+
+# Starts ingest and one worker on a fresh database and queue prefix;
+# sets INGEST_URL, INGEST_PID, DB_URL, PREFIX.
+start_stack() {
+  local name="bench_$$_$1"
+  psql -q "$base/postgres" -c "create database $name"
+  dbs+=("$name")
+  DB_URL="$base/$name"; PREFIX="$name"
+  local port; port=$(free_port)
+  DATABASE_URL="$DB_URL" HOOKINBOX_QUEUE_PREFIX="$PREFIX" "$bin/hookinbox-worker" migrate >/dev/null
+  DATABASE_URL="$DB_URL" HOOKINBOX_QUEUE_PREFIX="$PREFIX" HOOKINBOX_AUTO_MIGRATE=false \
+    HOOKINBOX_LISTEN="127.0.0.1:$port" HOOKINBOX_METRICS_LISTEN="127.0.0.1:0" RUST_LOG=warn \
+    "$bin/hookinbox-ingest" 2>/dev/null & INGEST_PID=$!; pids+=("$INGEST_PID")
+  DATABASE_URL="$DB_URL" HOOKINBOX_QUEUE_PREFIX="$PREFIX" HOOKINBOX_AUTO_MIGRATE=false \
+    HOOKINBOX_METRICS_LISTEN="127.0.0.1:0" HOOKINBOX_CONCURRENCY="${WORKER_CONCURRENCY:-32}" RUST_LOG=warn \
+    "$bin/hookinbox-worker" 2>/dev/null & pids+=($!)
+  INGEST_URL="http://127.0.0.1:$port/webhooks/github"
+  for _ in $(seq 1 100); do curl -fsS "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && return; sleep 0.1; done
+  echo "stack did not start" >&2; exit 1
+}
+
+loadgen() {
+  DATABASE_URL="$DB_URL" HOOKINBOX_QUEUE_PREFIX="$PREFIX" AMQP_URL="$amqp" \
+    "$bin/loadgen" --url "$INGEST_URL" "$@"
+}
+
+if [ "$mode" = "--smoke" ]; then
+  start_stack smoke
+  loadgen --rate 50 --duration 10 --redeliver 0.1 --pid "$INGEST_PID"
+  exit 0
+fi
+
+echo "== machine"
+cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')
+cores=$(nproc)
+sync_commit=$(psql -tAq "$base/postgres" -c 'show synchronous_commit')
+fsync=$(cd "$(mktemp -d)" && pg_test_fsync -s 2 2>/dev/null | grep -m1 -E 'fdatasync' | sed 's/^ *//' || true)
+echo "$cpu, $cores cores, synchronous_commit=$sync_commit, $fsync"
+
+echo "== baselines"
+start_stack pg
+psql -q "$DB_URL" -c "analyze"
+b_pg1=$(pgbench -n -c 32 -j 2 -T "$STEP" -f bench/claim1.sql "$DB_URL" 2>/dev/null | awk '/^tps/ {print int($3)}')
+b_pgb_tps=$(pgbench -n -c 8 -j 2 -T "$STEP" -f bench/claim64.sql "$DB_URL" 2>/dev/null | awk '/^tps/ {print $3}')
+b_pgb=$(python3 -c "print(int(float('$b_pgb_tps') * 64))")
+echo "B_pg1 $b_pg1 claims/s; B_pgB $b_pgb claims/s"
+b_mq=$(AMQP_URL="$amqp" "$bin/mqbench" "$STEP" | awk '{print $2}')
+echo "B_mq $b_mq messages/s"
+http_port=$(free_port)
+HOOKINBOX_LISTEN="127.0.0.1:$http_port" "$bin/httpbench" & pids+=($!)
+sleep 1
+b_http=$(DATABASE_URL=unused "$bin/loadgen" --url "http://127.0.0.1:$http_port/" --no-e2e --search --rate 500 \
+  --step-duration "$STEP" | tee /dev/stderr | awk '/^S = / {print $3}')
+echo "B_http $b_http requests/s"
+
+echo "== hookinbox: highest sustainable rate S"
+start_stack s
+search=$(loadgen --search --rate 100 --step-duration "$STEP" --redeliver 0.1 | tee /dev/stderr)
+s=$(echo "$search" | awk '/^S = / {print $3}')
+echo "== at S for $HOLD s"
+start_stack hold
+at_s=$(loadgen --rate "$s" --duration "$HOLD" --redeliver 0.1 --pid "$INGEST_PID" | tee /dev/stderr)
+echo "== at S/2 and 0.8 S"
+start_stack half
+at_half=$(loadgen --rate $((s / 2)) --duration "$STEP" --redeliver 0.1 | tee /dev/stderr)
+start_stack eighty
+at_80=$(loadgen --rate $((s * 8 / 10)) --duration "$STEP" --redeliver 0.1 | tee /dev/stderr)
+echo "== duplicate redeliveries"
+start_stack dup
+dup=$(loadgen --duplicates-only --search --rate 200 --step-duration "$STEP" --no-e2e | tee /dev/stderr)
+s_dup=$(echo "$dup" | awk '/^S = / {print $3}')
+
+ratio() { python3 -c "print(f'{$1 / max($2, 1):.2f}')"; }
+cat > "$report" <<MD
+# hookinbox benchmark
+
+$(date -u +%Y-%m-%d), $cpu, $cores cores; Postgres 15 (synchronous_commit=$sync_commit), RabbitMQ $(rabbitmqctl version 2>/dev/null), all on this one machine. fsync: $fsync.
+
+| measure | value |
+|---|---|
+| B_pg1: pgbench, one claim upsert per transaction, 32 clients | $b_pg1 claims/s |
+| B_pgB: pgbench, 64-row UNNEST claim upsert per transaction | $b_pgb claims/s |
+| B_mq: raw lapin publisher, confirms, window 256, quorum queue | $b_mq messages/s |
+| B_http: actix, read body + HMAC, no I/O | $b_http requests/s |
+| **S**: highest sustainable rate of the whole pipeline (10 % redeliveries) | **$s deliveries/s** |
+| S / B_pg1 | $(ratio "$s" "$b_pg1") |
+| S / B_mq | $(ratio "$s" "$b_mq") |
+| duplicate-redelivery throughput | $s_dup requests/s ($(ratio "${s_dup:-0}" "$s") × S) |
+
+At S for $HOLD s:
+
+    $at_s
+
+At S/2:
+
+    $at_half
+
+At 0.8 S:
+
+    $at_80
+MD
+echo "report written to $report"
+cat "$report"

@@ -1,0 +1,439 @@
+//! Open-loop load generator for hookinbox.
+//!
+//! Sends signed real payloads (70 % `push`, 30 % `pull_request`) at a
+//! constant arrival rate, timing each request from its *scheduled* send
+//! (so a slow server cannot slow the generator down and hide its own
+//! latency), with a share of redeliveries of earlier ids. It reports ingest
+//! latency percentiles (HdrHistogram), end-to-end latency from the 202 to
+//! `completed` (read from Postgres), non-2xx counts and the achieved rate.
+//! `--search` finds the highest sustainable rate S: no 5xx, every accepted
+//! delivery completed, the work queue not growing.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use clap::Parser;
+use hdrhistogram::Histogram;
+use hookinbox_tests::{fixtures, sign};
+use tokio::sync::Mutex;
+
+/// Open-loop load against a running hookinbox.
+#[derive(Parser, Clone)]
+struct Args {
+    /// Webhook URL.
+    #[arg(long, default_value = "http://127.0.0.1:8080/webhooks/github")]
+    url: String,
+    /// Webhook secret.
+    #[arg(long, env = "HOOKINBOX_GITHUB_SECRET")]
+    secret: String,
+    /// Postgres of the deployment under test (for end-to-end latency).
+    #[arg(long, env = "DATABASE_URL")]
+    database_url: String,
+    /// AMQP URL and queue prefix (for the queue depth).
+    #[arg(
+        long,
+        env = "AMQP_URL",
+        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
+    )]
+    amqp_url: String,
+    /// Queue prefix.
+    #[arg(long, env = "HOOKINBOX_QUEUE_PREFIX", default_value = "hookinbox")]
+    queue_prefix: String,
+    /// Requests per second.
+    #[arg(long, default_value_t = 200)]
+    rate: u32,
+    /// Seconds to send.
+    #[arg(long, default_value_t = 10)]
+    duration: u64,
+    /// Share of requests that redeliver an earlier id (0 to 1).
+    #[arg(long, default_value_t = 0.0)]
+    redeliver: f64,
+    /// Only redeliveries of ids sent in a warm-up (duplicate throughput).
+    #[arg(long)]
+    duplicates_only: bool,
+    /// Find the highest sustainable rate, starting here.
+    #[arg(long)]
+    search: bool,
+    /// Seconds per search step.
+    #[arg(long, default_value_t = 10)]
+    step_duration: u64,
+    /// Upper bound for the search.
+    #[arg(long, default_value_t = 20_000)]
+    max_rate: u32,
+    /// A pid whose peak RSS (VmHWM) to report.
+    #[arg(long)]
+    pid: Option<u32>,
+    /// Skip the end-to-end part (for a target without Postgres).
+    #[arg(long)]
+    no_e2e: bool,
+}
+
+struct Payload {
+    event: &'static str,
+    body: Vec<u8>,
+}
+
+/// What one run measured.
+#[derive(Default, Debug)]
+struct Outcome {
+    rate: u32,
+    sent: u64,
+    achieved: f64,
+    ok2xx: u64,
+    accepted: u64,
+    status4xx: u64,
+    status5xx: u64,
+    errors: u64,
+    ingest: Option<[f64; 4]>,
+    e2e: Option<[f64; 4]>,
+    completed: u64,
+    depth_start: u32,
+    depth_end: u32,
+    depth_max: u32,
+    rss_mib: Option<f64>,
+}
+
+impl Outcome {
+    fn sustainable(&self) -> bool {
+        self.status5xx == 0
+            && self.errors == 0
+            && self.achieved >= 0.95 * f64::from(self.rate)
+            && (self.accepted == 0 || self.completed == self.accepted)
+            && self.depth_end <= self.depth_start + self.rate / 2 + 10
+    }
+
+    fn print(&self) {
+        let fmt = |p: &Option<[f64; 4]>| match p {
+            Some([a, b, c, d]) => {
+                format!("p50 {a:.2} ms, p99 {b:.2} ms, p99.9 {c:.2} ms, max {d:.2} ms")
+            }
+            None => "-".to_owned(),
+        };
+        println!(
+            "rate {} /s: sent {}, achieved {:.0} /s, 2xx {} (accepted {}), 4xx {}, 5xx {}, errors {}; ingest {}; e2e {}; completed {}/{}; queue depth {} -> {} (max {}){}; {}",
+            self.rate,
+            self.sent,
+            self.achieved,
+            self.ok2xx,
+            self.accepted,
+            self.status4xx,
+            self.status5xx,
+            self.errors,
+            fmt(&self.ingest),
+            fmt(&self.e2e),
+            self.completed,
+            self.accepted,
+            self.depth_start,
+            self.depth_end,
+            self.depth_max,
+            self.rss_mib
+                .map(|r| format!("; ingest peak RSS {r:.1} MiB"))
+                .unwrap_or_default(),
+            if self.sustainable() {
+                "SUSTAINED"
+            } else {
+                "NOT SUSTAINED"
+            }
+        );
+    }
+}
+
+fn percentiles(h: &Histogram<u64>) -> Option<[f64; 4]> {
+    (!h.is_empty()).then(|| {
+        [
+            h.value_at_quantile(0.5) as f64 / 1000.0,
+            h.value_at_quantile(0.99) as f64 / 1000.0,
+            h.value_at_quantile(0.999) as f64 / 1000.0,
+            h.max() as f64 / 1000.0,
+        ]
+    })
+}
+
+async fn queue_depth(args: &Args) -> u32 {
+    let publisher = hookinbox::broker::Publisher::new(
+        &args.amqp_url,
+        "loadgen",
+        hookinbox::broker::Topology::new(&args.queue_prefix),
+        Duration::from_secs(5),
+    );
+    let queue = format!("{}.work", args.queue_prefix);
+    let depth = publisher
+        .queue_stats(&queue)
+        .await
+        .map(|(m, _)| m)
+        .unwrap_or(0);
+    publisher.close().await;
+    depth
+}
+
+fn rss_hwm_mib(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+async fn run(
+    args: &Args,
+    rate: u32,
+    duration: u64,
+    payloads: &Arc<Vec<Payload>>,
+    warm: &[String],
+) -> anyhow::Result<Outcome> {
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(512)
+        .build()?;
+    let ingest = Arc::new(Mutex::new(Histogram::<u64>::new_with_bounds(
+        1,
+        120_000_000,
+        3,
+    )?));
+    let accepted = Arc::new(Mutex::new(Vec::<(String, f64)>::new()));
+    let counts = Arc::new([(); 5].map(|_| AtomicU64::new(0))); // 2xx, 4xx, 5xx, errors, accepted
+    let sent_ids = Arc::new(Mutex::new(Vec::<(String, usize)>::new()));
+    let total = rate as u64 * duration;
+    let start = tokio::time::Instant::now();
+    let depth_start = queue_depth(args).await;
+    let mut depth_max = depth_start;
+    let mut tasks = tokio::task::JoinSet::new();
+    let period = Duration::from_secs(1) / rate;
+    let mut last_depth = Instant::now();
+    for i in 0..total {
+        let scheduled = start + period * i as u32;
+        tokio::time::sleep_until(scheduled).await;
+        if last_depth.elapsed() >= Duration::from_secs(1) {
+            last_depth = Instant::now();
+            depth_max = depth_max.max(queue_depth(args).await);
+        }
+        // Which payload, and a new id or an earlier one.
+        let (id, idx) = if args.duplicates_only && !warm.is_empty() {
+            (
+                warm[i as usize % warm.len()].clone(),
+                i as usize % payloads.len(),
+            )
+        } else {
+            let ids = sent_ids.lock().await;
+            let again = args.redeliver > 0.0
+                && !ids.is_empty()
+                && ((i * 7919) % 1000) as f64 / 1000.0 < args.redeliver;
+            if again {
+                ids[(i as usize * 31) % ids.len()].clone()
+            } else {
+                drop(ids);
+                (
+                    uuid::Uuid::new_v4().to_string(),
+                    i as usize % payloads.len(),
+                )
+            }
+        };
+        let (http, url, secret) = (http.clone(), args.url.clone(), args.secret.clone());
+        let (payloads, ingest, accepted, counts, sent_ids) = (
+            payloads.clone(),
+            ingest.clone(),
+            accepted.clone(),
+            counts.clone(),
+            sent_ids.clone(),
+        );
+        tasks.spawn(async move {
+            let p = &payloads[idx];
+            let response = http
+                .post(&url)
+                .timeout(Duration::from_secs(30))
+                .header("content-type", "application/json")
+                .header("x-github-event", p.event)
+                .header("x-github-delivery", &id)
+                .header("x-github-hook-id", "777")
+                .header("x-hub-signature-256", sign(&secret, &p.body))
+                .body(p.body.clone())
+                .send()
+                .await;
+            // Latency from the scheduled send: open loop.
+            let micros = scheduled.elapsed().as_micros() as u64;
+            let _ = ingest.lock().await.record(micros.max(1));
+            match response {
+                Ok(r) if r.status().is_success() => {
+                    counts[0].fetch_add(1, Ordering::Relaxed);
+                    if r.status().as_u16() == 202 {
+                        let body = r.text().await.unwrap_or_default();
+                        if body.contains("\"accepted\"") {
+                            counts[4].fetch_add(1, Ordering::Relaxed);
+                            accepted.lock().await.push((id.clone(), unix_now()));
+                        }
+                    }
+                    sent_ids.lock().await.push((id, idx));
+                }
+                Ok(r) if r.status().is_client_error() => {
+                    counts[1].fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(_) => {
+                    counts[2].fetch_add(1, Ordering::Relaxed);
+                }
+                Err(_) => {
+                    counts[3].fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        });
+        while let Some(done) = tasks.try_join_next() {
+            done.ok();
+        }
+    }
+    let sending = start.elapsed().as_secs_f64();
+    while tasks.join_next().await.is_some() {}
+    let mut out = Outcome {
+        rate,
+        sent: total,
+        achieved: total as f64 / sending,
+        ok2xx: counts[0].load(Ordering::Relaxed),
+        status4xx: counts[1].load(Ordering::Relaxed),
+        status5xx: counts[2].load(Ordering::Relaxed),
+        errors: counts[3].load(Ordering::Relaxed),
+        accepted: counts[4].load(Ordering::Relaxed),
+        ingest: percentiles(&*ingest.lock().await),
+        depth_start,
+        depth_max,
+        ..Outcome::default()
+    };
+    out.rss_mib = args.pid.and_then(rss_hwm_mib);
+    out.depth_end = queue_depth(args).await;
+    if !args.no_e2e {
+        let db = hookinbox_tests::connect(&args.database_url).await;
+        let accepted = accepted.lock().await.clone();
+        let ids: Vec<String> = accepted.iter().map(|(id, _)| id.clone()).collect();
+        // Wait (bounded) for the workers to finish what was accepted.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let done: i64 = db
+                .query_one(
+                    "select count(*) from deliveries where delivery_id = any($1) and status = 'completed'",
+                    &[&ids],
+                )
+                .await?
+                .get(0);
+            out.completed = done as u64;
+            if done as usize >= ids.len() || Instant::now() > deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let rows = db
+            .query(
+                "select delivery_id, extract(epoch from completed_at)::float8 from deliveries \
+                 where delivery_id = any($1) and status = 'completed'",
+                &[&ids],
+            )
+            .await?;
+        let answered: std::collections::HashMap<&str, f64> =
+            accepted.iter().map(|(id, t)| (id.as_str(), *t)).collect();
+        let mut e2e = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)?;
+        for row in rows {
+            let id: String = row.get(0);
+            let done: f64 = row.get(1);
+            if let Some(at) = answered.get(id.as_str()) {
+                let _ = e2e.record((((done - at) * 1e6).max(1.0)) as u64);
+            }
+        }
+        out.e2e = percentiles(&e2e);
+        out.depth_end = queue_depth(args).await;
+    }
+    Ok(out)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let payloads: Vec<Payload> = {
+        let all = fixtures::all();
+        let push: Vec<_> = all.iter().filter(|f| f.event == "push").collect();
+        let pr: Vec<_> = all.iter().filter(|f| f.event == "pull_request").collect();
+        anyhow::ensure!(
+            !push.is_empty() && !pr.is_empty(),
+            "push and pull_request fixtures needed"
+        );
+        // 7 push, 3 pull_request in every 10: the 70/30 mix.
+        (0..10usize)
+            .flat_map(|i| {
+                let (event, list): (&'static str, &Vec<_>) = if i < 7 {
+                    ("push", &push)
+                } else {
+                    ("pull_request", &pr)
+                };
+                list.iter()
+                    .map(move |f| Payload {
+                        event,
+                        body: f.body.clone(),
+                    })
+                    .take(1 + i % 2)
+            })
+            .collect()
+    };
+    let payloads = Arc::new(payloads);
+    let mut warm = Vec::new();
+    if args.duplicates_only {
+        // Ids to redeliver: sent (and completed) once before the timed run.
+        let ids: Vec<String> = (0..2000)
+            .map(|_| uuid::Uuid::new_v4().to_string())
+            .collect();
+        let http = reqwest::Client::new();
+        for (i, id) in ids.iter().enumerate() {
+            let p = &payloads[i % payloads.len()];
+            http.post(&args.url)
+                .header("content-type", "application/json")
+                .header("x-github-event", p.event)
+                .header("x-github-delivery", id)
+                .header("x-github-hook-id", "777")
+                .header("x-hub-signature-256", sign(&args.secret, &p.body))
+                .body(p.body.clone())
+                .send()
+                .await
+                .context("warm-up")?;
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        warm = ids;
+    }
+    if !args.search {
+        run(&args, args.rate, args.duration, &payloads, &warm)
+            .await?
+            .print();
+        return Ok(());
+    }
+    // Double until a rate is not sustained, then bisect.
+    let (mut good, mut bad) = (0u32, 0u32);
+    let mut rate = args.rate;
+    while rate <= args.max_rate {
+        let out = run(&args, rate, args.step_duration, &payloads, &warm).await?;
+        out.print();
+        if out.sustainable() {
+            good = rate;
+            rate *= 2;
+        } else {
+            bad = rate;
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    if bad == 0 {
+        bad = args.max_rate;
+    }
+    while bad > good + good / 20 + 1 {
+        let mid = (good + bad) / 2;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let out = run(&args, mid, args.step_duration, &payloads, &warm).await?;
+        out.print();
+        if out.sustainable() {
+            good = mid;
+        } else {
+            bad = mid;
+        }
+    }
+    println!("S = {good} deliveries/s");
+    Ok(())
+}
