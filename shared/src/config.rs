@@ -265,6 +265,16 @@ pub struct IngestArgs {
         value_name = "HOOKINBOX_MAX_BODY_BYTES", default_value_t = 25 * 1024 * 1024)]
     pub max_body_bytes: usize,
 
+    /// Requests handled at once; past it ingest answers 429 at once
+    /// instead of queueing.
+    #[arg(
+        long,
+        env = "HOOKINBOX_MAX_IN_FLIGHT",
+        value_name = "HOOKINBOX_MAX_IN_FLIGHT",
+        default_value_t = 1024
+    )]
+    pub max_in_flight: usize,
+
     /// Milliseconds allowed to receive a whole body.
     #[arg(
         long,
@@ -290,6 +300,8 @@ pub struct IngestConfig {
     pub max_body_bytes: usize,
     /// Time allowed for a whole body.
     pub body_timeout: Duration,
+    /// Requests handled at once.
+    pub max_in_flight: usize,
 }
 
 impl IngestArgs {
@@ -335,6 +347,9 @@ impl IngestArgs {
         if self.body_timeout_ms == 0 {
             return Err(invalid("HOOKINBOX_BODY_TIMEOUT_MS", "must be at least 1"));
         }
+        if self.max_in_flight == 0 {
+            return Err(invalid("HOOKINBOX_MAX_IN_FLIGHT", "must be at least 1"));
+        }
         Ok(IngestConfig {
             common: self.common,
             listen: self.listen,
@@ -342,6 +357,7 @@ impl IngestArgs {
             sources: Arc::new(sources.into_iter().map(|s| (s.name.clone(), s)).collect()),
             max_body_bytes: self.max_body_bytes,
             body_timeout: Duration::from_millis(self.body_timeout_ms),
+            max_in_flight: self.max_in_flight,
         })
     }
 }

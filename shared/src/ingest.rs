@@ -58,6 +58,9 @@ struct State {
     pool: Pool,
     publisher: Publisher,
     secret_matches: Arc<SecretMatches>,
+    /// Bounds the requests in progress: past it, answer 429 at once
+    /// rather than queue work (and memory) without end.
+    in_flight: Arc<tokio::sync::Semaphore>,
 }
 
 /// How often each secret position of each source verified a request.
@@ -138,7 +141,9 @@ impl IngestApp {
             crate::metrics::serve(config.metrics_listen, readiness)?;
         tokio::spawn(metrics_server);
         let secret_matches = Arc::new(SecretMatches::default());
+        let in_flight = Arc::new(tokio::sync::Semaphore::new(config.max_in_flight));
         let state = web::Data::new(State {
+            in_flight,
             policy: common.policy(),
             config,
             pool,
@@ -299,6 +304,18 @@ async fn receive(
 ) -> HttpResponse {
     let started = std::time::Instant::now();
     let mut seen = Seen::default();
+    let Ok(_permit) = state.in_flight.clone().try_acquire_owned() else {
+        metrics::counter!(
+            crate::metrics::INGEST_REQUESTS,
+            "source" => "unknown",
+            "event" => "",
+            "outcome" => "overloaded"
+        )
+        .increment(1);
+        return HttpResponse::TooManyRequests()
+            .insert_header((header::RETRY_AFTER, "1"))
+            .json(json!({"status": "error", "error": "overloaded, retry later"}));
+    };
     let result = handle(&req, body, &state, source, &mut seen).await;
     let (status, outcome, body) = match result {
         Ok((status, body, outcome)) => (status, outcome, body),

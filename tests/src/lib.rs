@@ -122,6 +122,7 @@ impl TestEnv {
             allowed_events: String::new(),
             max_body_bytes: 25 * 1024 * 1024,
             body_timeout_ms: 10_000,
+            max_in_flight: 1024,
         }
     }
 

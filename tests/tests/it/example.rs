@@ -15,6 +15,7 @@ async fn the_custom_handler_example_runs_end_to_end() {
         .env("AMQP_URL", hookinbox_tests::amqp_url())
         .env("HOOKINBOX_QUEUE_PREFIX", &env.prefix)
         .env("HOOKINBOX_AUTO_MIGRATE", "false")
+        .env("HOOKINBOX_METRICS_LISTEN", "127.0.0.1:0")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .kill_on_drop(true)

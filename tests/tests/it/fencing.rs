@@ -214,6 +214,7 @@ async fn worker_killed_mid_job_is_finished_by_another_after_the_lease() {
         .env("HOOKINBOX_QUEUE_PREFIX", &env.prefix)
         .env("HOOKINBOX_LEASE_SECS", "3")
         .env("HOOKINBOX_AUTO_MIGRATE", "false")
+        .env("HOOKINBOX_METRICS_LISTEN", "127.0.0.1:0")
         .env("HOOKINBOX_LOG_FORMAT", "json")
         .stdout(Stdio::null())
         .stderr(log)

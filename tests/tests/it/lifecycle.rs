@@ -34,6 +34,7 @@ async fn sigterm_releases_unfinished_leases_and_leaves_messages_for_another_work
         .env("AMQP_URL", hookinbox_tests::amqp_url())
         .env("HOOKINBOX_QUEUE_PREFIX", &env.prefix)
         .env("HOOKINBOX_AUTO_MIGRATE", "false")
+        .env("HOOKINBOX_METRICS_LISTEN", "127.0.0.1:0")
         .env("HOOKINBOX_SHUTDOWN_GRACE_SECS", "1")
         .stdout(Stdio::null())
         .stderr(Stdio::null())

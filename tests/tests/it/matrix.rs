@@ -215,3 +215,72 @@ async fn slow_clients_time_out_and_do_not_hold_up_others() {
     );
     env.cleanup().await;
 }
+
+#[tokio::test]
+async fn past_the_in_flight_limit_ingest_sheds_load_at_once_with_429() {
+    let env = TestEnv::new().await;
+    let ingest = env.spawn(
+        "hookinbox-ingest",
+        &[
+            ("HOOKINBOX_GITHUB_SECRET", SECRET),
+            ("HOOKINBOX_MAX_IN_FLIGHT", "1"),
+        ],
+    );
+    let base = format!("http://127.0.0.1:{}", ingest.port);
+    hookinbox_tests::wait_until("ingest to be ready", Duration::from_secs(20), || async {
+        reqwest::get(format!("{base}/readyz"))
+            .await
+            .map(|r| r.status() == 200)
+            .unwrap_or(false)
+    })
+    .await;
+    // One request holds the only slot: its body is still arriving.
+    let mut holder = TcpStream::connect(("127.0.0.1", ingest.port))
+        .await
+        .expect("connect");
+    holder
+        .write_all(
+            b"POST /webhooks/github HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+              X-GitHub-Event: push\r\nX-GitHub-Delivery: o1\r\nX-Hub-Signature-256: sha256=00\r\nContent-Length: 100\r\n\r\n{",
+        )
+        .await
+        .expect("write");
+    let body = fixtures::own("push");
+    let send = || async {
+        let started = std::time::Instant::now();
+        let status = reqwest::Client::new()
+            .post(format!("{base}/webhooks/github"))
+            .header("content-type", "application/json")
+            .header("x-github-event", "push")
+            .header("x-github-delivery", uuid::Uuid::new_v4().to_string())
+            .header("x-hub-signature-256", sign(SECRET, &body))
+            .body(body.clone())
+            .send()
+            .await
+            .expect("answer")
+            .status()
+            .as_u16();
+        (status, started.elapsed())
+    };
+    // The slot is taken once the holder's head is parsed.
+    let mut answer = send().await;
+    for _ in 0..50 {
+        if answer.0 == 429 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        answer = send().await;
+    }
+    assert_eq!(answer.0, 429);
+    assert!(
+        answer.1 < Duration::from_secs(1),
+        "shed at once, not queued: {:?}",
+        answer.1
+    );
+    drop(holder);
+    hookinbox_tests::wait_until("the slot to free", Duration::from_secs(20), || async {
+        send().await.0 == 202
+    })
+    .await;
+    env.cleanup().await;
+}
