@@ -7,6 +7,7 @@ mod example;
 mod failures;
 mod fencing;
 mod forward;
+mod large;
 mod lifecycle;
 mod matrix;
 mod observability;
