@@ -275,6 +275,16 @@ pub struct IngestArgs {
     )]
     pub max_in_flight: usize,
 
+    /// Claims per statement when requests arrive together (group commit);
+    /// 1 claims each request on its own.
+    #[arg(
+        long,
+        env = "HOOKINBOX_CLAIM_BATCH",
+        value_name = "HOOKINBOX_CLAIM_BATCH",
+        default_value_t = 64
+    )]
+    pub claim_batch: usize,
+
     /// Milliseconds allowed to receive a whole body.
     #[arg(
         long,
@@ -302,6 +312,8 @@ pub struct IngestConfig {
     pub body_timeout: Duration,
     /// Requests handled at once.
     pub max_in_flight: usize,
+    /// Claims per statement (1: no batching).
+    pub claim_batch: usize,
 }
 
 impl IngestArgs {
@@ -347,6 +359,9 @@ impl IngestArgs {
         if self.body_timeout_ms == 0 {
             return Err(invalid("HOOKINBOX_BODY_TIMEOUT_MS", "must be at least 1"));
         }
+        if self.claim_batch == 0 {
+            return Err(invalid("HOOKINBOX_CLAIM_BATCH", "must be at least 1"));
+        }
         if self.max_in_flight == 0 {
             return Err(invalid("HOOKINBOX_MAX_IN_FLIGHT", "must be at least 1"));
         }
@@ -358,6 +373,7 @@ impl IngestArgs {
             max_body_bytes: self.max_body_bytes,
             body_timeout: Duration::from_millis(self.body_timeout_ms),
             max_in_flight: self.max_in_flight,
+            claim_batch: self.claim_batch,
         })
     }
 }

@@ -690,6 +690,223 @@ pub async fn fail(
     }))
 }
 
+/// An owned claim request, for batching across requests.
+#[derive(Clone, Debug)]
+pub struct OwnedClaim {
+    /// The delivery's key.
+    pub key: DeliveryKey,
+    /// `X-GitHub-Event`.
+    pub event: String,
+    /// The payload's `action`.
+    pub action: Option<String>,
+    /// SHA-256 of the raw body.
+    pub body_sha256: [u8; 32],
+}
+
+const CLAIM_BATCH: &str = "
+insert into deliveries as d
+    (provider, source, hook_id, delivery_id, event, action, body_sha256,
+     status, claim_token, lease_until, claimed_at)
+select provider, source, hook_id, delivery_id, event, action, body_sha256,
+       'processing', claim_token, now() + make_interval(secs => $9), now()
+from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+            $7::bytea[], $8::uuid[])
+     as input(provider, source, hook_id, delivery_id, event, action, body_sha256, claim_token)
+order by provider, source, hook_id, delivery_id
+on conflict (provider, source, hook_id, delivery_id) do update
+    set status = 'processing', retryable = false,
+        claim_token = excluded.claim_token, lease_until = excluded.lease_until,
+        claimed_at = excluded.claimed_at, next_attempt_at = null
+    where d.body_sha256 = excluded.body_sha256
+      and ((d.status = 'processing' and d.lease_until < now())
+        or (d.status = 'failed' and d.retryable and d.next_attempt_at <= now()
+            and d.attempts < $10))
+returning d.provider, d.source, d.hook_id, d.delivery_id, (xmax = 0) as inserted, d.attempts";
+
+const CLAIM_BATCH_STATE: &str = "
+select d.provider, d.source, d.hook_id, d.delivery_id, d.status, d.attempts, d.claim_token,
+       d.body_sha256, d.lease_until > now(),
+       d.claimed_at < now() - make_interval(secs => $5)
+from deliveries d
+join unnest($1::text[], $2::text[], $3::text[], $4::text[])
+     as k(provider, source, hook_id, delivery_id)
+  using (provider, source, hook_id, delivery_id)";
+
+type KeyTuple = (String, String, String, String);
+
+/// What [`claim_batch`] reads back for a key it did not claim.
+struct RowState {
+    status: Status,
+    attempts: i32,
+    token: ClaimToken,
+    sha: Vec<u8>,
+    lease_live: Option<bool>,
+    overdue: bool,
+}
+
+fn key_tuple(key: &DeliveryKey) -> KeyTuple {
+    (
+        key.provider.clone(),
+        key.source.as_str().to_owned(),
+        key.hook_id.as_str().to_owned(),
+        key.delivery_id.as_str().to_owned(),
+    )
+}
+
+/// Group commit: claims many requests in one statement
+/// (`INSERT … SELECT FROM unnest(…) ON CONFLICT … RETURNING`), answering
+/// each exactly as [`claim`] would.
+///
+/// One statement cannot affect the same row twice, so the keys are
+/// deduplicated first: the first request of a key takes part in the
+/// statement, and later copies in the same batch are duplicates of it (or
+/// conflicts, with another body). The keys are sorted, so concurrent batches
+/// lock rows in the same order and cannot deadlock.
+pub async fn claim_batch(
+    client: &impl GenericClient,
+    policy: &Policy,
+    requests: &[OwnedClaim],
+) -> Result<Vec<Claim>, DbError> {
+    use std::collections::{BTreeMap, HashMap};
+    // First request of each key, in key order.
+    let mut firsts: BTreeMap<KeyTuple, usize> = BTreeMap::new();
+    for (i, r) in requests.iter().enumerate() {
+        firsts.entry(key_tuple(&r.key)).or_insert(i);
+    }
+    let tokens: HashMap<usize, ClaimToken> =
+        firsts.values().map(|&i| (i, ClaimToken::new())).collect();
+    let column = |f: &dyn Fn(&OwnedClaim) -> String| -> Vec<String> {
+        firsts.values().map(|&i| f(&requests[i])).collect()
+    };
+    let providers = column(&|r| r.key.provider.clone());
+    let sources = column(&|r| r.key.source.as_str().to_owned());
+    let hook_ids = column(&|r| r.key.hook_id.as_str().to_owned());
+    let ids = column(&|r| r.key.delivery_id.as_str().to_owned());
+    let events = column(&|r| r.event.clone());
+    let actions: Vec<Option<String>> = firsts
+        .values()
+        .map(|&i| requests[i].action.clone())
+        .collect();
+    let shas: Vec<&[u8]> = firsts
+        .values()
+        .map(|&i| &requests[i].body_sha256[..])
+        .collect();
+    let uuids: Vec<Uuid> = firsts.values().map(|i| tokens[i].0).collect();
+
+    let stmt = client.prepare_cached(CLAIM_BATCH).await?;
+    let rows = client
+        .query(
+            &stmt,
+            &[
+                &providers,
+                &sources,
+                &hook_ids,
+                &ids,
+                &events,
+                &actions,
+                &shas,
+                &uuids,
+                &secs(policy.lease),
+                &policy.max_attempts,
+            ],
+        )
+        .await?;
+    let claimed: HashMap<KeyTuple, (bool, i32)> = rows
+        .iter()
+        .map(|r| {
+            (
+                (r.get(0), r.get(1), r.get(2), r.get(3)),
+                (r.get(4), r.get(5)),
+            )
+        })
+        .collect();
+
+    // Report what is there for the keys the statement did not claim.
+    let missing: Vec<&KeyTuple> = firsts
+        .keys()
+        .filter(|k| !claimed.contains_key(*k))
+        .collect();
+    let mut states: HashMap<KeyTuple, RowState> = HashMap::new();
+    if !missing.is_empty() {
+        let pick = |f: fn(&KeyTuple) -> &String| -> Vec<String> {
+            missing.iter().map(|k| f(k).clone()).collect()
+        };
+        let stmt = client.prepare_cached(CLAIM_BATCH_STATE).await?;
+        for r in client
+            .query(
+                &stmt,
+                &[
+                    &pick(|k| &k.0),
+                    &pick(|k| &k.1),
+                    &pick(|k| &k.2),
+                    &pick(|k| &k.3),
+                    &secs(policy.publish_timeout),
+                ],
+            )
+            .await?
+        {
+            states.insert(
+                (r.get(0), r.get(1), r.get(2), r.get(3)),
+                RowState {
+                    status: Status::parse(r.get(4)),
+                    attempts: r.get(5),
+                    token: ClaimToken(r.get(6)),
+                    sha: r.get(7),
+                    lease_live: r.get(8),
+                    overdue: r.get(9),
+                },
+            );
+        }
+    }
+
+    let mut out = Vec::with_capacity(requests.len());
+    for (i, r) in requests.iter().enumerate() {
+        let k = key_tuple(&r.key);
+        let first = firsts[&k];
+        let answer = if let Some(&(inserted, attempts)) = claimed.get(&k) {
+            if first == i {
+                Claim::Claimed {
+                    token: tokens[&i],
+                    reclaimed: !inserted,
+                    attempts,
+                }
+            } else if requests[first].body_sha256 == r.body_sha256 {
+                // A copy that raced the first in this very batch.
+                Claim::Duplicate(Status::Processing)
+            } else {
+                Claim::Conflict
+            }
+        } else if let Some(row) = states.get(&k) {
+            if row.sha.as_slice() != r.body_sha256.as_slice() {
+                Claim::Conflict
+            } else if row.status == Status::Processing
+                && row.attempts == 0
+                && row.lease_live == Some(true)
+                && row.overdue
+            {
+                Claim::Republish { token: row.token }
+            } else {
+                Claim::Duplicate(row.status)
+            }
+        } else {
+            // Swept between the statements: claim it on its own.
+            claim(
+                client,
+                policy,
+                NewClaim {
+                    key: &r.key,
+                    event: &r.event,
+                    action: r.action.as_deref(),
+                    body_sha256: &r.body_sha256,
+                },
+            )
+            .await?
+        };
+        out.push(answer);
+    }
+    Ok(out)
+}
+
 const RELEASE_LEASE: &str = "
 update deliveries set lease_until = now()
 where provider = $1 and source = $2 and hook_id = $3 and delivery_id = $4

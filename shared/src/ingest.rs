@@ -61,6 +61,8 @@ struct State {
     /// Bounds the requests in progress: past it, answer 429 at once
     /// rather than queue work (and memory) without end.
     in_flight: Arc<tokio::sync::Semaphore>,
+    /// Group commit of claims; `None` claims each request on its own.
+    batcher: Option<crate::batcher::ClaimBatcher>,
 }
 
 /// How often each secret position of each source verified a request.
@@ -142,7 +144,11 @@ impl IngestApp {
         tokio::spawn(metrics_server);
         let secret_matches = Arc::new(SecretMatches::default());
         let in_flight = Arc::new(tokio::sync::Semaphore::new(config.max_in_flight));
+        let batcher = (config.claim_batch > 1).then(|| {
+            crate::batcher::ClaimBatcher::start(pool.clone(), common.policy(), config.claim_batch)
+        });
         let state = web::Data::new(State {
+            batcher,
             in_flight,
             policy: common.policy(),
             config,
@@ -429,27 +435,42 @@ async fn handle(
 
     // 4. The claim: one statement decides.
     let body_sha256: [u8; 32] = Sha256::digest(&body).into();
-    let client = state.pool.get().await.map_err(|e| {
-        tracing::warn!(error = %e, "Postgres unavailable");
-        unavailable("database")
-    })?;
     let claim_started = std::time::Instant::now();
-    let claim = deliveries::claim(
-        &client,
-        &state.policy,
-        NewClaim {
-            key: &key,
-            event: event.as_str(),
-            action: action.as_deref(),
-            body_sha256: &body_sha256,
-        },
-    )
-    .await
-    .map_err(|e| {
-        tracing::warn!(error = %e, "claim failed");
-        unavailable("database")
-    })?;
-    drop(client);
+    let claim = match &state.batcher {
+        Some(batcher) => batcher
+            .claim(deliveries::OwnedClaim {
+                key: key.clone(),
+                event: event.as_str().to_owned(),
+                action: action.clone(),
+                body_sha256,
+            })
+            .await
+            .map_err(|e| {
+                tracing::warn!(error = %e, "claim failed");
+                unavailable("database")
+            })?,
+        None => {
+            let client = state.pool.get().await.map_err(|e| {
+                tracing::warn!(error = %e, "Postgres unavailable");
+                unavailable("database")
+            })?;
+            deliveries::claim(
+                &client,
+                &state.policy,
+                NewClaim {
+                    key: &key,
+                    event: event.as_str(),
+                    action: action.as_deref(),
+                    body_sha256: &body_sha256,
+                },
+            )
+            .await
+            .map_err(|e| {
+                tracing::warn!(error = %e, "claim failed");
+                unavailable("database")
+            })?
+        }
+    };
     metrics::histogram!(crate::metrics::CLAIM_SECONDS).record(claim_started.elapsed());
     crate::kill_point!("ingest.after_claim");
 

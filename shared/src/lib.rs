@@ -17,6 +17,7 @@
 //! - [`deliveries`]: the delivery state machine. Every transition (`claim`,
 //!   `release`, `take`, `renew`, `complete`, `fail`, ...) sits beside the one
 //!   SQL statement that decides it.
+//! - [`batcher`]: group commit of ingest's claims.
 //! - [`db`]: the Postgres pool and the versioned migrations.
 //! - [`broker`]: RabbitMQ topology, the job message and the confirming
 //!   publisher.
@@ -41,6 +42,7 @@
 //! - Commit before ack: [`runtime`] acks a message only after the
 //!   transition that resolves it has committed.
 
+pub mod batcher;
 pub mod broker;
 pub mod config;
 pub mod db;

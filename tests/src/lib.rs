@@ -123,6 +123,7 @@ impl TestEnv {
             max_body_bytes: 25 * 1024 * 1024,
             body_timeout_ms: 10_000,
             max_in_flight: 1024,
+            claim_batch: 64,
         }
     }
 
