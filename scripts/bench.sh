@@ -49,6 +49,7 @@ start_stack() {
   DATABASE_URL="$DB_URL" HOOKINBOX_QUEUE_PREFIX="$PREFIX" "$bin/hookinbox-worker" migrate >/dev/null
   DATABASE_URL="$DB_URL" HOOKINBOX_QUEUE_PREFIX="$PREFIX" HOOKINBOX_AUTO_MIGRATE=false \
     HOOKINBOX_LISTEN="127.0.0.1:$port" HOOKINBOX_METRICS_LISTEN="127.0.0.1:0" RUST_LOG=warn \
+    HOOKINBOX_CLAIM_BATCH="${CLAIM_BATCH:-64}" \
     "$bin/hookinbox-ingest" 2>/dev/null & INGEST_PID=$!; pids+=("$INGEST_PID")
   DATABASE_URL="$DB_URL" HOOKINBOX_QUEUE_PREFIX="$PREFIX" HOOKINBOX_AUTO_MIGRATE=false \
     HOOKINBOX_METRICS_LISTEN="127.0.0.1:0" HOOKINBOX_CONCURRENCY="${WORKER_CONCURRENCY:-32}" RUST_LOG=warn \
@@ -92,7 +93,11 @@ b_http=$(DATABASE_URL=unused "$bin/loadgen" --url "http://127.0.0.1:$http_port/"
   --step-duration "$STEP" | tee /dev/stderr | awk '/^S = / {print $3}')
 echo "B_http $b_http requests/s"
 
-echo "== hookinbox: highest sustainable rate S"
+echo "== hookinbox, claims one by one (HOOKINBOX_CLAIM_BATCH=1): highest sustainable rate"
+CLAIM_BATCH=1 start_stack single
+single=$(CLAIM_BATCH=1 loadgen --search --rate 100 --step-duration "$STEP" --redeliver 0.1 | tee /dev/stderr)
+s_single=$(echo "$single" | awk '/^S = / {print $3}')
+echo "== hookinbox (group commit): highest sustainable rate S"
 start_stack s
 search=$(loadgen --search --rate 100 --step-duration "$STEP" --redeliver 0.1 | tee /dev/stderr)
 s=$(echo "$search" | awk '/^S = / {print $3}')
@@ -122,6 +127,7 @@ $(date -u +%Y-%m-%d), $cpu, $cores cores; Postgres 15 (synchronous_commit=$sync_
 | B_mq: raw lapin publisher, confirms, window 256, quorum queue | $b_mq messages/s |
 | B_http: actix, read body + HMAC, no I/O | $b_http requests/s |
 | **S**: highest sustainable rate of the whole pipeline (10 % redeliveries) | **$s deliveries/s** |
+| the same with claims one by one (HOOKINBOX_CLAIM_BATCH=1) | $s_single deliveries/s (group commit: $(ratio "$s" "$s_single") ×) |
 | S / B_pg1 | $(ratio "$s" "$b_pg1") |
 | S / B_mq | $(ratio "$s" "$b_mq") |
 | duplicate-redelivery throughput | $s_dup requests/s ($(ratio "${s_dup:-0}" "$s") × S) |
