@@ -40,7 +40,12 @@ trap cleanup EXIT
 
 # Starts ingest and one worker on a fresh database and queue prefix;
 # sets INGEST_URL, INGEST_PID, DB_URL, PREFIX.
+stack_pids=()
 start_stack() {
+  # One stack at a time: stop the previous one and free its connections.
+  for pid in "${stack_pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${stack_pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  stack_pids=()
   local name="bench_$$_$1"
   psql -q "$base/postgres" -c "create database $name"
   dbs+=("$name")
@@ -50,10 +55,10 @@ start_stack() {
   DATABASE_URL="$DB_URL" HOOKINBOX_QUEUE_PREFIX="$PREFIX" HOOKINBOX_AUTO_MIGRATE=false \
     HOOKINBOX_LISTEN="127.0.0.1:$port" HOOKINBOX_METRICS_LISTEN="127.0.0.1:0" RUST_LOG=warn \
     HOOKINBOX_CLAIM_BATCH="${CLAIM_BATCH:-64}" \
-    "$bin/hookinbox-ingest" 2>/dev/null & INGEST_PID=$!; pids+=("$INGEST_PID")
+    "$bin/hookinbox-ingest" 2>/dev/null & INGEST_PID=$!; pids+=("$INGEST_PID"); stack_pids+=("$INGEST_PID")
   DATABASE_URL="$DB_URL" HOOKINBOX_QUEUE_PREFIX="$PREFIX" HOOKINBOX_AUTO_MIGRATE=false \
     HOOKINBOX_METRICS_LISTEN="127.0.0.1:0" HOOKINBOX_CONCURRENCY="${WORKER_CONCURRENCY:-32}" RUST_LOG=warn \
-    "$bin/hookinbox-worker" 2>/dev/null & pids+=($!)
+    "$bin/hookinbox-worker" 2>/dev/null & pids+=($!); stack_pids+=($!)
   INGEST_URL="http://127.0.0.1:$port/webhooks/github"
   for _ in $(seq 1 100); do curl -fsS "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && return; sleep 0.1; done
   echo "stack did not start" >&2; exit 1
@@ -90,28 +95,28 @@ http_port=$(free_port)
 HOOKINBOX_LISTEN="127.0.0.1:$http_port" "$bin/httpbench" & pids+=($!)
 sleep 1
 b_http=$(DATABASE_URL=unused "$bin/loadgen" --url "http://127.0.0.1:$http_port/" --no-e2e --search --rate 500 \
-  --step-duration "$STEP" | tee /dev/stderr | awk '/^S = / {print $3}')
+  --step-duration "$STEP" | tee -a /dev/stderr | awk '/^S = / {print $3}')
 echo "B_http $b_http requests/s"
 
 echo "== hookinbox, claims one by one (HOOKINBOX_CLAIM_BATCH=1): highest sustainable rate"
 CLAIM_BATCH=1 start_stack single
-single=$(CLAIM_BATCH=1 loadgen --search --rate 100 --step-duration "$STEP" --redeliver 0.1 | tee /dev/stderr)
+single=$(CLAIM_BATCH=1 loadgen --search --rate 100 --step-duration "$STEP" --redeliver 0.1 | tee -a /dev/stderr)
 s_single=$(echo "$single" | awk '/^S = / {print $3}')
 echo "== hookinbox (group commit): highest sustainable rate S"
 start_stack s
-search=$(loadgen --search --rate 100 --step-duration "$STEP" --redeliver 0.1 | tee /dev/stderr)
+search=$(loadgen --search --rate 100 --step-duration "$STEP" --redeliver 0.1 | tee -a /dev/stderr)
 s=$(echo "$search" | awk '/^S = / {print $3}')
 echo "== at S for $HOLD s"
 start_stack hold
-at_s=$(loadgen --rate "$s" --duration "$HOLD" --redeliver 0.1 --pid "$INGEST_PID" | tee /dev/stderr)
+at_s=$(loadgen --rate "$s" --duration "$HOLD" --redeliver 0.1 --pid "$INGEST_PID" | tee -a /dev/stderr)
 echo "== at S/2 and 0.8 S"
 start_stack half
-at_half=$(loadgen --rate $((s / 2)) --duration "$STEP" --redeliver 0.1 | tee /dev/stderr)
+at_half=$(loadgen --rate $((s / 2)) --duration "$STEP" --redeliver 0.1 | tee -a /dev/stderr)
 start_stack eighty
-at_80=$(loadgen --rate $((s * 8 / 10)) --duration "$STEP" --redeliver 0.1 | tee /dev/stderr)
+at_80=$(loadgen --rate $((s * 8 / 10)) --duration "$STEP" --redeliver 0.1 | tee -a /dev/stderr)
 echo "== duplicate redeliveries"
 start_stack dup
-dup=$(loadgen --duplicates-only --search --rate 200 --step-duration "$STEP" --no-e2e | tee /dev/stderr)
+dup=$(loadgen --duplicates-only --search --rate 200 --step-duration "$STEP" --no-e2e | tee -a /dev/stderr)
 s_dup=$(echo "$dup" | awk '/^S = / {print $3}')
 
 ratio() { python3 -c "print(f'{$1 / max($2, 1):.2f}')"; }

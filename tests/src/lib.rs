@@ -483,6 +483,18 @@ impl Spawned {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Waits until an ingest answers `/readyz` with 200 on its main port.
+    pub async fn wait_ready(&self) {
+        let url = format!("http://127.0.0.1:{}/readyz", self.port);
+        wait_until("ingest to be ready", Duration::from_secs(20), || async {
+            reqwest::get(&url)
+                .await
+                .map(|r| r.status() == 200)
+                .unwrap_or(false)
+        })
+        .await;
+    }
+
     /// GETs `path` on its metrics listener.
     pub async fn scrape(&self, path: &str) -> (u16, String) {
         match reqwest::get(format!("http://127.0.0.1:{}{path}", self.metrics_port)).await {

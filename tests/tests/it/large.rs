@@ -1,10 +1,8 @@
 //! A GitHub-sized payload: 25 MB, accepted, stored, with ingest's memory
 //! growing by at most three times the body.
 
-use std::time::Duration;
-
 use hookinbox::runtime::JobOutcome;
-use hookinbox_tests::{SECRET, TestEnv, sign, wait_until};
+use hookinbox_tests::{SECRET, TestEnv, sign};
 
 fn status_kib(pid: u32, field: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -21,13 +19,7 @@ async fn a_25_mb_delivery_is_accepted_and_stored_within_three_times_its_size() {
     let env = TestEnv::new().await;
     let ingest = env.spawn("hookinbox-ingest", &[("HOOKINBOX_GITHUB_SECRET", SECRET)]);
     let base = format!("http://127.0.0.1:{}", ingest.port);
-    wait_until("ingest to be ready", Duration::from_secs(20), || async {
-        reqwest::get(format!("{base}/readyz"))
-            .await
-            .map(|r| r.status() == 200)
-            .unwrap_or(false)
-    })
-    .await;
+    ingest.wait_ready().await;
     let pid = ingest.child.id().expect("pid");
     let before = status_kib(pid, "VmRSS:");
 

@@ -227,13 +227,7 @@ async fn past_the_in_flight_limit_ingest_sheds_load_at_once_with_429() {
         ],
     );
     let base = format!("http://127.0.0.1:{}", ingest.port);
-    hookinbox_tests::wait_until("ingest to be ready", Duration::from_secs(20), || async {
-        reqwest::get(format!("{base}/readyz"))
-            .await
-            .map(|r| r.status() == 200)
-            .unwrap_or(false)
-    })
-    .await;
+    ingest.wait_ready().await;
     // One request holds the only slot: its body is still arriving.
     let mut holder = TcpStream::connect(("127.0.0.1", ingest.port))
         .await

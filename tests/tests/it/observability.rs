@@ -37,13 +37,7 @@ async fn both_metrics_endpoints_show_every_series_moving_after_real_traffic() {
         ],
     );
     let base = format!("http://127.0.0.1:{}", ingest.port);
-    wait_until("ingest to be ready", Duration::from_secs(20), || async {
-        reqwest::get(format!("{base}/readyz"))
-            .await
-            .map(|r| r.status() == 200)
-            .unwrap_or(false)
-    })
-    .await;
+    ingest.wait_ready().await;
     let http = reqwest::Client::new();
     let send = |hook: Hook| {
         let http = http.clone();
@@ -371,13 +365,7 @@ async fn logs_never_carry_the_secret_the_signature_or_the_payload() {
     let ingest = env.spawn("hookinbox-ingest", &verbose);
     let worker = env.spawn("hookinbox-worker", &[("RUST_LOG", "debug,hookinbox=trace")]);
     let base = format!("http://127.0.0.1:{}", ingest.port);
-    wait_until("ingest to be ready", Duration::from_secs(20), || async {
-        reqwest::get(format!("{base}/readyz"))
-            .await
-            .map(|r| r.status() == 200)
-            .unwrap_or(false)
-    })
-    .await;
+    ingest.wait_ready().await;
     let http = reqwest::Client::new();
     let mut signatures = Vec::new();
     let mut payload_bits = Vec::new();
