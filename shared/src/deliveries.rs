@@ -876,6 +876,20 @@ pub async fn claim_batch(
             } else {
                 Claim::Conflict
             }
+        } else if first != i && requests[first].body_sha256 != r.body_sha256 {
+            // The statement tried only the first body of this key; this one
+            // differs, so decide it exactly as a claim of its own would.
+            claim(
+                client,
+                policy,
+                NewClaim {
+                    key: &r.key,
+                    event: &r.event,
+                    action: r.action.as_deref(),
+                    body_sha256: &r.body_sha256,
+                },
+            )
+            .await?
         } else if let Some(row) = states.get(&k) {
             if row.sha.as_slice() != r.body_sha256.as_slice() {
                 Claim::Conflict

@@ -291,7 +291,9 @@ async fn receive_named(
 }
 
 /// What a request revealed about itself, for its log line and metrics.
-/// Filled as the steps pass, so nothing unverified reaches a label.
+/// Filled as the steps pass. The event header is not covered by the
+/// signature, so its label is bounded to GitHub's event names
+/// ([`crate::metrics::event_label`]).
 #[derive(Default)]
 struct Seen {
     /// The configured source, or `None` for an unknown one.
@@ -342,10 +344,13 @@ async fn receive(
         .as_ref()
         .map_or("unknown", |s| s.as_str())
         .to_owned();
-    let event_label = seen.event.as_ref().map_or("", |e| e.as_str()).to_owned();
+    let event_label = seen
+        .event
+        .as_ref()
+        .map_or("", |e| crate::metrics::event_label(e.as_str()));
     tracing::info!(
         source = %source_label,
-        event = %event_label,
+        event = seen.event.as_ref().map_or("", |e| e.as_str()),
         delivery_id = seen.delivery_id.as_ref().map_or("", |d| d.as_str()),
         status = status.as_u16(),
         outcome,

@@ -943,8 +943,12 @@ impl Sampler {
         let row = match client.query_one(SAMPLE_STATE, &[]).await {
             Ok(row) => row,
             Err(e) => {
-                // The session (and with it the lock) is gone.
-                self.leader = None;
+                // Close this session rather than return it to the pool: if
+                // it is still alive it holds the lock, and a pooled
+                // connection holding it would block every sampler for good.
+                if let Some(client) = self.leader.take() {
+                    drop(deadpool_postgres::Object::take(client));
+                }
                 metrics::gauge!(crate::metrics::SAMPLER_LEADER).set(0.0);
                 return Err(DbError::from(e).into());
             }

@@ -221,8 +221,15 @@ pub fn from_file(path: &Path) -> Result<Vec<Source>, ConfigError> {
 
 /// Parses sources from TOML text (`secret_files` are read from disk).
 pub fn from_toml(text: &str) -> Result<Vec<Source>, ConfigError> {
-    let file: File = toml::from_str(text)
-        .map_err(|e| ConfigError::field("HOOKINBOX_CONFIG", e.to_string().trim_end().to_owned()))?;
+    // The parser's own text quotes the offending line, which may hold a
+    // secret: report the line number and the message only.
+    let file: File = toml::from_str(text).map_err(|e| {
+        let line = e
+            .span()
+            .map(|span| text[..span.start.min(text.len())].matches('\n').count() + 1);
+        let at = line.map(|l| format!("line {l}: ")).unwrap_or_default();
+        ConfigError::field("HOOKINBOX_CONFIG", format!("{at}{}", e.message()))
+    })?;
     if file.sources.is_empty() {
         return Err(ConfigError::field(
             "HOOKINBOX_CONFIG",

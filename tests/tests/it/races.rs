@@ -103,5 +103,32 @@ async fn a_claim_batch_answers_each_request_like_a_single_claim() {
     assert_eq!(answers[5], Claim::Conflict);
     assert!(matches!(answers[6], Claim::Republish { .. }));
     assert_eq!(env.deliveries().await, 4, "one row per key");
+
+    // The stored body comes second in a batch whose first copy differs:
+    // each is still answered as a single claim would be.
+    deliveries::claim_batch(&client, &policy, &[req("mixed", 5)])
+        .await
+        .expect("batch");
+    env.db
+        .execute(
+            "update deliveries set lease_until = now() - interval '1 second' where delivery_id = 'mixed'",
+            &[],
+        )
+        .await
+        .expect("expire");
+    let answers = deliveries::claim_batch(&client, &policy, &[req("mixed", 6), req("mixed", 5)])
+        .await
+        .expect("batch");
+    assert_eq!(answers[0], Claim::Conflict);
+    assert!(
+        matches!(
+            answers[1],
+            Claim::Claimed {
+                reclaimed: true,
+                ..
+            }
+        ),
+        "{answers:?}"
+    );
     env.cleanup().await;
 }
