@@ -221,10 +221,12 @@ async fn run(
         }
         // Which payload, and a new id or an earlier one.
         let (id, idx) = if args.duplicates_only && !warm.is_empty() {
-            (
-                warm[i as usize % warm.len()].clone(),
-                i as usize % payloads.len(),
-            )
+            {
+                // The same id with the same body as in the warm-up: a true
+                // redelivery, not a conflict.
+                let w = i as usize % warm.len();
+                (warm[w].clone(), w % payloads.len())
+            }
         } else {
             let ids = sent_ids.lock().await;
             let again = args.redeliver > 0.0
