@@ -389,6 +389,35 @@ pub async fn park_due(
     Ok(row.get::<_, i64>(0) == 1)
 }
 
+const PARK_COPY: &str = "
+insert into parked_bodies (provider, source, hook_id, delivery_id, content_type, headers, body)
+select provider, source, hook_id, delivery_id, $5, $6, $7
+from deliveries
+where provider = $1 and source = $2 and hook_id = $3 and delivery_id = $4
+  and status = 'processing'
+on conflict (provider, source, hook_id, delivery_id) do nothing";
+
+/// Parks the body of a copy that raced a claim still processing. The claim
+/// may belong to an ingest that died before publishing: then the reaper
+/// turns it `lost`, and the scheduler republishes this body. If the claim's
+/// job runs normally, completion deletes the body. One statement; a no-op
+/// when a body is parked already or the row moved on.
+pub async fn park_copy(
+    client: &impl GenericClient,
+    key: &DeliveryKey,
+    parked: ParkedBody<'_>,
+) -> Result<(), DbError> {
+    let stmt = client.prepare_cached(PARK_COPY).await?;
+    let headers = parked.headers_json();
+    client
+        .execute(
+            &stmt,
+            &params(key, &[&parked.content_type, &headers, &parked.body]),
+        )
+        .await?;
+    Ok(())
+}
+
 /// Gives the parked-body placeholders ($20–$22 in [`park_moved`]) the
 /// numbers that follow a statement's own `n` parameters.
 fn renumber(sql: &str, n: usize) -> String {

@@ -491,6 +491,26 @@ async fn handle(
                 "conflict",
             ));
         }
+        Claim::Duplicate(Status::Processing) => {
+            // A copy racing an earlier claim whose publish we cannot see.
+            // If that ingest died before publishing, nothing would carry the
+            // delivery: park this copy's body, so that once the claim is
+            // reaped as lost the scheduler republishes it. Completion
+            // deletes it. The 2xx is given only once the body is parked.
+            park_copy(
+                state,
+                &key,
+                &content_type_header(headers),
+                &github_headers(headers),
+                &body,
+            )
+            .await?;
+            return Ok((
+                StatusCode::ACCEPTED,
+                json!({"status": "duplicate", "state": Status::Processing.as_str()}),
+                "duplicate",
+            ));
+        }
         Claim::Duplicate(status) => {
             let code = if status == Status::Completed {
                 StatusCode::OK
@@ -511,7 +531,7 @@ async fn handle(
         event,
         action,
         token,
-        content_type: header_str(headers, header::CONTENT_TYPE.as_str()).unwrap_or_default(),
+        content_type: content_type_header(headers),
         github_headers: github_headers(headers),
         body,
     };
@@ -581,11 +601,36 @@ async fn park(
     }
 }
 
-fn header_str(headers: &HeaderMap, name: &str) -> Option<String> {
+fn content_type_header(headers: &HeaderMap) -> String {
     headers
-        .get(name)
+        .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned)
+        .unwrap_or_default()
+}
+
+/// Parks a racing copy's body for a claim still processing (see
+/// [`deliveries::park_copy`]); 503 if Postgres cannot take it.
+async fn park_copy(
+    state: &State,
+    key: &DeliveryKey,
+    content_type: &str,
+    github_headers: &[(String, String)],
+    body: &[u8],
+) -> Result<(), Reject> {
+    let parked = ParkedBody {
+        content_type,
+        headers: github_headers,
+        body,
+    };
+    let result = match state.pool.get().await {
+        Ok(client) => deliveries::park_copy(&client, key, parked).await,
+        Err(e) => Err(DbError::from(e)),
+    };
+    result.map_err(|e| {
+        tracing::warn!(error = %e, "could not park a duplicate's body");
+        unavailable("database")
+    })
 }
 
 /// The original `X-GitHub-*` headers, carried with the job so a handler can

@@ -153,3 +153,53 @@ async fn untaken_claim_is_rescued_by_a_redelivery_that_republishes_it() {
     assert_eq!(env.events().await, 1);
     env.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_copy_answered_while_the_first_ingest_died_before_publishing_is_not_lost() {
+    let env = TestEnv::new().await;
+    let ingest = env.ingest().await;
+    let worker = env.store_worker().await;
+    let hook = Hook::new("push", fixtures::own("push"));
+    // An ingest claimed the delivery and died before publishing.
+    let key = DeliveryKey::github(
+        SourceName::default_source(),
+        HookId::parse(hook.hook_id.as_deref().map(str::as_bytes)).expect("hook id"),
+        DeliveryId::parse(hook.id().as_bytes()).expect("id"),
+    );
+    let sha: [u8; 32] = Sha256::digest(&hook.body).into();
+    let pool = hookinbox::db::pool(&env.database_url, 1).expect("pool");
+    let client = pool.get().await.expect("client");
+    deliveries::claim(
+        &client,
+        &env.common().policy(),
+        NewClaim {
+            key: &key,
+            event: "push",
+            action: None,
+            body_sha256: &sha,
+        },
+    )
+    .await
+    .expect("claim");
+    // A copy arrives before the publish timeout: answered 202 without a job,
+    // but its body is parked.
+    let answer = ingest.send(&hook).await;
+    assert_eq!((answer.status, answer.kind()), (202, "duplicate"));
+    assert_eq!(env.work_depth().await, 0);
+    assert_eq!(env.count("select count(*) from parked_bodies").await, 1);
+    // The claim is abandoned; the reaper marks it lost and the scheduler
+    // republishes the parked copy.
+    env.db
+        .execute(
+            "update deliveries set lease_until = now() - interval '1 hour'",
+            &[],
+        )
+        .await
+        .expect("abandon");
+    assert_eq!(worker.reap_once().await.expect("reap"), 1);
+    let outcomes = settle(&env, &worker).await;
+    assert_eq!(outcomes, vec![JobOutcome::Completed]);
+    assert_eq!(env.events().await, 1);
+    assert_eq!(env.count("select count(*) from parked_bodies").await, 0);
+    env.cleanup().await;
+}
