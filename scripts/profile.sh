@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Where the CPU goes at a given load: starts ingest and a worker (release),
+# drives them with the load generator at RATE deliveries/s, and samples the
+# whole machine with perf meanwhile. Prints the CPU share of each process
+# and the hottest symbols of ingest and the worker.
+# Usage: scripts/profile.sh [RATE] [SECONDS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rate="${1:-1000}"
+secs="${2:-15}"
+command -v perf >/dev/null || { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq linux-perf >/dev/null; }
+cargo build -q --release -p hookinbox-ingest -p hookinbox-worker -p hookinbox-tests --bin loadgen
+bin=target/release
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+base="${HOOKINBOX_TEST_POSTGRES:-postgres://postgres@127.0.0.1:5432}"
+run="profile_$$"
+work="$(mktemp -d)"
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  psql -q "$base/postgres" -c "drop database if exists $run with (force)" || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+psql -q "$base/postgres" -c "create database $run"
+port=$(free_port)
+export DATABASE_URL="$base/$run" HOOKINBOX_QUEUE_PREFIX="$run" HOOKINBOX_GITHUB_SECRET="profile" RUST_LOG=warn
+HOOKINBOX_LISTEN="127.0.0.1:$port" HOOKINBOX_METRICS_LISTEN="127.0.0.1:0" "$bin/hookinbox-ingest" 2>/dev/null & pids+=($!)
+HOOKINBOX_METRICS_LISTEN="127.0.0.1:0" HOOKINBOX_CONCURRENCY=32 "$bin/hookinbox-worker" 2>/dev/null & pids+=($!)
+for _ in $(seq 1 100); do curl -fsS "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
+"$bin/loadgen" --url "http://127.0.0.1:$port/webhooks/github" --rate "$rate" --duration $((secs + 4)) --redeliver 0.1 > "$work/load.txt" &
+load=$!
+sleep 2
+perf record -a -g -F 199 -o "$work/perf.data" -- sleep "$secs" 2>/dev/null >/dev/null
+wait "$load" || true
+echo "== load"
+cat "$work/load.txt"
+echo "== CPU share by process (all cores, ${secs} s at $rate/s)"
+perf report -i "$work/perf.data" --sort comm --stdio --no-children 2>/dev/null | grep -E '^ +[0-9]' | head -15
+for comm in hookinbox-ingest hookinbox-worker; do
+  echo "== hottest symbols: $comm"
+  perf report -i "$work/perf.data" --comm "$comm" --sort dso,sym --stdio --no-children 2>/dev/null | grep -E '^ +[0-9]' | head -12
+done
