@@ -19,19 +19,9 @@ fi
 cargo build -q --release -p hookinbox-ingest -p hookinbox-worker -p hookinbox-tests --bin loadgen
 bin=target/release
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-base="${HOOKINBOX_TEST_POSTGRES:-postgres://postgres@127.0.0.1:5432}"
+. scripts/lib/native.sh
 run="abuse_$$"
-work="$(mktemp -d)"
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  psql -q "$base/postgres" -c "drop database if exists $run with (force)" || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-psql -q "$base/postgres" -c "create database $run"
+scratch_db "$run"
 port=$(free_port)
 export DATABASE_URL="$base/$run" HOOKINBOX_QUEUE_PREFIX="$run" HOOKINBOX_GITHUB_SECRET="abuse-secret" RUST_LOG=warn
 HOOKINBOX_LISTEN="127.0.0.1:$port" HOOKINBOX_METRICS_LISTEN="127.0.0.1:0" "$bin/hookinbox-ingest" 2>"$work/ingest.log" & pids+=($!)

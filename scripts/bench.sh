@@ -28,15 +28,7 @@ cargo build -q --profile "$( [ $profile = debug ] && echo dev || echo release )"
   -p hookinbox-ingest -p hookinbox-worker -p hookinbox-tests --bins
 bin="target/$profile"
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-pids=()
-dbs=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  for db in "${dbs[@]}"; do psql -q "$base/postgres" -c "drop database if exists $db with (force)" 2>/dev/null || true; done
-}
-trap cleanup EXIT
+. scripts/lib/native.sh
 
 # Starts ingest and one worker on a fresh database and queue prefix;
 # sets INGEST_URL, INGEST_PID, DB_URL, PREFIX.
@@ -47,8 +39,7 @@ start_stack() {
   for pid in "${stack_pids[@]}"; do wait "$pid" 2>/dev/null || true; done
   stack_pids=()
   local name="bench_$$_$1"
-  psql -q "$base/postgres" -c "create database $name"
-  dbs+=("$name")
+  scratch_db "$name"
   DB_URL="$base/$name"; PREFIX="$name"
   local port; port=$(free_port)
   DATABASE_URL="$DB_URL" HOOKINBOX_QUEUE_PREFIX="$PREFIX" "$bin/hookinbox-worker" migrate >/dev/null

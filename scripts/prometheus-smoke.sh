@@ -11,20 +11,10 @@ if ! command -v prometheus >/dev/null; then
 fi
 cargo build -q --workspace --bins
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-base="${HOOKINBOX_TEST_POSTGRES:-postgres://postgres@127.0.0.1:5432}"
+. scripts/lib/native.sh
 run="promsmoke_$$"
-work="$(mktemp -d)"
 ingest_port=$(free_port); ingest_metrics=$(free_port); worker_metrics=$(free_port); prom_port=$(free_port)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  psql -q "$base/postgres" -c "drop database if exists $run with (force)" || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-psql -q "$base/postgres" -c "create database $run"
+scratch_db "$run"
 
 export DATABASE_URL="$base/$run" HOOKINBOX_QUEUE_PREFIX="$run" HOOKINBOX_LOG_FORMAT=json
 export HOOKINBOX_GITHUB_SECRET="prometheus-smoke"
