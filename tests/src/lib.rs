@@ -386,6 +386,16 @@ impl Hook {
         self
     }
 
+    /// The delivery key ingest derives from this request (default source).
+    pub fn key(&self) -> hookinbox::key::DeliveryKey {
+        use hookinbox::key::{DeliveryId, DeliveryKey, HookId, SourceName};
+        DeliveryKey::github(
+            SourceName::default_source(),
+            HookId::parse(self.hook_id.as_deref().map(str::as_bytes)).expect("hook id"),
+            DeliveryId::parse(self.id().as_bytes()).expect("id"),
+        )
+    }
+
     /// The delivery id (panics if none).
     pub fn id(&self) -> &str {
         self.delivery.as_deref().expect("delivery id")

@@ -2,7 +2,6 @@
 //! stopping the shared services), and a claim whose publish was lost.
 
 use hookinbox::deliveries::{self, Claim, NewClaim};
-use hookinbox::key::{DeliveryId, DeliveryKey, HookId, SourceName};
 use hookinbox::runtime::JobOutcome;
 use std::sync::Arc;
 
@@ -94,11 +93,7 @@ async fn untaken_claim_is_rescued_by_a_redelivery_that_republishes_it() {
     let ingest = env.ingest().await;
     let hook = Hook::new("push", fixtures::own("push"));
     // An ingest claimed this delivery and died before publishing.
-    let key = DeliveryKey::github(
-        SourceName::default_source(),
-        HookId::parse(hook.hook_id.as_deref().map(str::as_bytes)).expect("hook id"),
-        DeliveryId::parse(hook.id().as_bytes()).expect("id"),
-    );
+    let key = hook.key();
     let sha: [u8; 32] = Sha256::digest(&hook.body).into();
     let pool = hookinbox::db::pool(&env.database_url, 1).expect("pool");
     let client = pool.get().await.expect("client");
@@ -161,11 +156,7 @@ async fn a_copy_answered_while_the_first_ingest_died_before_publishing_is_not_lo
     let worker = env.store_worker().await;
     let hook = Hook::new("push", fixtures::own("push"));
     // An ingest claimed the delivery and died before publishing.
-    let key = DeliveryKey::github(
-        SourceName::default_source(),
-        HookId::parse(hook.hook_id.as_deref().map(str::as_bytes)).expect("hook id"),
-        DeliveryId::parse(hook.id().as_bytes()).expect("id"),
-    );
+    let key = hook.key();
     let sha: [u8; 32] = Sha256::digest(&hook.body).into();
     let pool = hookinbox::db::pool(&env.database_url, 1).expect("pool");
     let client = pool.get().await.expect("client");

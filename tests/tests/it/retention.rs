@@ -3,7 +3,6 @@
 use std::sync::Arc;
 
 use hookinbox::deliveries::{self, Claim, NewClaim};
-use hookinbox::key::{DeliveryId, DeliveryKey, HookId, SourceName};
 use hookinbox::runtime::JobOutcome;
 use hookinbox_tests::{Hook, TestEnv, fixtures, settle, worker_cli};
 use sha2::{Digest, Sha256};
@@ -74,14 +73,6 @@ async fn ids_by_status(env: &TestEnv, status: &str) -> Vec<String> {
         .collect()
 }
 
-fn key_of(hook: &Hook) -> DeliveryKey {
-    DeliveryKey::github(
-        SourceName::default_source(),
-        HookId::parse(hook.hook_id.as_deref().map(str::as_bytes)).expect("hook id"),
-        DeliveryId::parse(hook.id().as_bytes()).expect("id"),
-    )
-}
-
 #[tokio::test]
 async fn the_reaper_marks_only_abandoned_claims_lost_and_both_ways_out_complete() {
     let env = TestEnv::new().await;
@@ -100,7 +91,7 @@ async fn the_reaper_marks_only_abandoned_claims_lost_and_both_ways_out_complete(
         &client,
         &env.common().policy(),
         NewClaim {
-            key: &key_of(&b),
+            key: &b.key(),
             event: "push",
             action: None,
             body_sha256: &sha,
@@ -132,7 +123,7 @@ async fn the_reaper_marks_only_abandoned_claims_lost_and_both_ways_out_complete(
     let taken = deliveries::take(
         &client,
         &env.common().policy(),
-        &key_of(&e),
+        &e.key(),
         hookinbox::key::ClaimToken(t0),
         deliveries::ParkedBody {
             content_type: "application/json",
