@@ -142,6 +142,16 @@ pub struct CommonArgs {
         default_value_t = 16
     )]
     pub db_pool_size: usize,
+
+    /// Milliseconds a Postgres request may go without any answer before its
+    /// connection is dropped (finds half-open connections).
+    #[arg(
+        long,
+        env = "HOOKINBOX_DB_TIMEOUT_MS",
+        value_name = "HOOKINBOX_DB_TIMEOUT_MS",
+        default_value_t = 30_000
+    )]
+    pub db_timeout_ms: u64,
 }
 
 impl CommonArgs {
@@ -182,7 +192,20 @@ impl CommonArgs {
         if self.db_pool_size == 0 {
             return Err(invalid("HOOKINBOX_DB_POOL_SIZE", "must be at least 1"));
         }
+        if self.db_timeout_ms == 0 {
+            return Err(invalid("HOOKINBOX_DB_TIMEOUT_MS", "must be at least 1"));
+        }
         Ok(())
+    }
+
+    /// A bounded Postgres pool of this process (see
+    /// [`crate::db::pool_with_timeout`]).
+    pub fn db_pool(&self) -> Result<deadpool_postgres::Pool, crate::db::DbError> {
+        crate::db::pool_with_timeout(
+            &self.database_url,
+            self.db_pool_size,
+            Duration::from_millis(self.db_timeout_ms),
+        )
     }
 
     /// The state machine's knobs.

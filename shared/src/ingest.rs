@@ -118,7 +118,7 @@ impl IngestApp {
         listener: TcpListener,
     ) -> Result<Self, StartError> {
         let common = &config.common;
-        let pool = db::pool(&common.database_url, common.db_pool_size)?;
+        let pool = common.db_pool()?;
         if common.auto_migrate {
             db::migrate(&pool).await?;
         }

@@ -158,7 +158,7 @@ impl Worker {
         handler: Arc<dyn Handler>,
     ) -> Result<Self, RuntimeError> {
         let common = &config.common;
-        let pool = db::pool(&common.database_url, common.db_pool_size)?;
+        let pool = common.db_pool()?;
         if common.auto_migrate {
             db::migrate(&pool).await?;
         }

@@ -107,6 +107,7 @@ impl TestEnv {
             max_attempts: 5,
             publish_timeout_ms: 3000,
             db_pool_size: 8,
+            db_timeout_ms: 30_000,
         }
     }
 

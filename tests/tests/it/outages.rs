@@ -194,3 +194,97 @@ async fn a_copy_answered_while_the_first_ingest_died_before_publishing_is_not_lo
     assert_eq!(env.count("select count(*) from parked_bodies").await, 0);
     env.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_half_open_postgres_connection_is_given_up_and_the_job_still_completes_once() {
+    let env = TestEnv::new().await;
+    let ingest = env.ingest().await;
+    let proxy = Proxy::start("127.0.0.1:5432").await;
+    let mut args = env.worker_args();
+    args.common.database_url = env
+        .database_url
+        .replace("127.0.0.1:5432", &format!("127.0.0.1:{}", proxy.port()));
+    args.common.db_timeout_ms = 1000;
+    let worker = env
+        .worker_with(args.validate().expect("valid"), Arc::new(Store))
+        .await;
+    let first = Hook::new("push", fixtures::own("push"));
+    assert_eq!(ingest.send(&first).await.status, 202);
+    assert_eq!(settle(&env, &worker).await, vec![JobOutcome::Completed]);
+
+    // Every pooled connection goes silent: the far end still accepts bytes
+    // but never answers, which keepalives cannot see.
+    proxy.stall();
+    let second = Hook::new("push", fixtures::own("push"));
+    assert_eq!(ingest.send(&second).await.status, 202);
+    let draining = tokio::spawn({
+        let worker = worker.clone();
+        async move { worker.drain().await.expect("drain").outcomes }
+    });
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    assert!(!draining.is_finished(), "no job can finish while stalled");
+    proxy.open();
+    let outcomes = tokio::time::timeout(std::time::Duration::from_secs(60), draining)
+        .await
+        .expect("the worker gave up the silent connections")
+        .expect("join");
+    assert_eq!(outcomes, vec![JobOutcome::Completed]);
+    assert_eq!(env.events().await, 2);
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_half_open_broker_connection_at_ingest_parks_then_reconnects() {
+    let env = TestEnv::new().await;
+    let proxy = Proxy::start("127.0.0.1:5672").await;
+    let mut args = env.ingest_args();
+    args.common.amqp_url = format!(
+        "amqp://guest:guest@127.0.0.1:{}/%2f?heartbeat=1",
+        proxy.port()
+    );
+    args.common.publish_timeout_ms = 1000;
+    let ingest = env.ingest_with(args.validate().expect("valid")).await;
+    let worker = env.store_worker().await;
+    let send = |hook: Hook| {
+        let ingest = &ingest;
+        async move {
+            let answer = ingest.send(&hook).await;
+            assert_eq!(
+                (answer.status, answer.kind()),
+                (202, "accepted"),
+                "{:?}",
+                answer.body
+            );
+            answer.body["parked"] == true
+        }
+    };
+    assert!(!send(Hook::new("push", fixtures::own("push"))).await);
+
+    proxy.stall();
+    // No confirm comes back: the body is parked and the answer is still 202.
+    let started = std::time::Instant::now();
+    assert!(send(Hook::new("push", fixtures::own("push"))).await);
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    proxy.open();
+
+    // The heartbeat finds the dead connection; ingest reconnects and
+    // publishes directly again.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut sent = 2;
+    loop {
+        sent += 1;
+        if !send(Hook::new("push", fixtures::own("push"))).await {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "ingest never reconnected"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let outcomes = settle(&env, &worker).await;
+    assert_eq!(outcomes.len(), sent);
+    assert!(outcomes.iter().all(|o| *o == JobOutcome::Completed));
+    assert_eq!(env.events().await, sent as i64);
+    env.cleanup().await;
+}
