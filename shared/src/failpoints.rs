@@ -6,8 +6,9 @@
 //!
 //! Points: `ingest.after_claim` (claimed, not yet published),
 //! `worker.after_take` (taken, before the effect), `worker.mid_effect`
-//! (effect written, not committed), `worker.after_commit` (committed, not
-//! acked).
+//! (`store`: effect written, not committed; `forward`: the receiver
+//! answered 2xx, the completion not yet committed), `worker.after_commit`
+//! (committed, not acked).
 
 /// Marks a kill point; expands to nothing without the feature.
 #[macro_export]

@@ -71,7 +71,15 @@ impl Handler for Forward {
         }
         // `Bytes` clones share the buffer: the body is not copied.
         match request.body(job.body.clone()).send().await {
-            Ok(response) => classify(response.status(), response.headers(), SystemTime::now()),
+            Ok(response) => {
+                let answer = classify(response.status(), response.headers(), SystemTime::now());
+                // The receiver has the delivery; the completion has not
+                // committed. A crash here sends it again with the same key.
+                if answer.is_ok() {
+                    crate::kill_point!("worker.mid_effect");
+                }
+                answer
+            }
             // Messages name the failure, never the URL (it may carry a token).
             Err(e) if e.is_timeout() => Err(HandlerError::transient(format!(
                 "receiver did not answer within {:?}",

@@ -50,8 +50,15 @@ impl Reply {
 type Script = dyn Fn(&Received, usize) -> Reply + Send + Sync;
 
 struct State {
-    received: Mutex<Vec<Received>>,
+    received: Mutex<Log>,
     script: Box<Script>,
+}
+
+/// Every request, and how many carried each idempotency key.
+#[derive(Default)]
+struct Log {
+    all: Vec<Received>,
+    per_key: HashMap<Option<String>, usize>,
 }
 
 /// A running receiver.
@@ -74,13 +81,12 @@ async fn receive(req: HttpRequest, body: web::Bytes, state: web::Data<State>) ->
     };
     // How many earlier requests carried the same idempotency key.
     let seen = {
-        let mut all = state.received.lock().expect("lock");
+        let mut log = state.received.lock().expect("lock");
         let key = received.header("idempotency-key").map(str::to_owned);
-        let seen = all
-            .iter()
-            .filter(|r| r.header("idempotency-key").map(str::to_owned) == key)
-            .count();
-        all.push(received.clone());
+        let count = log.per_key.entry(key).or_default();
+        let seen = *count;
+        *count += 1;
+        log.all.push(received.clone());
         seen
     };
     let reply = (state.script)(&received, seen);
@@ -100,7 +106,7 @@ impl Receiver {
     /// requests with the same idempotency key)`.
     pub async fn start(script: impl Fn(&Received, usize) -> Reply + Send + Sync + 'static) -> Self {
         let state = Arc::new(State {
-            received: Mutex::new(Vec::new()),
+            received: Mutex::new(Log::default()),
             script: Box::new(script),
         });
         let data = web::Data::from(state.clone());
@@ -133,7 +139,7 @@ impl Receiver {
 
     /// Every request so far.
     pub fn received(&self) -> Vec<Received> {
-        self.state.received.lock().expect("lock").clone()
+        self.state.received.lock().expect("lock").all.clone()
     }
 
     /// Stops it.

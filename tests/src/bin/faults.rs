@@ -7,7 +7,10 @@
 //! Run it with `scripts/faults.sh [CYCLES] [KILLS_PER_CYCLE]`. At the end it
 //! checks the ledger: every delivery answered 2xx has exactly one `store`
 //! effect or is a dead letter; no effect is duplicated; no effect exists for
-//! a delivery never sent.
+//! a delivery never sent. Deliveries go to two sources: `store` (the effect
+//! is a row written in the completing transaction) and `relay` (`forward`
+//! to a local receiver): every relayed key must arrive, and a key may
+//! arrive twice only around a fault, always with the same key and body.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -17,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use hookinbox_tests::proxy::Proxy;
+use hookinbox_tests::receiver::Receiver;
 use hookinbox_tests::{SECRET, fixtures, free_port, sign};
 use tokio::process::{Child, Command};
 
@@ -221,6 +225,7 @@ impl Drop for PrivateRabbit {
 /// What the suite sent and what it was told.
 #[derive(Clone)]
 struct Sent {
+    source: &'static str,
     event: String,
     body: Vec<u8>,
     ok: bool,
@@ -250,8 +255,18 @@ struct Suite {
     ingest: Option<Child>,
     workers: Vec<Option<Child>>,
     counts: HashMap<&'static str, u32>,
+    /// When each fault began and ended.
+    windows: Vec<(Instant, Instant)>,
+    config: PathBuf,
     http: reqwest::Client,
 }
+
+/// How long after a fault ends a relayed key may still arrive again: a
+/// lease, the reaper's delay, a retry.
+const REPEAT_GRACE: Duration = Duration::from_secs(10);
+
+/// Half-open and delayed connections last this long.
+const STALL: Duration = Duration::from_secs(5);
 
 const LEASE_SECS: &str = "3";
 
@@ -270,7 +285,7 @@ impl Suite {
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .env("DATABASE_URL", self.pg.url(self.pg.port, &self.db))
             .env("AMQP_URL", self.rabbit.url(self.amqp_proxy.port()))
-            .env("HOOKINBOX_GITHUB_SECRET", SECRET)
+            .env("HOOKINBOX_CONFIG", &self.config)
             .env("HOOKINBOX_AUTO_MIGRATE", "false")
             .env("HOOKINBOX_LEASE_SECS", LEASE_SECS)
             .env("HOOKINBOX_PUBLISH_TIMEOUT_MS", "2000")
@@ -299,6 +314,8 @@ impl Suite {
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .env("DATABASE_URL", self.pg.url(self.pg_proxy.port(), &self.db))
             .env("AMQP_URL", self.rabbit.url(self.rabbit.port))
+            .env("HOOKINBOX_CONFIG", &self.config)
+            .env("HOOKINBOX_DB_TIMEOUT_MS", "2000")
             .env("HOOKINBOX_AUTO_MIGRATE", "false")
             .env("HOOKINBOX_LEASE_SECS", LEASE_SECS)
             .env("HOOKINBOX_REAP_AFTER_SECS", "3")
@@ -324,6 +341,29 @@ impl Suite {
 
     fn count(&mut self, what: &'static str) {
         *self.counts.entry(what).or_default() += 1;
+    }
+
+    /// Records a fault that began at `since` and ends now.
+    fn window(&mut self, since: Instant) {
+        self.windows.push((since, Instant::now()));
+    }
+
+    /// Leaves `proxy` half-open or slow for [`STALL`], then opens it.
+    async fn degrade(&mut self, proxy: Which, stall: bool, what: &'static str) {
+        let since = Instant::now();
+        let proxy = match proxy {
+            Which::Postgres => &self.pg_proxy,
+            Which::Broker => &self.amqp_proxy,
+        };
+        if stall {
+            proxy.stall();
+        } else {
+            proxy.delay(Duration::from_millis(200));
+        }
+        tokio::time::sleep(STALL).await;
+        proxy.open();
+        self.count(what);
+        self.window(since);
     }
 
     /// Restarts worker `i` armed at `point`, waits for it to kill itself
@@ -398,6 +438,14 @@ impl Suite {
     }
 }
 
+/// Which proxied path a fault hits.
+enum Which {
+    /// Workers to Postgres.
+    Postgres,
+    /// Ingest to RabbitMQ.
+    Broker,
+}
+
 fn signal(sig: &str, pid: &str) -> anyhow::Result<()> {
     if !std::process::Command::new("kill")
         .args([sig, pid])
@@ -414,12 +462,13 @@ async fn deliver(
     http: &reqwest::Client,
     port: u16,
     ledger: &Mutex<Ledger>,
+    source: &'static str,
     id: &str,
     event: &str,
     body: &[u8],
 ) {
     let answer = http
-        .post(format!("http://127.0.0.1:{port}/webhooks/github"))
+        .post(format!("http://127.0.0.1:{port}/webhooks/github/{source}"))
         .timeout(Duration::from_secs(10))
         .header("content-type", "application/json")
         .header("x-github-event", event)
@@ -435,6 +484,7 @@ async fn deliver(
         ledger.failed_requests += 1;
     }
     let entry = ledger.sent.entry(id.to_owned()).or_insert_with(|| Sent {
+        source,
         event: event.to_owned(),
         body: body.to_vec(),
         ok: false,
@@ -449,7 +499,7 @@ async fn deliver(
 }
 
 /// The steady stream: new deliveries at `rate` per second, one in ten a
-/// redelivery of an earlier one.
+/// redelivery of an earlier one, one in three to the `relay` source.
 async fn traffic(
     http: reqwest::Client,
     port: u16,
@@ -478,18 +528,24 @@ async fn traffic(
             let mut l = ledger.lock().expect("ledger");
             let s = l.sent.get(&id).cloned()?;
             l.redeliveries += 1;
-            Some((id, s.event, s.body))
+            Some((id, s.source, s.event, s.body))
         });
-        let (id, event, body) = match redelivery {
+        let (id, source, event, body) = match redelivery {
             Some(found) => found,
             None => {
                 let f = &payloads[n as usize % payloads.len()];
                 let id = format!("fault-{n}-{}", uuid::Uuid::new_v4().simple());
+                let source = if n.is_multiple_of(3) {
+                    "relay"
+                } else {
+                    "store"
+                };
                 let mut l = ledger.lock().expect("ledger");
                 l.order.push(id.clone());
                 l.sent.insert(
                     id.clone(),
                     Sent {
+                        source,
                         event: f.event.clone(),
                         body: f.body.clone(),
                         ok: false,
@@ -497,11 +553,13 @@ async fn traffic(
                         failures: 0,
                     },
                 );
-                (id, f.event.clone(), f.body.clone())
+                (id, source, f.event.clone(), f.body.clone())
             }
         };
         let (http, ledger) = (http.clone(), ledger.clone());
-        tokio::spawn(async move { deliver(&http, port, &ledger, &id, &event, &body).await });
+        tokio::spawn(
+            async move { deliver(&http, port, &ledger, source, &id, &event, &body).await },
+        );
     }
 }
 
@@ -534,6 +592,17 @@ async fn main() -> anyhow::Result<()> {
             "create table hookinbox_effect_log (provider text, source text, hook_id text, delivery_id text, at timestamptz default now())",
         )
         .await?;
+    let receiver = Receiver::ok().await;
+    let config = root.join("sources.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[sources]]\nname = \"store\"\nsecrets = [\"{SECRET}\"]\nhandler = {{ kind = \"store\" }}\n\n\
+             [[sources]]\nname = \"relay\"\nsecrets = [\"{SECRET}\"]\n\
+             handler = {{ kind = \"forward\", url = \"{}\", timeout_ms = 2000 }}\n",
+            receiver.url
+        ),
+    )?;
     let pg_proxy = Proxy::start(&format!("127.0.0.1:{}", pg.port)).await;
     let amqp_proxy = Proxy::start(&format!("127.0.0.1:{}", rabbit.port)).await;
     let ledger = Arc::new(Mutex::new(Ledger::default()));
@@ -549,6 +618,8 @@ async fn main() -> anyhow::Result<()> {
         ingest: None,
         workers: vec![None, None, None],
         counts: HashMap::new(),
+        windows: Vec::new(),
+        config,
         http: reqwest::Client::new(),
     };
     suite.spawn_ingest(None)?;
@@ -575,10 +646,17 @@ async fn main() -> anyhow::Result<()> {
         eprintln!("faults: cycle {}/{cycles}", cycle + 1);
         for k in 0..kills_per_cycle {
             let point = points[(k as usize) % points.len()];
+            let since = Instant::now();
             suite.worker_kill((k as usize) % 3, point).await?;
+            suite.window(since);
         }
+        let since = Instant::now();
         suite.ingest_kill().await?;
+        suite.window(since);
+        let since = Instant::now();
         suite.lease_steal(cycle as usize % 3).await?;
+        suite.window(since);
+        let since = Instant::now();
         if cycle % 2 == 0 {
             suite.rabbit.restart_app()?;
             suite.count("broker stop_app/start_app");
@@ -586,18 +664,55 @@ async fn main() -> anyhow::Result<()> {
             suite.rabbit.kill9_and_boot()?;
             suite.count("broker kill -9");
         }
+        suite.window(since);
+        let since = Instant::now();
         suite.pg.stop_immediate()?;
         tokio::time::sleep(Duration::from_secs(1)).await;
         suite.pg.start()?;
         suite.count("postgres stop -m immediate");
+        suite.window(since);
+        let since = Instant::now();
         suite.pg_proxy.close();
         tokio::time::sleep(Duration::from_secs(2)).await;
         suite.pg_proxy.reopen();
         suite.count("worker-postgres connections cut");
+        suite.window(since);
+        let since = Instant::now();
         suite.amqp_proxy.close();
         tokio::time::sleep(Duration::from_secs(2)).await;
         suite.amqp_proxy.reopen();
         suite.count("ingest-broker connections cut");
+        suite.window(since);
+        suite
+            .degrade(
+                Which::Postgres,
+                true,
+                "worker-postgres connections half-open 5 s",
+            )
+            .await;
+        suite
+            .degrade(
+                Which::Postgres,
+                false,
+                "worker-postgres connections delayed 200 ms for 5 s",
+            )
+            .await;
+        suite
+            .degrade(
+                Which::Broker,
+                true,
+                "ingest-broker connections half-open 5 s",
+            )
+            .await;
+        suite
+            .degrade(
+                Which::Broker,
+                false,
+                "ingest-broker connections delayed 200 ms for 5 s",
+            )
+            .await;
+        // A quiet stretch under traffic: any repeat here is a bug.
+        tokio::time::sleep(REPEAT_GRACE + STALL).await;
     }
     stop.cancel();
     let _ = stream.await;
@@ -607,16 +722,25 @@ async fn main() -> anyhow::Result<()> {
     let check = hookinbox_tests::connect(&suite.pg.url(suite.pg.port, &suite.db)).await;
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
-        let pending: Vec<(String, String, Vec<u8>)> = ledger
+        let pending: Vec<(String, &'static str, String, Vec<u8>)> = ledger
             .lock()
             .expect("ledger")
             .sent
             .iter()
             .filter(|(_, s)| !s.ok)
-            .map(|(id, s)| (id.clone(), s.event.clone(), s.body.clone()))
+            .map(|(id, s)| (id.clone(), s.source, s.event.clone(), s.body.clone()))
             .collect();
-        for (id, event, body) in &pending {
-            deliver(&suite.http, suite.ingest_port, &ledger, id, event, body).await;
+        for (id, source, event, body) in &pending {
+            deliver(
+                &suite.http,
+                suite.ingest_port,
+                &ledger,
+                source,
+                id,
+                event,
+                body,
+            )
+            .await;
         }
         let open: i64 = check
             .query_one(
@@ -668,10 +792,54 @@ async fn main() -> anyhow::Result<()> {
             .filter(|(_, s)| s.ok)
             .map(|(id, _)| id)
             .collect();
+        // Relayed deliveries, by the idempotency key they arrived with.
+        let arrivals = receiver.received();
+        let mut by_key: HashMap<&str, Vec<&hookinbox_tests::receiver::Received>> = HashMap::new();
+        for r in &arrivals {
+            by_key
+                .entry(r.header("idempotency-key").unwrap_or(""))
+                .or_default()
+                .push(r);
+        }
+        // Arrivals whose key names no relayed delivery, or whose delivery
+        // header or body is not that delivery's.
+        let mut wrong = 0usize;
+        for (key, rs) in &by_key {
+            let sent = key
+                .strip_prefix("github:relay:4242:")
+                .and_then(|id| Some((id, l.sent.get(id)?)))
+                .filter(|(_, s)| s.source == "relay");
+            wrong += match sent {
+                Some((id, s)) => rs
+                    .iter()
+                    .filter(|r| r.header("x-github-delivery") != Some(id) || r.body != s.body)
+                    .count(),
+                None => rs.len(),
+            };
+        }
+        let (mut repeats, mut stray) = (0usize, Vec::new());
+        for (key, rs) in by_key.iter_mut() {
+            rs.sort_by_key(|r| r.at);
+            let first = rs[0].at;
+            for r in &rs[1..] {
+                repeats += 1;
+                let around_a_fault = suite
+                    .windows
+                    .iter()
+                    .any(|(begin, end)| *begin <= r.at && *end + REPEAT_GRACE >= first);
+                if !around_a_fault {
+                    stray.push(*key);
+                }
+            }
+        }
         let lost: Vec<&&String> = accepted
             .iter()
             .filter(|id| {
-                effects.get(id.as_str()).copied().unwrap_or(0) != 1 && !dead.contains(id.as_str())
+                let done = match l.sent[id.as_str()].source {
+                    "relay" => by_key.contains_key(format!("github:relay:4242:{id}").as_str()),
+                    _ => effects.get(id.as_str()).copied().unwrap_or(0) == 1,
+                };
+                !done && !dead.contains(id.as_str())
             })
             .collect();
         let duplicates: Vec<(&String, &i64)> = effects.iter().filter(|(_, n)| **n > 1).collect();
@@ -692,7 +860,7 @@ async fn main() -> anyhow::Result<()> {
 
         let mut report = String::new();
         report.push_str(&format!(
-        "Fault-injection run: {cycles} cycle(s), {kills_per_cycle} worker kill(s) per cycle, {:.0} s, 3 workers, 40 deliveries/s.\n\n| fault | injected |\n|---|---|\n",
+        "Fault-injection run: {cycles} cycle(s), {kills_per_cycle} worker kill(s) per cycle, {:.0} s, 3 workers, 40 deliveries/s (two thirds to a `store` source, one third to a `forward` source).\n\n| fault | injected |\n|---|---|\n",
         started.elapsed().as_secs_f64()
     ));
         let mut counts: Vec<_> = suite.counts.iter().collect();
@@ -701,7 +869,10 @@ async fn main() -> anyhow::Result<()> {
             report.push_str(&format!("| {fault} | {n} |\n"));
         }
         report.push_str(&format!(
-        "\n| ledger | count |\n|---|---|\n| deliveries sent | {} |\n| redeliveries sent | {} |\n| requests that failed (no 2xx) | {} |\n| answered 2xx | {} |\n| effects | {} |\n| dead letters | {} |\n| **lost** (2xx, no effect, not dead-lettered) | **{}** |\n| **duplicate effects** | **{}** |\n| effects for never-sent ids | {} |\n| effects of deliveries that had a failed request (allowed) | {} |\n| fenced completions logged | {fenced} |\n",
+        "\n| ledger | count |\n|---|---|\n| deliveries sent | {} |\n| redeliveries sent | {} |\n| requests that failed (no 2xx) | {} |\n| answered 2xx | {} |\n| effects | {} |\n| dead letters | {} |\n| **lost** (2xx, no effect, not dead-lettered) | **{}** |\n| **duplicate effects** | **{}** |\n| effects for never-sent ids | {} |\n| effects of deliveries that had a failed request (allowed) | {} |\n| fenced completions logged | {fenced} |\n\
+        | relayed (`forward`) deliveries answered 2xx | {} |\n| relayed keys that arrived | {} |\n\
+        | repeated arrivals (same key, same body) | {repeats} |\n\
+        | **repeats outside a fault window** (+{}s grace) | **{}** |\n| arrivals with a wrong key, delivery id or body | {wrong} |\n",
         l.sent.len(),
         l.redeliveries,
         l.failed_requests,
@@ -715,9 +886,22 @@ async fn main() -> anyhow::Result<()> {
             .iter()
             .filter(|(id, s)| s.failures > 0 && effects.contains_key(id.as_str()))
             .count(),
+        accepted
+            .iter()
+            .filter(|id| l.sent[id.as_str()].source == "relay")
+            .count(),
+        by_key.len(),
+        REPEAT_GRACE.as_secs(),
+        stray.len(),
     ));
-        let failed = !lost.is_empty() || !duplicates.is_empty() || !unknown.is_empty();
-        let summary = format!("lost {lost:?}, duplicated {duplicates:?}, unknown {unknown:?}");
+        let failed = !lost.is_empty()
+            || !duplicates.is_empty()
+            || !unknown.is_empty()
+            || !stray.is_empty()
+            || wrong > 0;
+        let summary = format!(
+            "lost {lost:?}, duplicated {duplicates:?}, unknown {unknown:?}, stray repeats {stray:?}, wrong arrivals {wrong}"
+        );
         (report, failed, summary)
     };
     println!("{report}");
