@@ -489,6 +489,16 @@ pub struct WorkerArgs {
     )]
     pub concurrency: u16,
 
+    /// Completions per statement (1: no batching). Each row stays fenced by
+    /// its own token.
+    #[arg(
+        long,
+        env = "HOOKINBOX_COMPLETE_BATCH",
+        value_name = "HOOKINBOX_COMPLETE_BATCH",
+        default_value_t = 64
+    )]
+    pub complete_batch: usize,
+
     /// Address of the metrics listener (`/metrics`, `/healthz`, `/readyz`).
     #[arg(
         long,
@@ -627,6 +637,8 @@ pub struct WorkerConfig {
     pub common: CommonArgs,
     /// Jobs at once, and the prefetch.
     pub concurrency: u16,
+    /// Completions per statement.
+    pub complete_batch: usize,
     /// Metrics listener address (served while the worker runs).
     pub metrics_listen: SocketAddr,
     /// Handler time limit.
@@ -667,6 +679,9 @@ impl WorkerArgs {
         self.common.validate()?;
         if self.concurrency == 0 {
             return Err(invalid("HOOKINBOX_CONCURRENCY", "must be at least 1"));
+        }
+        if self.complete_batch == 0 {
+            return Err(invalid("HOOKINBOX_COMPLETE_BATCH", "must be at least 1"));
         }
         if self.handler_timeout_ms == 0 {
             return Err(invalid(
@@ -746,6 +761,7 @@ impl WorkerArgs {
             },
             common: self.common,
             concurrency: self.concurrency,
+            complete_batch: self.complete_batch,
             metrics_listen: self.metrics_listen,
             handler_timeout: Duration::from_millis(self.handler_timeout_ms),
             shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),

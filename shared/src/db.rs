@@ -29,6 +29,10 @@ pub enum DbError {
     /// The pool could not be built.
     #[error("cannot build the Postgres pool: {0}")]
     Build(#[from] deadpool_postgres::BuildError),
+    /// A batched statement (group commit) failed; whether it committed is
+    /// unknown.
+    #[error("batched Postgres statement failed: {0}")]
+    Batch(String),
     /// A stored row no longer parses (edited by hand?).
     #[error("a stored delivery has an invalid {0}")]
     BadRow(&'static str),

@@ -640,6 +640,151 @@ pub async fn complete(
     Ok(row.get::<_, i64>(0) == 1)
 }
 
+/// A `github_events` row that the completing statement itself writes (see
+/// [`complete_batch`]).
+#[derive(Clone, Debug)]
+pub struct StoredEvent {
+    /// `X-GitHub-Event`.
+    pub event: String,
+    /// The payload's `action`.
+    pub action: Option<String>,
+    /// The payload as JSON text.
+    pub payload: String,
+    /// When ingest first claimed the delivery.
+    pub received_at: DateTime<Utc>,
+}
+
+/// One completion for [`complete_batch`].
+#[derive(Clone, Debug)]
+pub struct Completing {
+    /// The delivery.
+    pub key: DeliveryKey,
+    /// The token its holder took it with.
+    pub token: ClaimToken,
+    /// The event to store with the completion, if the effect is one.
+    pub store: Option<StoredEvent>,
+}
+
+/// The batched completion, with an optional extra step for the
+/// fault-injection suite's effect log.
+macro_rules! complete_batch_sql {
+    ($log:literal) => {
+        concat!(
+            "
+with input as (
+    select * from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::uuid[],
+                         $6::bool[], $7::text[], $8::text[], $9::text[], $10::timestamptz[])
+        as i(provider, source, hook_id, delivery_id, token, store, event, action, payload,
+             received_at)
+), done as (
+    update deliveries d
+    set status = 'completed', completed_at = now(), retryable = false, next_attempt_at = null
+    from input i
+    where d.provider = i.provider and d.source = i.source and d.hook_id = i.hook_id
+      and d.delivery_id = i.delivery_id
+      and d.claim_token = i.token and d.status = 'processing'
+    returning d.provider, d.source, d.hook_id, d.delivery_id, i.token
+), effects as (
+    select i.* from input i join done using (provider, source, hook_id, delivery_id, token)
+    where i.store
+), stored as (
+    insert into github_events
+        (provider, source, hook_id, delivery_id, event, action, payload, received_at)
+    select provider, source, hook_id, delivery_id, event, action, payload::jsonb, received_at
+    from effects
+    on conflict do nothing
+), unparked as (
+    delete from parked_bodies p using done d
+    where p.provider = d.provider and p.source = d.source
+      and p.hook_id = d.hook_id and p.delivery_id = d.delivery_id
+)",
+            $log,
+            "
+select provider, source, hook_id, delivery_id, token from done"
+        )
+    };
+}
+
+#[cfg(not(feature = "failpoints"))]
+const COMPLETE_BATCH: &str = complete_batch_sql!("");
+
+// The fault-injection suite counts effects in a log without a unique key,
+// so that a second effect would show.
+#[cfg(feature = "failpoints")]
+const COMPLETE_BATCH: &str = complete_batch_sql!(
+    ", logged as (
+    insert into hookinbox_effect_log (provider, source, hook_id, delivery_id)
+    select provider, source, hook_id, delivery_id from effects
+)"
+);
+
+/// Group commit of completions: completes many deliveries, and writes the
+/// events of those whose effect is a stored event, in one statement
+/// (`UPDATE … FROM unnest(…)`), answering for each whether it completed
+/// (false: fenced).
+///
+/// Each row stays individually fenced: a row is completed only if its own
+/// token still holds it (`claim_token = token and status = 'processing'`),
+/// and its event is written only if that row completed, in the same
+/// statement and so the same transaction. A worker that lost its delivery
+/// to a takeover therefore neither completes it nor writes its effect, no
+/// matter which batch it rides in. The input is sorted by key so that
+/// concurrent batches lock rows in the same order.
+pub async fn complete_batch(
+    client: &impl GenericClient,
+    items: &[Completing],
+) -> Result<Vec<bool>, DbError> {
+    use std::collections::BTreeMap;
+    // One statement cannot update a row twice: one entry per (key, token).
+    let mut unique: BTreeMap<(KeyTuple, Uuid), usize> = BTreeMap::new();
+    for (i, item) in items.iter().enumerate() {
+        unique
+            .entry((key_tuple(&item.key), item.token.0))
+            .or_insert(i);
+    }
+    let pick = |f: &dyn Fn(&Completing) -> Option<String>| -> Vec<Option<String>> {
+        unique.values().map(|&i| f(&items[i])).collect()
+    };
+    let providers = pick(&|c| Some(c.key.provider.clone()));
+    let sources = pick(&|c| Some(c.key.source.as_str().to_owned()));
+    let hook_ids = pick(&|c| Some(c.key.hook_id.as_str().to_owned()));
+    let ids = pick(&|c| Some(c.key.delivery_id.as_str().to_owned()));
+    let events = pick(&|c| c.store.as_ref().map(|e| e.event.clone()));
+    let actions = pick(&|c| c.store.as_ref().and_then(|e| e.action.clone()));
+    let payloads = pick(&|c| c.store.as_ref().map(|e| e.payload.clone()));
+    let tokens: Vec<Uuid> = unique.values().map(|&i| items[i].token.0).collect();
+    let store: Vec<bool> = unique.values().map(|&i| items[i].store.is_some()).collect();
+    let received: Vec<Option<DateTime<Utc>>> = unique
+        .values()
+        .map(|&i| items[i].store.as_ref().map(|e| e.received_at))
+        .collect();
+    let stmt = client.prepare_cached(COMPLETE_BATCH).await?;
+    let rows = client
+        .query(
+            &stmt,
+            &[
+                &providers, &sources, &hook_ids, &ids, &tokens, &store, &events, &actions,
+                &payloads, &received,
+            ],
+        )
+        .await?;
+    let done: std::collections::HashSet<(KeyTuple, Uuid)> = rows
+        .iter()
+        .map(|r| ((r.get(0), r.get(1), r.get(2), r.get(3)), r.get(4)))
+        .collect();
+    // Only the entry that took part in the statement answers for its
+    // (key, token); a repeat of it in the same batch is not a second
+    // completion.
+    Ok(items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| {
+            let entry = (key_tuple(&item.key), item.token.0);
+            done.contains(&entry) && unique.get(&entry) == Some(&i)
+        })
+        .collect())
+}
+
 /// How a failed attempt is recorded.
 #[derive(Clone, Debug)]
 pub struct Failure {

@@ -33,9 +33,10 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use deadpool_postgres::Pool;
 
+use crate::batcher::CompletionBatcher;
 use crate::broker::Job;
 use crate::db::{Client, DbError};
-use crate::deliveries;
+use crate::deliveries::{self, Completing, StoredEvent};
 use crate::key::{ClaimToken, DeliveryKey, SourceName};
 use crate::payload::{self, ContentType};
 use crate::sources::HandlerConfig;
@@ -162,6 +163,10 @@ pub struct Effect {
     received_at: DateTime<Utc>,
     /// Set once the transaction began (and the row was fenced).
     tx: Option<Client>,
+    /// An event to write with the completion (see [`Effect::store_event`]).
+    staged: Option<StoredEvent>,
+    /// Group commit of completions, when the runtime runs one.
+    completions: Option<CompletionBatcher>,
 }
 
 impl Effect {
@@ -180,7 +185,58 @@ impl Effect {
             attempt,
             received_at,
             tx: None,
+            staged: None,
+            completions: None,
         }
+    }
+
+    /// Completes through `batcher` (group commit) instead of a statement of
+    /// its own.
+    pub fn with_completions(mut self, batcher: CompletionBatcher) -> Self {
+        self.completions = Some(batcher);
+        self
+    }
+
+    /// Writes `event` into `github_events` as this delivery's effect.
+    ///
+    /// Without an open transaction, the row is written by the completing
+    /// statement itself ([`deliveries::complete_batch`]): the fence, the
+    /// effect and the completion are one statement, batched with other
+    /// jobs' completions, and the row is written only if this attempt's
+    /// token still holds the delivery. Inside a transaction the handler
+    /// opened, it is written there, after that transaction's fence.
+    pub async fn store_event(&mut self, event: StoredEvent) -> Result<(), HandlerError> {
+        let Some(tx) = self.tx.as_ref() else {
+            self.staged = Some(event);
+            return Ok(());
+        };
+        let stmt = tx.prepare_cached(STORE_EVENT).await?;
+        // `on conflict do nothing`: the fence already makes a second effect
+        // impossible; this keeps a replayed request, claimed anew after its
+        // delivery row was swept, from failing forever.
+        tx.execute(
+            &stmt,
+            &[
+                &self.key.provider,
+                &self.key.source.as_str(),
+                &self.key.hook_id.as_str(),
+                &self.key.delivery_id.as_str(),
+                &event.event,
+                &event.action,
+                &event.payload,
+                &event.received_at,
+            ],
+        )
+        .await?;
+        // The fault-injection suite counts effects in a log without a
+        // unique key, so that a second effect would show.
+        #[cfg(feature = "failpoints")]
+        tx.execute(
+            "insert into hookinbox_effect_log (provider, source, hook_id, delivery_id) values ($1, $2, $3, $4)",
+            &[&self.key.provider, &self.key.source, &self.key.hook_id, &self.key.delivery_id],
+        )
+        .await?;
+        Ok(())
     }
 
     /// This attempt's number, starting at 1.
@@ -210,6 +266,10 @@ impl Effect {
                 self.rollback().await;
                 return Err(HandlerError::Fenced);
             }
+            // An event staged before the transaction began joins it.
+            if let Some(event) = self.staged.take() {
+                self.store_event(event).await?;
+            }
         }
         self.tx
             .as_ref()
@@ -238,14 +298,27 @@ impl Effect {
                 result
             }
             None => {
-                let client = self.pool.get().await?;
-                Ok(
-                    if deliveries::complete(&client, &self.key, self.token).await? {
-                        Completion::Completed
-                    } else {
-                        Completion::Fenced
-                    },
-                )
+                let item = Completing {
+                    key: self.key.clone(),
+                    token: self.token,
+                    store: self.staged.take(),
+                };
+                let completed = match &self.completions {
+                    Some(batcher) => batcher.submit(item).await.map_err(DbError::Batch)?,
+                    None => {
+                        let client = self.pool.get().await?;
+                        deliveries::complete_batch(&client, std::slice::from_ref(&item))
+                            .await?
+                            .first()
+                            .copied()
+                            .unwrap_or(false)
+                    }
+                };
+                Ok(if completed {
+                    Completion::Completed
+                } else {
+                    Completion::Fenced
+                })
             }
         }
     }
@@ -300,34 +373,15 @@ impl Handler for Store {
             .ok_or_else(|| HandlerError::permanent("unsupported content type"))?;
         let json = payload::json_text(content_type, &job.body)
             .map_err(|e| HandlerError::permanent(e.to_string()))?;
-        let received_at = effect.received_at();
-        let tx = effect.transaction().await?;
-        let stmt = tx.prepare_cached(STORE_EVENT).await?;
-        // `on conflict do nothing`: the fence already makes a second effect
-        // impossible; this keeps a replayed request, claimed anew after its
-        // delivery row was swept, from failing forever.
-        tx.execute(
-            &stmt,
-            &[
-                &job.key.provider,
-                &job.key.source.as_str(),
-                &job.key.hook_id.as_str(),
-                &job.key.delivery_id.as_str(),
-                &job.event.as_str(),
-                &job.action,
-                &json.as_ref(),
-                &received_at,
-            ],
-        )
-        .await?;
-        // The fault-injection suite counts effects in a log without a
-        // unique key, so that a second effect would show.
-        #[cfg(feature = "failpoints")]
-        tx.execute(
-            "insert into hookinbox_effect_log (provider, source, hook_id, delivery_id) values ($1, $2, $3, $4)",
-            &[&job.key.provider, &job.key.source, &job.key.hook_id, &job.key.delivery_id],
-        )
-        .await?;
+        effect
+            .store_event(StoredEvent {
+                event: job.event.as_str().to_owned(),
+                action: job.action.clone(),
+                payload: json.into_owned(),
+                received_at: effect.received_at(),
+            })
+            .await?;
+        // Staged (or written in the handler's transaction), not committed.
         crate::kill_point!("worker.mid_effect");
         Ok(())
     }

@@ -144,9 +144,8 @@ impl IngestApp {
         tokio::spawn(metrics_server);
         let secret_matches = Arc::new(SecretMatches::default());
         let in_flight = Arc::new(tokio::sync::Semaphore::new(config.max_in_flight));
-        let batcher = (config.claim_batch > 1).then(|| {
-            crate::batcher::ClaimBatcher::start(pool.clone(), common.policy(), config.claim_batch)
-        });
+        let batcher = (config.claim_batch > 1)
+            .then(|| crate::batcher::claims(pool.clone(), common.policy(), config.claim_batch));
         let state = web::Data::new(State {
             batcher,
             in_flight,
@@ -443,7 +442,7 @@ async fn handle(
     let claim_started = std::time::Instant::now();
     let claim = match &state.batcher {
         Some(batcher) => batcher
-            .claim(deliveries::OwnedClaim {
+            .submit(deliveries::OwnedClaim {
                 key: key.clone(),
                 event: event.as_str().to_owned(),
                 action: action.clone(),

@@ -146,6 +146,8 @@ struct Inner {
     topology: Topology,
     /// Handler slots. A deferred copy waits without one.
     slots: Semaphore,
+    /// Group commit of completions.
+    completions: crate::batcher::CompletionBatcher,
     /// Whether the consumer is attached (for `/readyz`).
     consuming: std::sync::atomic::AtomicBool,
 }
@@ -169,10 +171,12 @@ impl Worker {
             topology.clone(),
             Duration::from_millis(common.publish_timeout_ms),
         );
+        let completions = crate::batcher::completions(pool.clone(), config.complete_batch);
         Ok(Self {
             inner: Arc::new(Inner {
                 policy: common.policy(),
                 slots: Semaphore::new(usize::from(config.concurrency)),
+                completions,
                 config,
                 pool,
                 handler,
@@ -555,7 +559,8 @@ impl Worker {
             token,
             attempts,
             created_at,
-        );
+        )
+        .with_completions(inner.completions.clone());
         let started = std::time::Instant::now();
         let ran = {
             let handle = AssertUnwindSafe(inner.handler.handle(job, &mut effect)).catch_unwind();
@@ -574,7 +579,17 @@ impl Worker {
 
         let failure = match ran {
             Ran::Returned(Ok(())) => {
-                return match effect.complete().await {
+                // A completion may wait on a lock or a full batch past the
+                // grace period. It is then left to Postgres: whichever way
+                // the statement ends, the token fences every later write,
+                // and the unacked message goes to another worker, whose take
+                // finds the delivery completed or takes it over once this
+                // statement has let go of the row.
+                let completed = tokio::select! {
+                    completed = effect.complete() => completed,
+                    _ = stop.hard.cancelled() => return Attempt::Done(JobOutcome::Left),
+                };
+                return match completed {
                     Ok(Completion::Completed) => {
                         crate::kill_point!("worker.after_commit");
                         let e2e = chrono::Utc::now() - created_at;

@@ -93,8 +93,9 @@ async fn stale_worker_cannot_complete() {
         body: fixtures::own("push").into(),
     };
     let mut stale_effect = Effect::new(pool.clone(), k.clone(), stale, 1, chrono::Utc::now());
-    let result = Store.handle(&job, &mut stale_effect).await;
-    assert!(matches!(result, Err(HandlerError::Fenced)), "{result:?}");
+    // The store effect is staged: the completing statement writes it only
+    // if this token still holds the row, and it does not.
+    Store.handle(&job, &mut stale_effect).await.expect("staged");
     let completion = stale_effect.complete().await.expect("complete");
     assert_eq!(completion, Completion::Fenced);
     let failure = deliveries::Failure {
@@ -262,6 +263,107 @@ async fn worker_killed_mid_job_is_finished_by_another_after_the_lease() {
     assert_eq!(
         env.count("select attempts::bigint from deliveries").await,
         2
+    );
+    env.cleanup().await;
+}
+
+/// Claims and takes `id`, returning the live token.
+async fn taken(
+    env: &TestEnv,
+    client: &deadpool_postgres::Object,
+    id: &str,
+) -> hookinbox::key::ClaimToken {
+    let policy = env.common().policy();
+    let k = key(id);
+    let Claim::Claimed { token: t0, .. } = deliveries::claim(
+        client,
+        &policy,
+        NewClaim {
+            key: &k,
+            event: "push",
+            action: None,
+            body_sha256: &[7; 32],
+        },
+    )
+    .await
+    .expect("claim") else {
+        panic!("new key must be claimed")
+    };
+    let raw = fixtures::own("push");
+    let body = deliveries::ParkedBody {
+        content_type: "application/json",
+        headers: &[],
+        body: &raw,
+    };
+    let Take::Taken { token, .. } = deliveries::take(client, &policy, &k, t0, body)
+        .await
+        .expect("take")
+    else {
+        panic!("take")
+    };
+    token
+}
+
+#[tokio::test]
+async fn a_batch_of_completions_fences_each_row_by_its_own_token() {
+    let env = TestEnv::new().await;
+    let pool = hookinbox::db::pool(&env.database_url, 2).expect("pool");
+    let client = pool.get().await.expect("client");
+    let event = || {
+        Some(deliveries::StoredEvent {
+            event: "push".to_owned(),
+            action: None,
+            payload: r#"{"ok":true}"#.to_owned(),
+            received_at: chrono::Utc::now(),
+        })
+    };
+    let live = taken(&env, &client, "batch-live").await;
+    let _held = taken(&env, &client, "batch-stale").await;
+    let twice = taken(&env, &client, "batch-twice").await;
+    let plain = taken(&env, &client, "batch-plain").await;
+    let stale = hookinbox::key::ClaimToken::new();
+    let item = |id: &str, token, store| deliveries::Completing {
+        key: key(id),
+        token,
+        store,
+    };
+    let answers = deliveries::complete_batch(
+        &client,
+        &[
+            item("batch-live", live, event()),
+            // A stale holder rides in the same batch: fenced, no effect.
+            item("batch-stale", stale, event()),
+            // The same key under a stale and the live token, and the live
+            // entry repeated: one completion, one effect.
+            item("batch-twice", stale, event()),
+            item("batch-twice", twice, event()),
+            item("batch-twice", twice, event()),
+            // An effect outside Postgres: completion only.
+            item("batch-plain", plain, None),
+        ],
+    )
+    .await
+    .expect("batch");
+    assert_eq!(answers, vec![true, false, false, true, false, true]);
+    let stored: Vec<String> = env
+        .db
+        .query("select delivery_id from github_events order by 1", &[])
+        .await
+        .expect("events")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(stored, vec!["batch-live", "batch-twice"]);
+    assert_eq!(
+        env.count("select count(*) from deliveries where status = 'completed'")
+            .await,
+        3
+    );
+    assert_eq!(
+        env.count("select count(*) from deliveries where status = 'processing'")
+            .await,
+        1,
+        "the stale holder's row is untouched"
     );
     env.cleanup().await;
 }

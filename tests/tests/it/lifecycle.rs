@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use hookinbox::handler::Store;
 use hookinbox::runtime::JobOutcome;
-use hookinbox_tests::{Hook, TestEnv, bin, connect, fixtures, proxy::Proxy, wait_until};
+use hookinbox_tests::receiver::{Receiver, Reply};
+use hookinbox_tests::{Hook, TestEnv, bin, connect, fixtures, proxy::Proxy, settle, wait_until};
 use tokio_util::sync::CancellationToken;
 
 async fn blocked_on_lock(env: &TestEnv) -> bool {
@@ -20,36 +21,26 @@ async fn blocked_on_lock(env: &TestEnv) -> bool {
         .unwrap_or(false)
 }
 
-#[tokio::test]
-async fn sigterm_releases_unfinished_leases_and_leaves_messages_for_another_worker() {
-    let env = TestEnv::new().await;
-    let ingest = env.ingest().await;
-    let blocker = connect(&env.database_url).await;
-    blocker
-        .batch_execute("begin; lock table github_events in access exclusive mode")
-        .await
-        .expect("lock");
-    let mut child = tokio::process::Command::new(bin("hookinbox-worker"))
-        .env("DATABASE_URL", &env.database_url)
+fn spawn_worker(env: &TestEnv, extra: &[(&str, &str)]) -> tokio::process::Child {
+    let mut cmd = tokio::process::Command::new(bin("hookinbox-worker"));
+    cmd.env("DATABASE_URL", &env.database_url)
         .env("AMQP_URL", hookinbox_tests::amqp_url())
         .env("HOOKINBOX_QUEUE_PREFIX", &env.prefix)
         .env("HOOKINBOX_AUTO_MIGRATE", "false")
         .env("HOOKINBOX_METRICS_LISTEN", "127.0.0.1:0")
-        .env("HOOKINBOX_SHUTDOWN_GRACE_SECS", "1")
-        .stdout(Stdio::null())
+        .env("HOOKINBOX_SHUTDOWN_GRACE_SECS", "1");
+    for (k, v) in extra {
+        cmd.env(k, v);
+    }
+    cmd.stdout(Stdio::null())
         .stderr(Stdio::null())
         .kill_on_drop(true)
         .spawn()
-        .expect("worker starts");
-    let hook = Hook::new("push", fixtures::own("push"));
-    assert_eq!(ingest.send(&hook).await.status, 202);
-    wait_until(
-        "the job to block in its effect",
-        Duration::from_secs(20),
-        || blocked_on_lock(&env),
-    )
-    .await;
+        .expect("worker starts")
+}
 
+/// Sends SIGTERM and expects a clean exit within the grace period.
+async fn terminate(mut child: tokio::process::Child) {
     let pid = child.id().expect("pid").to_string();
     let killed = std::process::Command::new("kill")
         .args(["-TERM", &pid])
@@ -61,6 +52,35 @@ async fn sigterm_releases_unfinished_leases_and_leaves_messages_for_another_work
         .expect("exits within the grace period")
         .expect("wait");
     assert!(status.success(), "clean exit: {status:?}");
+}
+
+#[tokio::test]
+async fn sigterm_releases_unfinished_leases_and_leaves_messages_for_another_worker() {
+    let env = TestEnv::new().await;
+    let ingest = env.ingest().await;
+    // A forward receiver that never answers in time: the job is stuck in
+    // its handler, before any effect.
+    let receiver = Receiver::start(|_, _| Reply {
+        delay: Duration::from_secs(60),
+        ..Reply::status(200)
+    })
+    .await;
+    let child = spawn_worker(
+        &env,
+        &[
+            ("HOOKINBOX_HANDLER", "forward"),
+            ("HOOKINBOX_FORWARD_URL", &receiver.url),
+        ],
+    );
+    let hook = Hook::new("push", fixtures::own("push"));
+    assert_eq!(ingest.send(&hook).await.status, 202);
+    wait_until(
+        "the job to wait in its handler",
+        Duration::from_secs(20),
+        || async { !receiver.received().is_empty() },
+    )
+    .await;
+    terminate(child).await;
 
     let released: bool = env
         .db
@@ -72,7 +92,6 @@ async fn sigterm_releases_unfinished_leases_and_leaves_messages_for_another_work
         .expect("row")
         .get(0);
     assert!(released, "the unfinished job's lease was released");
-    blocker.batch_execute("rollback").await.expect("unlock");
     wait_until(
         "the message to be back in the queue",
         Duration::from_secs(10),
@@ -83,6 +102,45 @@ async fn sigterm_releases_unfinished_leases_and_leaves_messages_for_another_work
     let report = env.store_worker().await.drain().await.expect("drain");
     assert_eq!(report.outcomes, vec![JobOutcome::Completed]);
     assert_eq!(env.events().await, 1);
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn sigterm_during_a_blocked_completion_exits_and_the_effect_still_happens_once() {
+    let env = TestEnv::new().await;
+    let ingest = env.ingest().await;
+    let blocker = connect(&env.database_url).await;
+    blocker
+        .batch_execute("begin; lock table github_events in access exclusive mode")
+        .await
+        .expect("lock");
+    let child = spawn_worker(&env, &[]);
+    let hook = Hook::new("push", fixtures::own("push"));
+    assert_eq!(ingest.send(&hook).await.status, 202);
+    wait_until(
+        "the completion to block on the lock",
+        Duration::from_secs(20),
+        || blocked_on_lock(&env),
+    )
+    .await;
+    // The completing statement is in Postgres's hands; the worker does not
+    // wait for it past its grace period.
+    terminate(child).await;
+    wait_until(
+        "the message to be back in the queue",
+        Duration::from_secs(10),
+        || async { env.work_depth().await == 1 },
+    )
+    .await;
+    blocker.batch_execute("rollback").await.expect("unlock");
+    let worker = env.store_worker().await;
+    let outcomes = settle(&env, &worker).await;
+    assert_eq!(outcomes.len(), 1);
+    assert!(
+        matches!(outcomes[0], JobOutcome::Completed | JobOutcome::Duplicate),
+        "{outcomes:?}"
+    );
+    assert_eq!(env.events().await, 1, "the effect happened exactly once");
     env.cleanup().await;
 }
 
