@@ -467,7 +467,7 @@ pub fn secrets_from_lines(name: &str, text: &str) -> Result<Secrets, ConfigError
 /// Which built-in handler a worker runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum HandlerKind {
-    /// Write each event into `github_events`, in the completing transaction.
+    /// Write each event into `github_events`, in the completing statement.
     Store,
     /// POST each event to `HOOKINBOX_FORWARD_URL`.
     Forward,

@@ -9,10 +9,14 @@
 //! 2. **Heartbeat** renews the lease about every third of it; a renewal that
 //!    finds the token gone cancels the handler.
 //! 3. **Fence before effect**: a database effect runs in a transaction that
-//!    first locks the row under the token ([`Effect::transaction`]).
+//!    first locks the row under the token ([`Effect::transaction`]), or (the
+//!    built-in `store`) is staged and written by the completing statement
+//!    itself, only for a row its token still holds
+//!    ([`deliveries::complete_batch`]).
 //! 4. **Complete in the same transaction** as the effect, guarded by the
 //!    token: a stale worker's write changes nothing and its effect rolls
-//!    back (*fenced*).
+//!    back (*fenced*). Completions without a transaction of their own are
+//!    batched across jobs (group commit), each row fenced by its own token.
 //! 5. **Ack after commit**: a crash before the ack redelivers the message,
 //!    whose take then finds the delivery completed and acks it.
 //!
