@@ -45,10 +45,11 @@ start_stack() {
   DATABASE_URL="$DB_URL" HOOKINBOX_QUEUE_PREFIX="$PREFIX" "$bin/hookinbox-worker" migrate >/dev/null
   DATABASE_URL="$DB_URL" HOOKINBOX_QUEUE_PREFIX="$PREFIX" HOOKINBOX_AUTO_MIGRATE=false \
     HOOKINBOX_LISTEN="127.0.0.1:$port" HOOKINBOX_METRICS_LISTEN="127.0.0.1:0" RUST_LOG=warn \
-    HOOKINBOX_CLAIM_BATCH="${CLAIM_BATCH:-64}" \
+    HOOKINBOX_CLAIM_BATCH="${CLAIM_BATCH:-64}" HOOKINBOX_PUBLISH_WINDOW="${PUBLISH_WINDOW:-256}" \
     "$bin/hookinbox-ingest" 2>/dev/null & INGEST_PID=$!; pids+=("$INGEST_PID"); stack_pids+=("$INGEST_PID")
   DATABASE_URL="$DB_URL" HOOKINBOX_QUEUE_PREFIX="$PREFIX" HOOKINBOX_AUTO_MIGRATE=false \
     HOOKINBOX_METRICS_LISTEN="127.0.0.1:0" HOOKINBOX_CONCURRENCY="${WORKER_CONCURRENCY:-32}" RUST_LOG=warn \
+    HOOKINBOX_COMPLETE_BATCH="${COMPLETE_BATCH:-64}" \
     "$bin/hookinbox-worker" 2>/dev/null & pids+=($!); stack_pids+=($!)
   INGEST_URL="http://127.0.0.1:$port/webhooks/github"
   for _ in $(seq 1 100); do curl -fsS "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && return; sleep 0.1; done
@@ -89,10 +90,19 @@ b_http=$(DATABASE_URL=unused "$bin/loadgen" --url "http://127.0.0.1:$http_port/"
   --step-duration "$STEP" | tee -a /dev/stderr | awk '/^S = / {print $3}')
 echo "B_http $b_http requests/s"
 
-echo "== hookinbox, claims one by one (HOOKINBOX_CLAIM_BATCH=1): highest sustainable rate"
-CLAIM_BATCH=1 start_stack single
-single=$(CLAIM_BATCH=1 loadgen --search --rate 100 --step-duration "$STEP" --redeliver 0.1 | tee -a /dev/stderr)
-s_single=$(echo "$single" | awk '/^S = / {print $3}')
+# Each optimisation turned off alone, for its before/after ratio.
+search_without() { # RESULT_VAR NAME VAR=VALUE: S with one setting changed
+  echo "== hookinbox with $3: highest sustainable rate"
+  export "${3?}"
+  start_stack "$2"
+  local out
+  out=$(loadgen --search --rate 100 --step-duration "$STEP" --redeliver 0.1 | tee -a /dev/stderr)
+  unset "${3%%=*}"
+  printf -v "$1" '%s' "$(echo "$out" | awk '/^S = / {print $3}')"
+}
+search_without s_single single CLAIM_BATCH=1
+search_without s_nowindow nowindow PUBLISH_WINDOW=1
+search_without s_nobatch nobatch COMPLETE_BATCH=1
 echo "== hookinbox (group commit): highest sustainable rate S"
 start_stack s
 search=$(loadgen --search --rate 100 --step-duration "$STEP" --redeliver 0.1 | tee -a /dev/stderr)
@@ -123,7 +133,9 @@ $(date -u +%Y-%m-%d), $cpu, $cores cores; Postgres 15 (synchronous_commit=$sync_
 | B_mq: raw lapin publisher, confirms, window 256, quorum queue | $b_mq messages/s |
 | B_http: actix, read body + HMAC, no I/O | $b_http requests/s |
 | **S**: highest sustainable rate of the whole pipeline (10 % redeliveries) | **$s deliveries/s** |
-| the same with claims one by one (HOOKINBOX_CLAIM_BATCH=1) | $s_single deliveries/s (group commit: $(ratio "$s" "$s_single") ×) |
+| the same with claims one by one (HOOKINBOX_CLAIM_BATCH=1) | $s_single deliveries/s (group-commit claims: S is $(ratio "$s" "$s_single") × this) |
+| the same with one publish confirmed at a time (HOOKINBOX_PUBLISH_WINDOW=1) | $s_nowindow deliveries/s (pipelined confirms: S is $(ratio "$s" "$s_nowindow") × this) |
+| the same with one completion per statement (HOOKINBOX_COMPLETE_BATCH=1) | $s_nobatch deliveries/s (batched completions: S is $(ratio "$s" "$s_nobatch") × this) |
 | S / B_pg1 | $(ratio "$s" "$b_pg1") |
 | S / B_mq | $(ratio "$s" "$b_mq") |
 | duplicate-redelivery throughput | $s_dup requests/s ($(ratio "${s_dup:-0}" "$s") × S) |

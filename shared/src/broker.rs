@@ -5,6 +5,7 @@
 //! once the broker has taken responsibility for the job
 //! (<https://www.rabbitmq.com/docs/confirms>).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -353,7 +354,12 @@ pub struct Publisher {
     topology: Topology,
     timeout: Duration,
     state: Mutex<PublisherState>,
+    /// Publishes awaiting their confirm at once.
+    window: Arc<tokio::sync::Semaphore>,
 }
+
+/// Publishes awaiting a confirm at once, by default.
+pub const DEFAULT_PUBLISH_WINDOW: usize = 256;
 
 #[derive(Default)]
 struct PublisherState {
@@ -376,7 +382,15 @@ impl Publisher {
             topology,
             timeout,
             state: Mutex::new(PublisherState::default()),
+            window: Arc::new(tokio::sync::Semaphore::new(DEFAULT_PUBLISH_WINDOW)),
         }
+    }
+
+    /// Allows `window` publishes to await their confirms at once (1: each
+    /// publish waits for the one before it to be confirmed).
+    pub fn with_window(mut self, window: usize) -> Self {
+        self.window = Arc::new(tokio::sync::Semaphore::new(window.max(1)));
+        self
     }
 
     /// The topology it publishes into.
@@ -469,6 +483,14 @@ impl Publisher {
         body: &[u8],
         properties: BasicProperties,
     ) -> Result<(), BrokerError> {
+        // Pipelined confirms: up to `window` publishes share the channel,
+        // each awaiting only its own confirm. The bound keeps a stalled
+        // broker from collecting an unbounded backlog of unconfirmed bodies.
+        let _permit = match tokio::time::timeout(self.timeout, self.window.acquire()).await {
+            Ok(Ok(permit)) => permit,
+            Ok(Err(_)) => return Err(BrokerError::Unavailable("publisher closed".to_owned())),
+            Err(_) => return Err(BrokerError::Timeout(self.timeout)),
+        };
         let channel = self.channel().await?;
         let confirm = async {
             let confirm = channel

@@ -134,6 +134,16 @@ pub struct CommonArgs {
     )]
     pub publish_timeout_ms: u64,
 
+    /// Publishes awaiting their confirm at once (pipelined confirms; 1
+    /// confirms one publish at a time).
+    #[arg(
+        long,
+        env = "HOOKINBOX_PUBLISH_WINDOW",
+        value_name = "HOOKINBOX_PUBLISH_WINDOW",
+        default_value_t = crate::broker::DEFAULT_PUBLISH_WINDOW
+    )]
+    pub publish_window: usize,
+
     /// Maximum Postgres connections of this process.
     #[arg(
         long,
@@ -191,6 +201,9 @@ impl CommonArgs {
         }
         if self.db_pool_size == 0 {
             return Err(invalid("HOOKINBOX_DB_POOL_SIZE", "must be at least 1"));
+        }
+        if self.publish_window == 0 {
+            return Err(invalid("HOOKINBOX_PUBLISH_WINDOW", "must be at least 1"));
         }
         if self.db_timeout_ms == 0 {
             return Err(invalid("HOOKINBOX_DB_TIMEOUT_MS", "must be at least 1"));

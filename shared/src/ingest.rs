@@ -127,7 +127,8 @@ impl IngestApp {
             "hookinbox-ingest",
             Topology::new(&common.queue_prefix),
             Duration::from_millis(common.publish_timeout_ms),
-        );
+        )
+        .with_window(common.publish_window);
         // Declares the topology now if the broker is up; if not, the first
         // publish connects and /readyz says so meanwhile.
         if let Err(e) = publisher.connect().await {

@@ -174,7 +174,8 @@ impl Worker {
             "hookinbox-worker",
             topology.clone(),
             Duration::from_millis(common.publish_timeout_ms),
-        );
+        )
+        .with_window(common.publish_window);
         let completions = crate::batcher::completions(pool.clone(), config.complete_batch);
         Ok(Self {
             inner: Arc::new(Inner {

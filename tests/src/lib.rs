@@ -106,6 +106,7 @@ impl TestEnv {
             lease_secs: 30,
             max_attempts: 5,
             publish_timeout_ms: 3000,
+            publish_window: 256,
             db_pool_size: 8,
             db_timeout_ms: 30_000,
         }
