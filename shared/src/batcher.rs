@@ -7,8 +7,8 @@
 //! one turns many commits, and their fsyncs, into one.
 //!
 //! Ingest batches its claims ([`ClaimBatcher`], [`deliveries::claim_batch`])
-//! and the worker its completions ([`CompletionBatcher`],
-//! [`deliveries::complete_batch`]).
+//! and the worker its takes ([`TakeBatcher`], [`deliveries::take_batch`])
+//! and completions ([`CompletionBatcher`], [`deliveries::complete_batch`]).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -16,7 +16,8 @@ use std::sync::Arc;
 use deadpool_postgres::Pool;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use crate::deliveries::{self, Claim, Completing, OwnedClaim, Policy};
+use crate::deliveries::{self, Claim, Completing, OwnedClaim, Policy, Take};
+use crate::key::{ClaimToken, DeliveryKey};
 
 /// Batches running at once: enough to keep Postgres busy while the next
 /// batch fills, few enough that batches stay large under load.
@@ -110,6 +111,23 @@ pub fn claims(pool: Pool, policy: Policy, max_batch: usize) -> ClaimBatcher {
         async move {
             let client = pool.get().await.map_err(|e| e.to_string())?;
             deliveries::claim_batch(&client, &policy, &claims)
+                .await
+                .map_err(|e| e.to_string())
+        }
+    })
+}
+
+/// The worker's takes, `HOOKINBOX_TAKE_BATCH` per statement; `None` means
+/// the fast path did not take it (see [`deliveries::take_batch`]).
+pub type TakeBatcher = Batcher<(DeliveryKey, ClaimToken), Option<Take>>;
+
+/// Starts the take collector.
+pub fn takes(pool: Pool, policy: Policy, max_batch: usize) -> TakeBatcher {
+    Batcher::start(max_batch, move |items: Vec<(DeliveryKey, ClaimToken)>| {
+        let pool = pool.clone();
+        async move {
+            let client = pool.get().await.map_err(|e| e.to_string())?;
+            deliveries::take_batch(&client, &policy, &items)
                 .await
                 .map_err(|e| e.to_string())
         }

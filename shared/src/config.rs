@@ -512,6 +512,15 @@ pub struct WorkerArgs {
     )]
     pub complete_batch: usize,
 
+    /// Takes per statement (1: no batching).
+    #[arg(
+        long,
+        env = "HOOKINBOX_TAKE_BATCH",
+        value_name = "HOOKINBOX_TAKE_BATCH",
+        default_value_t = 64
+    )]
+    pub take_batch: usize,
+
     /// Address of the metrics listener (`/metrics`, `/healthz`, `/readyz`).
     #[arg(
         long,
@@ -652,6 +661,8 @@ pub struct WorkerConfig {
     pub concurrency: u16,
     /// Completions per statement.
     pub complete_batch: usize,
+    /// Takes per statement.
+    pub take_batch: usize,
     /// Metrics listener address (served while the worker runs).
     pub metrics_listen: SocketAddr,
     /// Handler time limit.
@@ -695,6 +706,9 @@ impl WorkerArgs {
         }
         if self.complete_batch == 0 {
             return Err(invalid("HOOKINBOX_COMPLETE_BATCH", "must be at least 1"));
+        }
+        if self.take_batch == 0 {
+            return Err(invalid("HOOKINBOX_TAKE_BATCH", "must be at least 1"));
         }
         if self.handler_timeout_ms == 0 {
             return Err(invalid(
@@ -775,6 +789,7 @@ impl WorkerArgs {
             common: self.common,
             concurrency: self.concurrency,
             complete_batch: self.complete_batch,
+            take_batch: self.take_batch,
             metrics_listen: self.metrics_listen,
             handler_timeout: Duration::from_millis(self.handler_timeout_ms),
             shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),

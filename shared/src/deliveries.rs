@@ -570,6 +570,102 @@ pub async fn take(
     }
 }
 
+const TAKE_BATCH: &str = "
+with input as (
+    select * from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::uuid[], $6::uuid[])
+        as i(provider, source, hook_id, delivery_id, presented, token)
+), prev as (
+    select d.provider, d.source, d.hook_id, d.delivery_id, d.claim_token as prev_token
+    from deliveries d join input i using (provider, source, hook_id, delivery_id)
+    order by d.provider, d.source, d.hook_id, d.delivery_id
+    for update of d
+)
+update deliveries d
+set status = 'processing', retryable = false, next_attempt_at = null,
+    claim_token = i.token, lease_until = now() + make_interval(secs => $7),
+    attempts = d.attempts + 1
+from input i join prev p using (provider, source, hook_id, delivery_id)
+where d.provider = i.provider and d.source = i.source and d.hook_id = i.hook_id
+  and d.delivery_id = i.delivery_id
+  and d.attempts < $8
+  and ((d.status = 'processing' and (d.claim_token = i.presented or d.lease_until < now()))
+    or (d.status = 'failed' and d.last_error_class = 'lost'))
+returning d.provider, d.source, d.hook_id, d.delivery_id, d.attempts,
+          p.prev_token <> i.presented and d.last_error_class is distinct from 'lost',
+          d.created_at";
+
+/// Group commit of takes: the common case of [`take`] (the delivery can be
+/// taken) for many messages in one statement. Each answer is
+/// `Some(Take::Taken)` exactly when [`take`] would have taken it, under the
+/// same compare-and-set (the message's token, or an expired lease, or a
+/// `lost` row, and attempts left); `None` means "not taken here", and the
+/// caller runs [`take`] for that message, which decides the rarer outcomes
+/// (poison, deferred, resolved).
+///
+/// Rows are locked in key order, so concurrent batches cannot deadlock; a
+/// key that appears twice takes part once (one statement cannot update a
+/// row twice), and its repeats answer `None`.
+pub async fn take_batch(
+    client: &impl GenericClient,
+    policy: &Policy,
+    items: &[(DeliveryKey, ClaimToken)],
+) -> Result<Vec<Option<Take>>, DbError> {
+    use std::collections::{BTreeMap, HashMap};
+    let mut firsts: BTreeMap<KeyTuple, usize> = BTreeMap::new();
+    for (i, (key, _)) in items.iter().enumerate() {
+        firsts.entry(key_tuple(key)).or_insert(i);
+    }
+    let tokens: HashMap<usize, ClaimToken> =
+        firsts.values().map(|&i| (i, ClaimToken::new())).collect();
+    let column = |f: fn(&KeyTuple) -> &String| -> Vec<&String> { firsts.keys().map(f).collect() };
+    let presented: Vec<Uuid> = firsts.values().map(|&i| items[i].1.0).collect();
+    let new_tokens: Vec<Uuid> = firsts.values().map(|i| tokens[i].0).collect();
+    let stmt = client.prepare_cached(TAKE_BATCH).await?;
+    let rows = client
+        .query(
+            &stmt,
+            &[
+                &column(|k| &k.0),
+                &column(|k| &k.1),
+                &column(|k| &k.2),
+                &column(|k| &k.3),
+                &presented,
+                &new_tokens,
+                &secs(policy.lease),
+                &policy.max_attempts,
+            ],
+        )
+        .await?;
+    let mut taken: HashMap<KeyTuple, Take> = HashMap::new();
+    for r in rows {
+        let key: KeyTuple = (r.get(0), r.get(1), r.get(2), r.get(3));
+        let Some(&i) = firsts.get(&key) else {
+            continue;
+        };
+        taken.insert(
+            key,
+            Take::Taken {
+                token: tokens[&i],
+                attempts: r.get(4),
+                takeover: r.get(5),
+                created_at: r.get(6),
+            },
+        );
+    }
+    Ok(items
+        .iter()
+        .enumerate()
+        .map(|(i, (key, _))| {
+            let key = key_tuple(key);
+            if firsts.get(&key) == Some(&i) {
+                taken.remove(&key)
+            } else {
+                None
+            }
+        })
+        .collect())
+}
+
 const RENEW: &str = "
 update deliveries set lease_until = now() + make_interval(secs => $6)
 where provider = $1 and source = $2 and hook_id = $3 and delivery_id = $4

@@ -152,6 +152,8 @@ struct Inner {
     slots: Semaphore,
     /// Group commit of completions.
     completions: crate::batcher::CompletionBatcher,
+    /// Group commit of takes.
+    takes: crate::batcher::TakeBatcher,
     /// Whether the consumer is attached (for `/readyz`).
     consuming: std::sync::atomic::AtomicBool,
 }
@@ -177,11 +179,13 @@ impl Worker {
         )
         .with_window(common.publish_window);
         let completions = crate::batcher::completions(pool.clone(), config.complete_batch);
+        let takes = crate::batcher::takes(pool.clone(), common.policy(), config.take_batch);
         Ok(Self {
             inner: Arc::new(Inner {
                 policy: common.policy(),
                 slots: Semaphore::new(usize::from(config.concurrency)),
                 completions,
+                takes,
                 config,
                 pool,
                 handler,
@@ -454,18 +458,7 @@ impl Worker {
             if stop.hard.is_cancelled() {
                 return JobOutcome::Left;
             }
-            let taken = match inner.pool.get().await {
-                Ok(client) => deliveries::take(
-                    &client,
-                    &inner.policy,
-                    &job.key,
-                    presented,
-                    ParkedBody::of(job),
-                )
-                .await
-                .map_err(|e| e.to_string()),
-                Err(e) => Err(e.to_string()),
-            };
+            let taken = self.take(job, presented).await;
             let take = match taken {
                 Ok(take) => take,
                 Err(error) => {
@@ -535,6 +528,28 @@ impl Worker {
                 }
             }
         }
+    }
+
+    /// Takes the delivery of `job`: the common case rides in a batch with
+    /// other messages' takes; what the batch did not take goes through the
+    /// full take, which decides poison, deferred and resolved.
+    async fn take(&self, job: &Job, presented: ClaimToken) -> Result<Take, String> {
+        let inner = &self.inner;
+        if inner.config.take_batch > 1
+            && let Some(taken) = inner.takes.submit((job.key.clone(), presented)).await?
+        {
+            return Ok(taken);
+        }
+        let client = inner.pool.get().await.map_err(|e| e.to_string())?;
+        deliveries::take(
+            &client,
+            &inner.policy,
+            &job.key,
+            presented,
+            ParkedBody::of(job),
+        )
+        .await
+        .map_err(|e| e.to_string())
     }
 
     /// Runs the handler once under `token`, with the heartbeat and the time

@@ -135,6 +135,7 @@ impl TestEnv {
             common: self.common(),
             concurrency: 4,
             complete_batch: 64,
+            take_batch: 64,
             metrics_listen: "127.0.0.1:0".parse().expect("address"),
             handler_timeout_ms: 10_000,
             handler: hookinbox::config::HandlerKind::Store,

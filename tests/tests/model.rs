@@ -70,6 +70,10 @@ enum Op {
     Claim { other_body: bool },
     /// A worker takes the delivery, presenting the n-th token ever seen.
     Take(usize),
+    /// Two messages of the delivery, presenting the n-th and m-th tokens,
+    /// are taken in one batch, and what the batch did not take goes through
+    /// the full take, as the worker does.
+    TakeBatched(usize, usize),
     /// A holder renews its lease.
     Renew(usize),
     /// A holder runs the effect and completes.
@@ -102,6 +106,7 @@ impl ReferenceStateMachine for Model {
         prop_oneof![
             3 => any::<bool>().prop_map(|other_body| Op::Claim { other_body }),
             4 => (0..8usize).prop_map(Op::Take),
+            2 => (0..8usize, 0..8usize).prop_map(|(n, m)| Op::TakeBatched(n, m)),
             2 => (0..8usize).prop_map(Op::Renew),
             4 => (0..8usize).prop_map(Op::Complete),
             3 => (0..8usize, any::<bool>()).prop_map(|(token, retryable)| Op::Fail { token, retryable }),
@@ -256,6 +261,29 @@ impl Sut {
                         .expect("take")
                 {
                     self.tokens.push(token);
+                }
+            }
+            Op::TakeBatched(n, m) => {
+                let (Some(first), Some(second)) = (self.token(n), self.token(m)) else {
+                    return;
+                };
+                let items = [(self.key.clone(), first), (self.key.clone(), second)];
+                let answers = deliveries::take_batch(&client, &self.policy, &items)
+                    .await
+                    .expect("take batch");
+                assert!(answers[1].is_none(), "a repeated key takes part once");
+                for ((_, presented), answer) in items.iter().zip(answers) {
+                    let take = match answer {
+                        Some(taken) => taken,
+                        None => {
+                            deliveries::take(&client, &self.policy, &self.key, *presented, parked())
+                                .await
+                                .expect("take")
+                        }
+                    };
+                    if let Take::Taken { token, .. } = take {
+                        self.tokens.push(token);
+                    }
                 }
             }
             Op::Renew(n) => {
