@@ -49,7 +49,7 @@ start_stack() {
     "$bin/hookinbox-ingest" 2>/dev/null & INGEST_PID=$!; pids+=("$INGEST_PID"); stack_pids+=("$INGEST_PID")
   DATABASE_URL="$DB_URL" HOOKINBOX_QUEUE_PREFIX="$PREFIX" HOOKINBOX_AUTO_MIGRATE=false \
     HOOKINBOX_METRICS_LISTEN="127.0.0.1:0" HOOKINBOX_CONCURRENCY="${WORKER_CONCURRENCY:-32}" RUST_LOG=warn \
-    HOOKINBOX_COMPLETE_BATCH="${COMPLETE_BATCH:-64}" \
+    HOOKINBOX_COMPLETE_BATCH="${COMPLETE_BATCH:-64}" HOOKINBOX_TAKE_BATCH="${TAKE_BATCH:-64}" \
     "$bin/hookinbox-worker" 2>/dev/null & pids+=($!); stack_pids+=($!)
   INGEST_URL="http://127.0.0.1:$port/webhooks/github"
   for _ in $(seq 1 100); do curl -fsS "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && return; sleep 0.1; done
@@ -105,6 +105,7 @@ search_without() { # RESULT_VAR NAME VAR=VALUE: S with one setting changed
 search_without s_single single CLAIM_BATCH=1
 search_without s_nowindow nowindow PUBLISH_WINDOW=1
 search_without s_nobatch nobatch COMPLETE_BATCH=1
+search_without s_notake notake TAKE_BATCH=1
 echo "== hookinbox (group commit): highest sustainable rate S"
 start_stack s
 search=$(loadgen --search --rate 100 --step-duration "$STEP" --redeliver 0.1 | tee -a /dev/stderr)
@@ -138,6 +139,7 @@ $(date -u +%Y-%m-%d), $cpu, $cores cores; Postgres 15 (synchronous_commit=$sync_
 | the same with claims one by one (HOOKINBOX_CLAIM_BATCH=1) | $s_single deliveries/s (group-commit claims: S is $(ratio "$s" "$s_single") × this) |
 | the same with one publish confirmed at a time (HOOKINBOX_PUBLISH_WINDOW=1) | $s_nowindow deliveries/s (pipelined confirms: S is $(ratio "$s" "$s_nowindow") × this) |
 | the same with one completion per statement (HOOKINBOX_COMPLETE_BATCH=1) | $s_nobatch deliveries/s (batched completions: S is $(ratio "$s" "$s_nobatch") × this) |
+| the same with one take per statement (HOOKINBOX_TAKE_BATCH=1) | $s_notake deliveries/s (batched takes: S is $(ratio "$s" "$s_notake") × this) |
 | S / B_pg1 | $(ratio "$s" "$b_pg1") |
 | S / B_mq | $(ratio "$s" "$b_mq") |
 | duplicate-redelivery throughput | $s_dup requests/s ($(ratio "${s_dup:-0}" "$s") × S) |
