@@ -433,6 +433,14 @@ impl Suite {
         signal("-STOP", &pid)?;
         tokio::time::sleep(Duration::from_secs(9)).await;
         signal("-CONT", &pid)?;
+        // Awake, its jobs find their leases taken and are fenced. The armed
+        // point keeps stalling every later take for 3 s, so the worker is
+        // restarted unarmed once they are done: the fault ends here.
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        if let Some(mut woken) = self.workers[i].take() {
+            let _ = woken.kill().await;
+        }
+        self.spawn_worker(i, None)?;
         self.count("lease steal (SIGSTOP mid-job past the lease, SIGCONT)");
         Ok(())
     }
@@ -828,7 +836,13 @@ async fn main() -> anyhow::Result<()> {
                     .iter()
                     .any(|(begin, end)| *begin <= r.at && *end + REPEAT_GRACE >= first);
                 if !around_a_fault {
-                    stray.push(*key);
+                    let at =
+                        |t: std::time::Instant| t.saturating_duration_since(started).as_secs_f64();
+                    stray.push(format!(
+                        "{key} (first at {:.1} s, again at {:.1} s)",
+                        at(first),
+                        at(r.at)
+                    ));
                 }
             }
         }
@@ -858,6 +872,17 @@ async fn main() -> anyhow::Result<()> {
             })
             .sum::<usize>();
 
+        eprintln!(
+            "faults: fault windows (s since start): {:?}",
+            suite
+                .windows
+                .iter()
+                .map(|(b, e)| (
+                    format!("{:.1}", b.saturating_duration_since(started).as_secs_f64()),
+                    format!("{:.1}", e.saturating_duration_since(started).as_secs_f64())
+                ))
+                .collect::<Vec<_>>()
+        );
         let mut report = String::new();
         report.push_str(&format!(
         "Fault-injection run: {cycles} cycle(s), {kills_per_cycle} worker kill(s) per cycle, {:.0} s, 3 workers, 40 deliveries/s (two thirds to a `store` source, one third to a `forward` source).\n\n| fault | injected |\n|---|---|\n",
