@@ -5,6 +5,8 @@
 #
 #   scripts/bench.sh            full run (about 10 minutes)
 #   scripts/bench.sh --smoke    a 10-second load-generator run, no figures
+#   scripts/bench.sh --sizes RATE   fixed-rate runs across pool sizes and
+#                               worker concurrency (prefetch), to size them
 #
 # Settings: STEP (seconds per search step, default 10), HOLD (seconds at S
 # for the headline figure, default 60).
@@ -49,6 +51,7 @@ start_stack() {
     "$bin/hookinbox-ingest" 2>/dev/null & INGEST_PID=$!; pids+=("$INGEST_PID"); stack_pids+=("$INGEST_PID")
   DATABASE_URL="$DB_URL" HOOKINBOX_QUEUE_PREFIX="$PREFIX" HOOKINBOX_AUTO_MIGRATE=false \
     HOOKINBOX_METRICS_LISTEN="127.0.0.1:0" HOOKINBOX_CONCURRENCY="${WORKER_CONCURRENCY:-32}" RUST_LOG=warn \
+    HOOKINBOX_DB_POOL_SIZE="${DB_POOL:-16}" \
     HOOKINBOX_COMPLETE_BATCH="${COMPLETE_BATCH:-64}" HOOKINBOX_TAKE_BATCH="${TAKE_BATCH:-64}" \
     "$bin/hookinbox-worker" 2>/dev/null & pids+=($!); stack_pids+=($!)
   INGEST_URL="http://127.0.0.1:$port/webhooks/github"
@@ -60,6 +63,19 @@ loadgen() {
   DATABASE_URL="$DB_URL" HOOKINBOX_QUEUE_PREFIX="$PREFIX" AMQP_URL="$amqp" \
     "$bin/loadgen" --url "$INGEST_URL" "$@"
 }
+
+if [ "$mode" = "--sizes" ]; then
+  rate="${2:?usage: scripts/bench.sh --sizes RATE}"
+  for pool in 4 8 16 32; do
+    DB_POOL=$pool start_stack "pool$pool"
+    echo "worker HOOKINBOX_DB_POOL_SIZE=$pool: $(loadgen --rate "$rate" --duration "$STEP" --redeliver 0.1)"
+  done
+  for c in 8 16 32 64; do
+    WORKER_CONCURRENCY=$c start_stack "conc$c"
+    echo "worker HOOKINBOX_CONCURRENCY=$c: $(loadgen --rate "$rate" --duration "$STEP" --redeliver 0.1)"
+  done
+  exit 0
+fi
 
 if [ "$mode" = "--smoke" ]; then
   start_stack smoke

@@ -173,6 +173,15 @@ async fn queue_depth(args: &Args) -> u32 {
     depth
 }
 
+/// Waits (up to 5 minutes) until the work queue is empty, so that a search
+/// step never inherits the backlog of an unsustained step before it.
+async fn drained(args: &Args) {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while queue_depth(args).await > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
 fn rss_hwm_mib(pid: u32) -> Option<f64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
@@ -429,6 +438,7 @@ async fn main() -> anyhow::Result<()> {
             break;
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
+        drained(&args).await;
     }
     if bad == 0 {
         bad = args.max_rate;
@@ -436,6 +446,7 @@ async fn main() -> anyhow::Result<()> {
     while bad > good + good / 20 + 1 {
         let mid = (good + bad) / 2;
         tokio::time::sleep(Duration::from_secs(2)).await;
+        drained(&args).await;
         let out = run(&args, mid, args.step_duration, &payloads, &warm).await?;
         out.print();
         if out.sustainable() {
