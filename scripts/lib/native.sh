@@ -1,7 +1,8 @@
 # Shared by the scripts that run hookinbox natively against the local
 # Postgres and RabbitMQ. Source it from the repository root. It gives:
 #   free_port        a free local TCP port
-#   scratch_db NAME  creates database NAME, dropped on exit
+#   scratch_db NAME  creates database NAME, dropped on exit, and deletes
+#                    the queues of prefix NAME on exit
 #   pids+=(PID)      background processes, killed on exit
 #   $work            a temporary folder, removed on exit
 #   $base            the Postgres server URL (HOOKINBOX_TEST_POSTGRES)
@@ -24,6 +25,11 @@ native_cleanup() {
   wait 2>/dev/null || true
   for db in "${dbs[@]}"; do
     psql -q "$base/postgres" -c "drop database if exists $db with (force)" 2>/dev/null || true
+    # A stack's queues outlive it on the shared broker; a backlog left
+    # there costs RabbitMQ memory and CPU in every later run.
+    for q in "$db.work" "$db.dlq"; do
+      rabbitmqctl -q delete_queue "$q" >/dev/null 2>&1 || true
+    done
   done
   rm -rf "$work"
 }
