@@ -89,7 +89,7 @@ cores=$(nproc)
 sync_commit=$(psql -tAq "$base/postgres" -c 'show synchronous_commit')
 # Debian keeps pg_test_fsync out of PATH.
 test_fsync=$(command -v pg_test_fsync || ls /usr/lib/postgresql/*/bin/pg_test_fsync 2>/dev/null | tail -1)
-fsync=$(cd "$(mktemp -d)" && "$test_fsync" -s 2 2>/dev/null | grep -m1 -E 'fdatasync' | sed 's/^ *//;s/  */ /g' || true)
+fsync=$(cd "$(mktemp -d)" && "$test_fsync" -s 2 2>/dev/null | grep -m1 -E '^ +fdatasync +[0-9]' | sed 's/^ *//;s/  */ /g' || true)
 echo "$cpu, $cores cores, synchronous_commit=$sync_commit, $fsync"
 
 echo "== baselines"
