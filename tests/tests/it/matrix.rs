@@ -231,17 +231,26 @@ async fn past_the_in_flight_limit_ingest_sheds_load_at_once_with_429() {
     );
     let base = format!("http://127.0.0.1:{}", ingest.port);
     ingest.wait_ready().await;
-    // One request holds the only slot: its body is still arriving.
-    let mut holder = TcpStream::connect(("127.0.0.1", ingest.port))
-        .await
-        .expect("connect");
-    holder
-        .write_all(
-            b"POST /webhooks/github HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
-              X-GitHub-Event: push\r\nX-GitHub-Delivery: o1\r\nX-Hub-Signature-256: sha256=00\r\nContent-Length: 100\r\n\r\n{",
-        )
-        .await
-        .expect("write");
+    // Requests whose bodies are still arriving hold the only slot. Several
+    // connections, so that the slot is held even if one of them waits to
+    // be dispatched.
+    let mut holders = Vec::new();
+    for i in 0..4 {
+        let mut holder = TcpStream::connect(("127.0.0.1", ingest.port))
+            .await
+            .expect("connect");
+        holder
+            .write_all(
+                format!(
+                    "POST /webhooks/github HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+                     X-GitHub-Event: push\r\nX-GitHub-Delivery: o{i}\r\nX-Hub-Signature-256: sha256=00\r\nContent-Length: 100\r\n\r\n{{"
+                )
+                .as_bytes(),
+            )
+            .await
+            .expect("write");
+        holders.push(holder);
+    }
     let body = fixtures::own("push");
     let send = || async {
         let started = std::time::Instant::now();
@@ -274,7 +283,7 @@ async fn past_the_in_flight_limit_ingest_sheds_load_at_once_with_429() {
         "shed at once, not queued: {:?}",
         answer.1
     );
-    drop(holder);
+    drop(holders);
     hookinbox_tests::wait_until("the slot to free", Duration::from_secs(20), || async {
         send().await.0 == 202
     })
