@@ -114,7 +114,9 @@ async fn sigterm_during_a_blocked_completion_exits_and_the_effect_still_happens_
         .batch_execute("begin; lock table github_events in access exclusive mode")
         .await
         .expect("lock");
-    let child = spawn_worker(&env, &[]);
+    // A short lease: the next worker waits it out if the abandoned
+    // statement rolled back.
+    let child = spawn_worker(&env, &[("HOOKINBOX_LEASE_SECS", "5")]);
     let hook = Hook::new("push", fixtures::own("push"));
     assert_eq!(ingest.send(&hook).await.status, 202);
     wait_until(
