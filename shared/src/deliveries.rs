@@ -744,8 +744,9 @@ pub struct StoredEvent {
     pub event: String,
     /// The payload's `action`.
     pub action: Option<String>,
-    /// The payload as JSON text.
-    pub payload: String,
+    /// The payload as JSON text (UTF-8). A `Bytes` so that a JSON body is
+    /// shared with the job, not copied.
+    pub payload: bytes::Bytes,
     /// When ingest first claimed the delivery.
     pub received_at: DateTime<Utc>,
 }
@@ -847,7 +848,16 @@ pub async fn complete_batch(
     let ids = pick(&|c| Some(c.key.delivery_id.as_str().to_owned()));
     let events = pick(&|c| c.store.as_ref().map(|e| e.event.clone()));
     let actions = pick(&|c| c.store.as_ref().and_then(|e| e.action.clone()));
-    let payloads = pick(&|c| c.store.as_ref().map(|e| e.payload.clone()));
+    // Borrowed, not copied: the handler checked the payload is UTF-8.
+    let payloads: Vec<Option<std::borrow::Cow<'_, str>>> = unique
+        .values()
+        .map(|&i| {
+            items[i]
+                .store
+                .as_ref()
+                .map(|e| String::from_utf8_lossy(&e.payload))
+        })
+        .collect();
     let tokens: Vec<Uuid> = unique.values().map(|&i| items[i].token.0).collect();
     let store: Vec<bool> = unique.values().map(|&i| items[i].store.is_some()).collect();
     let received: Vec<Option<DateTime<Utc>>> = unique

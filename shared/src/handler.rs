@@ -223,7 +223,7 @@ impl Effect {
                 &self.key.delivery_id.as_str(),
                 &event.event,
                 &event.action,
-                &event.payload,
+                &String::from_utf8_lossy(&event.payload),
                 &event.received_at,
             ],
         )
@@ -377,7 +377,12 @@ impl Handler for Store {
             .store_event(StoredEvent {
                 event: job.event.as_str().to_owned(),
                 action: job.action.clone(),
-                payload: json.into_owned(),
+                // A JSON body (or a form field read in place) is a slice of
+                // the job's body; only a decoded form field is new bytes.
+                payload: match json {
+                    std::borrow::Cow::Borrowed(text) => job.body.slice_ref(text.as_bytes()),
+                    std::borrow::Cow::Owned(text) => bytes::Bytes::from(text),
+                },
                 received_at: effect.received_at(),
             })
             .await?;

@@ -34,26 +34,7 @@ async fn stale_worker_cannot_complete() {
         headers: &[],
         body: &raw,
     };
-    let Claim::Claimed { token: t0, .. } = deliveries::claim(
-        &client,
-        &policy,
-        NewClaim {
-            key: &k,
-            event: "push",
-            action: None,
-            body_sha256: &[7; 32],
-        },
-    )
-    .await
-    .expect("claim") else {
-        panic!("new key must be claimed")
-    };
-    let Take::Taken { token: stale, .. } = deliveries::take(&client, &policy, &k, t0, body)
-        .await
-        .expect("take")
-    else {
-        panic!("first take")
-    };
+    let (t0, stale) = taken(&env, &client, "stale-1").await;
     // Worker A stalls past its lease (backdated rather than slept for).
     env.db
         .execute(
@@ -267,12 +248,12 @@ async fn worker_killed_mid_job_is_finished_by_another_after_the_lease() {
     env.cleanup().await;
 }
 
-/// Claims and takes `id`, returning the live token.
+/// Claims and takes `id`, returning the claim's token and the live one.
 async fn taken(
     env: &TestEnv,
     client: &deadpool_postgres::Object,
     id: &str,
-) -> hookinbox::key::ClaimToken {
+) -> (hookinbox::key::ClaimToken, hookinbox::key::ClaimToken) {
     let policy = env.common().policy();
     let k = key(id);
     let Claim::Claimed { token: t0, .. } = deliveries::claim(
@@ -301,7 +282,7 @@ async fn taken(
     else {
         panic!("take")
     };
-    token
+    (t0, token)
 }
 
 #[tokio::test]
@@ -313,14 +294,14 @@ async fn a_batch_of_completions_fences_each_row_by_its_own_token() {
         Some(deliveries::StoredEvent {
             event: "push".to_owned(),
             action: None,
-            payload: r#"{"ok":true}"#.to_owned(),
+            payload: bytes::Bytes::from_static(br#"{"ok":true}"#),
             received_at: chrono::Utc::now(),
         })
     };
-    let live = taken(&env, &client, "batch-live").await;
-    let _held = taken(&env, &client, "batch-stale").await;
-    let twice = taken(&env, &client, "batch-twice").await;
-    let plain = taken(&env, &client, "batch-plain").await;
+    let (_, live) = taken(&env, &client, "batch-live").await;
+    taken(&env, &client, "batch-stale").await;
+    let (_, twice) = taken(&env, &client, "batch-twice").await;
+    let (_, plain) = taken(&env, &client, "batch-plain").await;
     let stale = hookinbox::key::ClaimToken::new();
     let item = |id: &str, token, store| deliveries::Completing {
         key: key(id),
