@@ -96,6 +96,12 @@ impl TestEnv {
         }
     }
 
+    /// This test's database URL, through a proxy listening on `port`.
+    pub fn database_url_via(&self, port: u16) -> String {
+        self.database_url
+            .replace("127.0.0.1:5432", &format!("127.0.0.1:{port}"))
+    }
+
     /// Shared settings pointing at this test's database and queues.
     pub fn common(&self) -> CommonArgs {
         CommonArgs {

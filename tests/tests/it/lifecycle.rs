@@ -152,9 +152,7 @@ async fn worker_holds_messages_while_postgres_is_unreachable_and_finishes_after(
     let ingest = env.ingest().await;
     let proxy = Proxy::start("127.0.0.1:5432").await;
     let mut args = env.worker_args();
-    args.common.database_url = env
-        .database_url
-        .replace("127.0.0.1:5432", &format!("127.0.0.1:{}", proxy.port()));
+    args.common.database_url = env.database_url_via(proxy.port());
     let worker = env
         .worker_with(args.validate().expect("valid"), Arc::new(Store))
         .await;

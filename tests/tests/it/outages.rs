@@ -70,9 +70,7 @@ async fn postgres_unreachable_gives_503_and_publishes_nothing() {
     let env = TestEnv::new().await;
     let proxy = Proxy::start("127.0.0.1:5432").await;
     let mut args = env.ingest_args();
-    args.common.database_url = env
-        .database_url
-        .replace("127.0.0.1:5432", &format!("127.0.0.1:{}", proxy.port()));
+    args.common.database_url = env.database_url_via(proxy.port());
     let ingest = env.ingest_with(args.validate().expect("valid")).await;
     proxy.close();
     let hook = Hook::new("push", fixtures::own("push"));
@@ -201,9 +199,7 @@ async fn a_half_open_postgres_connection_is_given_up_and_the_job_still_completes
     let ingest = env.ingest().await;
     let proxy = Proxy::start("127.0.0.1:5432").await;
     let mut args = env.worker_args();
-    args.common.database_url = env
-        .database_url
-        .replace("127.0.0.1:5432", &format!("127.0.0.1:{}", proxy.port()));
+    args.common.database_url = env.database_url_via(proxy.port());
     args.common.db_timeout_ms = 1000;
     let worker = env
         .worker_with(args.validate().expect("valid"), Arc::new(Store))
