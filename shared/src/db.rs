@@ -56,6 +56,23 @@ pub fn parse_url(url: &str) -> Result<tokio_postgres::Config, DbError> {
     // Keepalives find a half-open connection instead of waiting forever.
     config.keepalives(true);
     config.keepalives_idle(Duration::from_secs(30));
+    // Every statement hookinbox runs finds its rows through an index (the
+    // key, or a partial index for the sweeps and gauges). A pooled
+    // connection keeps the generic plan it made for a prepared statement
+    // after five executions, and when that happened while `deliveries` was
+    // small (a new deployment, autovacuum off, no ANALYZE yet) the plan is
+    // a sequential scan joined by hash: every take and claim then reads the
+    // whole table, and the pipeline slows as the table grows. Scans are
+    // therefore ruled out for our sessions, which makes the generic plan an
+    // index plan whatever the statistics say, and that plan is used from
+    // the first execution: planning each execution anew, the other way out,
+    // cost more CPU than running the statements.
+    const PLANNER: &str = "-c enable_seqscan=off -c plan_cache_mode=force_generic_plan";
+    let options = match config.get_options() {
+        Some(own) => format!("{own} {PLANNER}"),
+        None => PLANNER.to_owned(),
+    };
+    config.options(options);
     Ok(config)
 }
 
@@ -282,6 +299,11 @@ const MIGRATIONS: &[Migration] = &[
         version: 2,
         name: "0002_parked_bodies.sql",
         sql: include_str!("../migrations/0002_parked_bodies.sql"),
+    },
+    Migration {
+        version: 3,
+        name: "0003_lz4_payloads.sql",
+        sql: include_str!("../migrations/0003_lz4_payloads.sql"),
     },
 ];
 

@@ -12,6 +12,7 @@ mod lifecycle;
 mod matrix;
 mod observability;
 mod outages;
+mod plans;
 mod races;
 mod retention;
 mod retries;
