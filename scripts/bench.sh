@@ -3,18 +3,22 @@
 # machine, against the local Postgres and RabbitMQ. Writes a Markdown report
 # (bench-report.md, or $BENCH_REPORT).
 #
-#   scripts/bench.sh            full run (about 10 minutes)
+#   scripts/bench.sh            full run (about 40 minutes)
 #   scripts/bench.sh --smoke    a 10-second load-generator run, no figures
+#   scripts/bench.sh --search   only S, with the settings in the environment
 #   scripts/bench.sh --sizes RATE   fixed-rate runs across pool sizes and
 #                               worker concurrency (prefetch), to size them
 #
-# Settings: STEP (seconds per search step, default 10), HOLD (seconds at S
-# for the headline figure, default 60).
+# Settings: STEP (seconds per search step, default 10), HOLD (seconds S
+# must hold for the headline figure, default 60), VERIFY (seconds each
+# before/after search's S must hold, default 60). A search's candidate that
+# does not hold is lowered by a tenth and held again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode="${1:-full}"
 STEP="${STEP:-10}"
 HOLD="${HOLD:-60}"
+VERIFY="${VERIFY:-60}"
 report="${BENCH_REPORT:-bench-report.md}"
 base="${HOOKINBOX_TEST_POSTGRES:-postgres://postgres@127.0.0.1:5432}"
 amqp="${AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}"
@@ -77,6 +81,12 @@ if [ "$mode" = "--sizes" ]; then
   exit 0
 fi
 
+if [ "$mode" = "--search" ]; then
+  start_stack s
+  loadgen --search --rate 100 --step-duration "$STEP" --hold "$HOLD" --redeliver 0.1 --pid "$INGEST_PID"
+  exit 0
+fi
+
 if [ "$mode" = "--smoke" ]; then
   start_stack smoke
   loadgen --rate 50 --duration 10 --redeliver 0.1 --pid "$INGEST_PID"
@@ -114,7 +124,7 @@ search_without() { # RESULT_VAR NAME VAR=VALUE: S with one setting changed
   export "${3?}"
   start_stack "$2"
   local out
-  out=$(loadgen --search --rate 100 --step-duration "$STEP" --redeliver 0.1 | tee -a /dev/stderr)
+  out=$(loadgen --search --rate 100 --step-duration "$STEP" --hold "$VERIFY" --redeliver 0.1 | tee -a /dev/stderr)
   unset "${3%%=*}"
   printf -v "$1" '%s' "$(echo "$out" | awk '/^S = / {print $3}')"
 }
@@ -124,11 +134,11 @@ search_without s_nobatch nobatch COMPLETE_BATCH=1
 search_without s_notake notake TAKE_BATCH=1
 echo "== hookinbox (group commit): highest sustainable rate S"
 start_stack s
-search=$(loadgen --search --rate 100 --step-duration "$STEP" --redeliver 0.1 | tee -a /dev/stderr)
+search=$(loadgen --search --rate 100 --step-duration "$STEP" --hold "$HOLD" --redeliver 0.1 \
+  --pid "$INGEST_PID" | tee -a /dev/stderr)
 s=$(echo "$search" | awk '/^S = / {print $3}')
-echo "== at S for $HOLD s"
-start_stack hold
-at_s=$(loadgen --rate "$s" --duration "$HOLD" --redeliver 0.1 --pid "$INGEST_PID" | tee -a /dev/stderr)
+# The run that made S: the last hold.
+at_s=$(echo "$search" | grep '^held' | tail -1)
 echo "== at S/2 and 0.8 S"
 start_stack half
 at_half=$(loadgen --rate $((s / 2)) --duration "$STEP" --redeliver 0.1 | tee -a /dev/stderr)
@@ -160,7 +170,7 @@ $(date -u +%Y-%m-%d), $cpu, $cores cores; Postgres 15 (synchronous_commit=$sync_
 | S / B_mq | $(ratio "$s" "$b_mq") |
 | duplicate-redelivery throughput | $s_dup requests/s ($(ratio "${s_dup:-0}" "$s") × S) |
 
-At S for $HOLD s:
+The hold that made S ($HOLD s):
 
     $at_s
 
