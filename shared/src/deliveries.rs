@@ -779,7 +779,12 @@ with input as (
     from input i
     where d.provider = i.provider and d.source = i.source and d.hook_id = i.hook_id
       and d.delivery_id = i.delivery_id
-      and d.claim_token = i.token and d.status = 'processing'
+      -- The fence. `status || ''` rather than `status`: the planner must not
+      -- see a status it could answer from an index of processing rows.
+      -- Such an index holds every row that was ever processing until a
+      -- vacuum, so reading it, then joining by key, grows with history;
+      -- the key is the only way in.
+      and d.claim_token = i.token and d.status || '' = 'processing'
     returning d.provider, d.source, d.hook_id, d.delivery_id, i.token
 ), effects as (
     select i.* from input i join done using (provider, source, hook_id, delivery_id, token)
