@@ -98,6 +98,12 @@ impl TestEnv {
 
     /// This test's database URL, through a proxy listening on `port`.
     pub fn database_url_via(&self, port: u16) -> String {
+        // A URL without the default address would bypass the proxy and make
+        // every fault through it a no-op; refuse it instead.
+        assert!(
+            self.database_url.contains("@127.0.0.1:5432/"),
+            "proxied tests need HOOKINBOX_TEST_POSTGRES at 127.0.0.1:5432"
+        );
         self.database_url
             .replace("127.0.0.1:5432", &format!("127.0.0.1:{port}"))
     }
