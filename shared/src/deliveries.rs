@@ -16,6 +16,15 @@
 //!   that lost its claim changes nothing (it is *fenced*).
 //! - Every lease comparison uses the database clock, `now()`, never the
 //!   caller's, so skewed hosts agree on who holds a lease.
+//!
+//! Every fence that addresses one delivery by its key compares
+//! `status || ''` rather than `status`. The planner may otherwise answer
+//! `status = 'processing'` from an index of processing rows (the partial
+//! lease index, or the one led by `status`), and such an index holds every
+//! row that was ever processing until a vacuum: the statement would then
+//! grow slower with history. The key is the only way in; the reaper, which
+//! wants the lease index, keeps the plain comparison. `tests/it/plans.rs`
+//! checks this for the hot path.
 
 use std::time::Duration;
 
@@ -344,7 +353,7 @@ with moved as (
         failed_at = now(), first_failed_at = coalesce(first_failed_at, now()),
         last_error_class = 'publish', last_error = $6
     where provider = $1 and source = $2 and hook_id = $3 and delivery_id = $4
-      and claim_token = $5 and status = 'processing' and attempts = $7
+      and claim_token = $5 and status || '' = 'processing' and attempts = $7
     returning provider, source, hook_id, delivery_id
 ), ",
     park_moved!(),
@@ -669,7 +678,7 @@ pub async fn take_batch(
 const RENEW: &str = "
 update deliveries set lease_until = now() + make_interval(secs => $6)
 where provider = $1 and source = $2 and hook_id = $3 and delivery_id = $4
-  and claim_token = $5 and status = 'processing'";
+  and claim_token = $5 and status || '' = 'processing'";
 
 /// Extends the holder's lease. Guarded by the token: a worker that lost its
 /// claim cannot renew it back. Returns false when the token is gone.
@@ -689,7 +698,7 @@ pub async fn renew(
 const FENCE: &str = "
 select 1 from deliveries
 where provider = $1 and source = $2 and hook_id = $3 and delivery_id = $4
-  and claim_token = $5 and status = 'processing'
+  and claim_token = $5 and status || '' = 'processing'
 for update";
 
 /// Inside the completing transaction, before any effect: locks the row if
@@ -711,7 +720,7 @@ with done as (
     update deliveries
     set status = 'completed', completed_at = now(), retryable = false, next_attempt_at = null
     where provider = $1 and source = $2 and hook_id = $3 and delivery_id = $4
-      and claim_token = $5 and status = 'processing'
+      and claim_token = $5 and status || '' = 'processing'
     returning provider, source, hook_id, delivery_id
 ), unparked as (
     delete from parked_bodies p using done d
@@ -779,11 +788,7 @@ with input as (
     from input i
     where d.provider = i.provider and d.source = i.source and d.hook_id = i.hook_id
       and d.delivery_id = i.delivery_id
-      -- The fence. `status || ''` rather than `status`: the planner must not
-      -- see a status it could answer from an index of processing rows.
-      -- Such an index holds every row that was ever processing until a
-      -- vacuum, so reading it, then joining by key, grows with history;
-      -- the key is the only way in.
+      -- The fence (`status || ''`: see the module notes on plans).
       and d.claim_token = i.token and d.status || '' = 'processing'
     returning d.provider, d.source, d.hook_id, d.delivery_id, i.token
 ), effects as (
@@ -928,7 +933,7 @@ with moved as (
         failed_at = now(), first_failed_at = coalesce(first_failed_at, now()),
         last_error_class = $8, last_error = $9
     where provider = $1 and source = $2 and hook_id = $3 and delivery_id = $4
-      and claim_token = $5 and status = 'processing'
+      and claim_token = $5 and status || '' = 'processing'
     returning provider, source, hook_id, delivery_id, attempts, first_failed_at, failed_at
 ), ",
     park_moved!(),
@@ -1209,7 +1214,7 @@ pub async fn claim_batch(
 const RELEASE_LEASE: &str = "
 update deliveries set lease_until = now()
 where provider = $1 and source = $2 and hook_id = $3 and delivery_id = $4
-  and claim_token = $5 and status = 'processing'";
+  and claim_token = $5 and status || '' = 'processing'";
 
 /// On shutdown, before the effect: ends the holder's lease now so that the
 /// requeued message is taken at once by another worker instead of waiting
@@ -1400,7 +1405,7 @@ set status = 'failed', retryable = true,
     next_attempt_at = now() + make_interval(secs => $6),
     last_error_class = 'publish', last_error = $7
 where provider = $1 and source = $2 and hook_id = $3 and delivery_id = $4
-  and claim_token = $5 and status = 'processing'";
+  and claim_token = $5 and status || '' = 'processing'";
 
 /// Puts a scheduled retry back as due after `delay`, because its publish
 /// failed. Token-guarded: if a worker already took it (the confirm was
@@ -1506,7 +1511,7 @@ update deliveries
 set status = 'failed', retryable = false, dead_lettered_at = now(),
     last_error = $6
 where provider = $1 and source = $2 and hook_id = $3 and delivery_id = $4
-  and claim_token = $5 and status = 'processing' and attempts = 0";
+  and claim_token = $5 and status || '' = 'processing' and attempts = 0";
 
 /// Puts a replayed delivery back among the dead letters because its
 /// publish failed. Token-guarded, and only while no worker took it.

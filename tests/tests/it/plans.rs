@@ -41,8 +41,8 @@ async fn read_not_by_key(client: &deadpool_postgres::Object) -> i64 {
         .get(0)
 }
 
-/// Claims, takes and completes one delivery through `client`'s prepared
-/// statements.
+/// Claims, takes, renews, fences and completes one delivery through
+/// `client`'s prepared statements.
 async fn one_round(env: &TestEnv, client: &deadpool_postgres::Object, id: &str) {
     let policy = env.common().policy();
     let claims = deliveries::claim_batch(
@@ -66,6 +66,17 @@ async fn one_round(env: &TestEnv, client: &deadpool_postgres::Object, id: &str) 
     let Some(Some(Take::Taken { token, .. })) = takes.into_iter().next() else {
         panic!("a fresh claim is taken")
     };
+    // The single-row statements of a running job: renewal and fence.
+    assert!(
+        deliveries::renew(client, &policy, &key(id), token)
+            .await
+            .expect("renew")
+    );
+    assert!(
+        deliveries::fence(client, &key(id), token)
+            .await
+            .expect("fence")
+    );
     let done = deliveries::complete_batch(
         client,
         &[Completing {
