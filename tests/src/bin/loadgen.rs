@@ -9,7 +9,9 @@
 //! `--search` finds the highest sustainable rate S: no 5xx, every accepted
 //! delivery completed, the work queue not growing. Short steps find a
 //! candidate; S is the candidate only once it has held for `--hold` seconds
-//! (otherwise the rate is lowered by a tenth and held again).
+//! (otherwise the rate is lowered by a tenth and held again); with
+//! `--verify`, it must first hold that long (V), and the `--hold` starts
+//! from V. A run whose queue outgrows the bound stops sending at once.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -64,6 +66,12 @@ struct Args {
     /// Seconds a search's candidate must hold before it is reported as S.
     #[arg(long, default_value_t = 60)]
     hold: u64,
+    /// Seconds the candidate must first hold before the `--hold` (0: no
+    /// such step). The rate that does is reported as V; the `--hold` then
+    /// starts from V, so a long hold is only tried at a rate a shorter one
+    /// has already sustained.
+    #[arg(long, default_value_t = 0)]
+    verify: u64,
     /// Upper bound for the search.
     #[arg(long, default_value_t = 20_000)]
     max_rate: u32,
@@ -102,6 +110,9 @@ struct Outcome {
     depth_end: u32,
     depth_max: u32,
     rss_mib: Option<f64>,
+    /// Seconds into the run at which sending stopped because the queue had
+    /// already grown past what a sustained rate allows.
+    stopped_at: Option<f64>,
 }
 
 impl Outcome {
@@ -109,13 +120,20 @@ impl Outcome {
     /// the rate held, every accepted delivery completed, and the work queue
     /// never more than about a second of work deep.
     fn sustainable(&self) -> bool {
-        self.status5xx == 0
+        self.stopped_at.is_none()
+            && self.status5xx == 0
             && self.status4xx == 0
             && self.errors == 0
             && self.achieved >= 0.95 * f64::from(self.rate)
             && (self.accepted == 0 || self.completed == self.accepted)
-            && self.depth_max <= self.depth_start + self.rate + 50
+            && !self.queue_outgrown(self.depth_max)
             && self.depth_end <= self.depth_start + self.rate / 2 + 10
+    }
+
+    /// The work queue is more than about a second of work deeper than at
+    /// the start: the workers are behind, whatever happens next.
+    fn queue_outgrown(&self, depth: u32) -> bool {
+        depth > self.depth_start + self.rate + 50
     }
 
     fn print(&self) {
@@ -126,8 +144,11 @@ impl Outcome {
             None => "-".to_owned(),
         };
         println!(
-            "rate {} /s: sent {}, achieved {:.0} /s, 2xx {} (accepted {}), 4xx {}, 5xx {}, errors {}; ingest {}; e2e {}; completed {}/{}; queue depth {} -> {} (max {}){}; {}",
+            "rate {} /s: {}sent {}, achieved {:.0} /s, 2xx {} (accepted {}), 4xx {}, 5xx {}, errors {}; ingest {}; e2e {}; completed {}/{}; queue depth {} -> {} (max {}){}; {}",
             self.rate,
+            self.stopped_at
+                .map(|t| format!("stopped after {t:.0} s (queue outgrown), "))
+                .unwrap_or_default(),
             self.sent,
             self.achieved,
             self.ok2xx,
@@ -238,6 +259,12 @@ async fn run(
     let mut tasks = tokio::task::JoinSet::new();
     let period = Duration::from_secs(1) / rate;
     let mut last_depth = Instant::now();
+    let bound = Outcome {
+        rate,
+        depth_start,
+        ..Outcome::default()
+    };
+    let (mut sent, mut stopped_at) = (total, None);
     for i in 0..total {
         let scheduled = start + period * i as u32;
         tokio::time::sleep_until(scheduled).await;
@@ -245,6 +272,13 @@ async fn run(
             last_depth = Instant::now();
             depth_max = depth_max.max(queue_depth(args).await);
             rss_max = larger(rss_max, args.pid.and_then(rss_mib));
+            // Once the queue has outgrown the bound the run has failed;
+            // sending on would only deepen a backlog the next run must
+            // wait out (a 10-minute hold would spend its 10 minutes).
+            if bound.queue_outgrown(depth_max) {
+                (sent, stopped_at) = (i, Some(start.elapsed().as_secs_f64()));
+                break;
+            }
         }
         // Which payload, and a new id or an earlier one.
         let (id, idx) = if args.duplicates_only && !warm.is_empty() {
@@ -324,8 +358,8 @@ async fn run(
     while tasks.join_next().await.is_some() {}
     let mut out = Outcome {
         rate,
-        sent: total,
-        achieved: total as f64 / sending,
+        sent,
+        achieved: sent as f64 / sending,
         ok2xx: counts[0].load(Ordering::Relaxed),
         status4xx: counts[1].load(Ordering::Relaxed),
         status5xx: counts[2].load(Ordering::Relaxed),
@@ -334,6 +368,7 @@ async fn run(
         ingest: percentiles(&*ingest.lock().await),
         depth_start,
         depth_max,
+        stopped_at,
         ..Outcome::default()
     };
     out.rss_mib = larger(rss_max, args.pid.and_then(rss_mib));
@@ -382,6 +417,33 @@ async fn run(
         out.depth_end = queue_depth(args).await;
     }
     Ok(out)
+}
+
+/// Holds `rate` for `secs`, lowering it by a tenth after each failure (up
+/// to six times); the rate that held, if any.
+async fn hold(
+    args: &Args,
+    mut rate: u32,
+    secs: u64,
+    label: &str,
+    payloads: &Arc<Vec<Payload>>,
+    warm: &[String],
+) -> anyhow::Result<Option<u32>> {
+    for _ in 0..6 {
+        if rate == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        drained(args).await;
+        let out = run(args, rate, secs, payloads, warm).await?;
+        print!("{label} {secs} s: ");
+        out.print();
+        if out.sustainable() {
+            return Ok(Some(rate));
+        }
+        rate = rate * 9 / 10;
+    }
+    Ok(None)
 }
 
 #[tokio::main]
@@ -477,22 +539,21 @@ async fn main() -> anyhow::Result<()> {
     }
     // Short steps overrate what holds: a slow decay (a growing table, a
     // broker backlog) needs longer than a step to show. The candidate must
-    // hold for the whole `--hold`; each failure lowers it by a tenth.
+    // hold for the whole `--verify` (reported as V), then for the whole
+    // `--hold` (reported as S); each failure lowers it by a tenth.
     let mut s = good;
-    for _ in 0..6 {
-        if s == 0 {
-            break;
+    if args.verify > 0 {
+        match hold(&args, s, args.verify, "verified", &payloads, &warm).await? {
+            Some(v) => {
+                println!("V = {v} deliveries/s");
+                s = v;
+            }
+            None => s = 0,
         }
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        drained(&args).await;
-        let out = run(&args, s, args.hold, &payloads, &warm).await?;
-        print!("held {} s: ", args.hold);
-        out.print();
-        if out.sustainable() {
-            println!("S = {s} deliveries/s");
-            return Ok(());
-        }
-        s = s * 9 / 10;
+    }
+    if let Some(s) = hold(&args, s, args.hold, "held", &payloads, &warm).await? {
+        println!("S = {s} deliveries/s");
+        return Ok(());
     }
     println!("S = 0 deliveries/s (no candidate held for {} s)", args.hold);
     Ok(())
