@@ -12,15 +12,20 @@
 # Settings: STEP (seconds per search step, default 10), HOLD (seconds S
 # must hold for the headline figure, default 600), VERIFY (seconds each
 # before/after search's S, and the headline candidate before its HOLD, must
-# hold, default 60). A candidate that does not hold is lowered by a tenth and
-# held again; a hold stops early once the queue has outgrown its bound.
+# hold, default 60), HOLD_LAG (seconds of arrivals the work queue may hold
+# during those holds, default 5; a search step allows 1). A candidate that
+# does not hold is lowered by a tenth and held again; a run stops early once
+# the queue has outgrown its bound. Every queue-depth sample is logged to
+# $DEPTH_LOG (default bench-depth.log) to line up with Postgres's log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode="${1:-full}"
 STEP="${STEP:-10}"
 HOLD="${HOLD:-600}"
 VERIFY="${VERIFY:-60}"
+HOLD_LAG="${HOLD_LAG:-5}"
 report="${BENCH_REPORT:-bench-report.md}"
+depth_log="${DEPTH_LOG:-bench-depth.log}"
 base="${HOOKINBOX_TEST_POSTGRES:-postgres://postgres@127.0.0.1:5432}"
 amqp="${AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}"
 export HOOKINBOX_GITHUB_SECRET="bench-secret"
@@ -66,7 +71,7 @@ start_stack() {
 
 loadgen() {
   DATABASE_URL="$DB_URL" HOOKINBOX_QUEUE_PREFIX="$PREFIX" AMQP_URL="$amqp" \
-    "$bin/loadgen" --url "$INGEST_URL" "$@"
+    "$bin/loadgen" --url "$INGEST_URL" --hold-lag "$HOLD_LAG" --depth-log "$depth_log" "$@"
 }
 
 if [ "$mode" = "--sizes" ]; then
@@ -177,6 +182,12 @@ $(date -u +%Y-%m-%d), $cpu, $cores cores; Postgres 15 (synchronous_commit=$sync_
 | S / B_pg1 (V / B_pg1) | $(ratio "$s" "$b_pg1") ($(ratio "$v" "$b_pg1")) |
 | S / B_mq (V / B_mq) | $(ratio "$s" "$b_mq") ($(ratio "$v" "$b_mq")) |
 | duplicate-redelivery throughput | $s_dup requests/s ($(ratio "${s_dup:-0}" "$s") × S) |
+
+A run is sustained when every request is answered 2xx, the rate is
+achieved (95 %), every accepted delivery completes, and the work queue
+never grows more than a second of arrivals above its depth at the start
+($HOLD_LAG s during the ${VERIFY}-s and ${HOLD}-s holds) and ends within half a
+second of it. Queue-depth samples: \`$depth_log\`.
 
 The holds, in order (the last that held made S):
 

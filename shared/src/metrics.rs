@@ -150,6 +150,9 @@ const BUCKETS: &[f64] = &[
     60.0, 300.0,
 ];
 
+/// How often histogram samples are folded into their buckets.
+const UPKEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Installs the global recorder once per process and describes every
 /// series. Later calls return the same handle.
 pub fn install() -> PrometheusHandle {
@@ -166,6 +169,24 @@ pub fn install() -> PrometheusHandle {
             // the handle then renders what this recorder saw, which is nothing.
             let _ = metrics::set_global_recorder(recorder);
             describe();
+            // Histograms keep every sample until they are folded into their
+            // buckets, which rendering does, and so only a scrape would; a
+            // recorder built by hand gets no upkeep of its own. Without this
+            // thread an unscraped process grows by every sample it records
+            // (about 130 bytes a request in ingest: 16.8 MiB to 36.1 MiB in
+            // 150 s at 1,000 requests/s).
+            let upkeep = handle.clone();
+            let spawned = std::thread::Builder::new()
+                .name("metrics-upkeep".to_owned())
+                .spawn(move || {
+                    loop {
+                        std::thread::sleep(UPKEEP_INTERVAL);
+                        upkeep.run_upkeep();
+                    }
+                });
+            if let Err(e) = spawned {
+                tracing::error!(error = %e, "could not start the metrics upkeep thread");
+            }
             handle
         })
         .clone()

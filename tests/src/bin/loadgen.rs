@@ -72,6 +72,17 @@ struct Args {
     /// has already sustained.
     #[arg(long, default_value_t = 0)]
     verify: u64,
+    /// How many seconds of arrivals the work queue may hold, above its
+    /// depth at the start, during a `--verify` or `--hold` (a search step
+    /// allows one). Over minutes Postgres checkpoints pause the worker for
+    /// a second or two and the queue drains again afterwards; a rate the
+    /// workers cannot keep up with grows past any such bound.
+    #[arg(long, default_value_t = 1)]
+    hold_lag: u32,
+    /// Appends every queue-depth sample (unix time, rate, depth) to this
+    /// file, to line the queue up with other logs (Postgres checkpoints).
+    #[arg(long)]
+    depth_log: Option<std::path::PathBuf>,
     /// Upper bound for the search.
     #[arg(long, default_value_t = 20_000)]
     max_rate: u32,
@@ -101,6 +112,8 @@ struct Outcome {
     ok2xx: u64,
     accepted: u64,
     status4xx: u64,
+    /// Non-2xx statuses and client errors by kind, for the printout.
+    failures: std::collections::BTreeMap<String, u64>,
     status5xx: u64,
     errors: u64,
     ingest: Option<[f64; 4]>,
@@ -110,6 +123,8 @@ struct Outcome {
     depth_end: u32,
     depth_max: u32,
     rss_mib: Option<f64>,
+    /// Seconds of arrivals the queue may lag (see `--hold-lag`).
+    lag: u32,
     /// Seconds into the run at which sending stopped because the queue had
     /// already grown past what a sustained rate allows.
     stopped_at: Option<f64>,
@@ -118,7 +133,7 @@ struct Outcome {
 impl Outcome {
     /// Every request answered 2xx (no 5xx, and no 429 shedding either),
     /// the rate held, every accepted delivery completed, and the work queue
-    /// never more than about a second of work deep.
+    /// never more than `lag` seconds of work deeper than at the start.
     fn sustainable(&self) -> bool {
         self.stopped_at.is_none()
             && self.status5xx == 0
@@ -130,10 +145,10 @@ impl Outcome {
             && self.depth_end <= self.depth_start + self.rate / 2 + 10
     }
 
-    /// The work queue is more than about a second of work deeper than at
+    /// The work queue is more than `lag` seconds of work deeper than at
     /// the start: the workers are behind, whatever happens next.
     fn queue_outgrown(&self, depth: u32) -> bool {
-        depth > self.depth_start + self.rate + 50
+        depth > self.depth_start + self.lag.max(1) * self.rate + 50
     }
 
     fn print(&self) {
@@ -144,7 +159,7 @@ impl Outcome {
             None => "-".to_owned(),
         };
         println!(
-            "rate {} /s: {}sent {}, achieved {:.0} /s, 2xx {} (accepted {}), 4xx {}, 5xx {}, errors {}; ingest {}; e2e {}; completed {}/{}; queue depth {} -> {} (max {}){}; {}",
+            "rate {} /s: {}sent {}, achieved {:.0} /s, 2xx {} (accepted {}), 4xx {}, 5xx {}, errors {}{}; ingest {}; e2e {}; completed {}/{}; queue depth {} -> {} (max {}){}; {}",
             self.rate,
             self.stopped_at
                 .map(|t| format!("stopped after {t:.0} s (queue outgrown), "))
@@ -156,6 +171,16 @@ impl Outcome {
             self.status4xx,
             self.status5xx,
             self.errors,
+            if self.failures.is_empty() {
+                String::new()
+            } else {
+                let kinds: Vec<String> = self
+                    .failures
+                    .iter()
+                    .map(|(kind, n)| format!("{kind} ×{n}"))
+                    .collect();
+                format!(" ({})", kinds.join(", "))
+            },
             fmt(&self.ingest),
             fmt(&self.e2e),
             self.completed,
@@ -187,20 +212,24 @@ fn percentiles(h: &Histogram<u64>) -> Option<[f64; 4]> {
 }
 
 async fn queue_depth(args: &Args) -> u32 {
-    let publisher = hookinbox::broker::Publisher::new(
-        &args.amqp_url,
-        "loadgen",
-        hookinbox::broker::Topology::new(&args.queue_prefix),
-        Duration::from_secs(5),
-    );
+    // One connection for the whole run: a connection opened and closed
+    // every second costs the broker more than the sample is worth.
+    static PUBLISHER: std::sync::OnceLock<hookinbox::broker::Publisher> =
+        std::sync::OnceLock::new();
+    let publisher = PUBLISHER.get_or_init(|| {
+        hookinbox::broker::Publisher::new(
+            &args.amqp_url,
+            "loadgen",
+            hookinbox::broker::Topology::new(&args.queue_prefix),
+            Duration::from_secs(5),
+        )
+    });
     let queue = format!("{}.work", args.queue_prefix);
-    let depth = publisher
+    publisher
         .queue_stats(&queue)
         .await
         .map(|(m, _)| m)
-        .unwrap_or(0);
-    publisher.close().await;
-    depth
+        .unwrap_or(0)
 }
 
 /// Waits (up to 5 minutes) until the work queue is empty, so that a search
@@ -210,6 +239,10 @@ async fn drained(args: &Args) {
     while queue_depth(args).await > 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+}
+
+async fn failed(failures: &Mutex<std::collections::BTreeMap<String, u64>>, kind: &str) {
+    *failures.lock().await.entry(kind.to_owned()).or_default() += 1;
 }
 
 fn rss_mib(pid: u32) -> Option<f64> {
@@ -237,11 +270,16 @@ async fn run(
     args: &Args,
     rate: u32,
     duration: u64,
+    lag: u32,
     payloads: &Arc<Vec<Payload>>,
     warm: &[String],
 ) -> anyhow::Result<Outcome> {
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(512)
+        // Below the server's keep-alive (actix: 5 s), so the client never
+        // picks a pooled connection the server is closing: that race is a
+        // connection error no webhook sender would count against us.
+        .pool_idle_timeout(Duration::from_secs(4))
         .build()?;
     let ingest = Arc::new(Mutex::new(Histogram::<u64>::new_with_bounds(
         1,
@@ -251,6 +289,7 @@ async fn run(
     let accepted = Arc::new(Mutex::new(Vec::<(String, f64)>::new()));
     let counts = Arc::new([(); 5].map(|_| AtomicU64::new(0))); // 2xx, 4xx, 5xx, errors, accepted
     let sent_ids = Arc::new(Mutex::new(Vec::<(String, usize)>::new()));
+    let failures = Arc::new(Mutex::new(std::collections::BTreeMap::new()));
     let total = rate as u64 * duration;
     let start = tokio::time::Instant::now();
     let depth_start = queue_depth(args).await;
@@ -261,6 +300,7 @@ async fn run(
     let mut last_depth = Instant::now();
     let bound = Outcome {
         rate,
+        lag,
         depth_start,
         ..Outcome::default()
     };
@@ -270,7 +310,18 @@ async fn run(
         tokio::time::sleep_until(scheduled).await;
         if last_depth.elapsed() >= Duration::from_secs(1) {
             last_depth = Instant::now();
-            depth_max = depth_max.max(queue_depth(args).await);
+            let depth = queue_depth(args).await;
+            depth_max = depth_max.max(depth);
+            if let Some(path) = &args.depth_log {
+                use std::io::Write;
+                let line = format!("{:.0} {rate} {depth}\n", unix_now());
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .and_then(|mut f| f.write_all(line.as_bytes()))
+                    .with_context(|| format!("writing {}", path.display()))?;
+            }
             rss_max = larger(rss_max, args.pid.and_then(rss_mib));
             // Once the queue has outgrown the bound the run has failed;
             // sending on would only deepen a backlog the next run must
@@ -304,6 +355,7 @@ async fn run(
             }
         };
         let (http, url) = (http.clone(), args.url.clone());
+        let failures = failures.clone();
         let (payloads, ingest, accepted, counts, sent_ids) = (
             payloads.clone(),
             ingest.clone(),
@@ -341,12 +393,24 @@ async fn run(
                 }
                 Ok(r) if r.status().is_client_error() => {
                     counts[1].fetch_add(1, Ordering::Relaxed);
+                    failed(&failures, r.status().as_str()).await;
                 }
-                Ok(_) => {
+                Ok(r) => {
                     counts[2].fetch_add(1, Ordering::Relaxed);
+                    failed(&failures, r.status().as_str()).await;
                 }
-                Err(_) => {
+                Err(e) => {
                     counts[3].fetch_add(1, Ordering::Relaxed);
+                    let kind = if e.is_timeout() {
+                        "timeout"
+                    } else if e.is_connect() {
+                        "connect error"
+                    } else if e.is_body() || e.is_decode() {
+                        "body error"
+                    } else {
+                        "request error"
+                    };
+                    failed(&failures, kind).await;
                 }
             }
         });
@@ -362,12 +426,14 @@ async fn run(
         achieved: sent as f64 / sending,
         ok2xx: counts[0].load(Ordering::Relaxed),
         status4xx: counts[1].load(Ordering::Relaxed),
+        failures: failures.lock().await.clone(),
         status5xx: counts[2].load(Ordering::Relaxed),
         errors: counts[3].load(Ordering::Relaxed),
         accepted: counts[4].load(Ordering::Relaxed),
         ingest: percentiles(&*ingest.lock().await),
         depth_start,
         depth_max,
+        lag,
         stopped_at,
         ..Outcome::default()
     };
@@ -435,8 +501,11 @@ async fn hold(
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
         drained(args).await;
-        let out = run(args, rate, secs, payloads, warm).await?;
-        print!("{label} {secs} s: ");
+        let out = run(args, rate, secs, args.hold_lag, payloads, warm).await?;
+        print!(
+            "{label} {secs} s (queue bound {} s of work): ",
+            args.hold_lag.max(1)
+        );
         out.print();
         if out.sustainable() {
             return Ok(Some(rate));
@@ -501,7 +570,7 @@ async fn main() -> anyhow::Result<()> {
         warm = ids;
     }
     if !args.search {
-        run(&args, args.rate, args.duration, &payloads, &warm)
+        run(&args, args.rate, args.duration, 1, &payloads, &warm)
             .await?
             .print();
         return Ok(());
@@ -510,7 +579,7 @@ async fn main() -> anyhow::Result<()> {
     let (mut good, mut bad) = (0u32, 0u32);
     let mut rate = args.rate;
     while rate <= args.max_rate {
-        let out = run(&args, rate, args.step_duration, &payloads, &warm).await?;
+        let out = run(&args, rate, args.step_duration, 1, &payloads, &warm).await?;
         out.print();
         if out.sustainable() {
             good = rate;
@@ -529,7 +598,7 @@ async fn main() -> anyhow::Result<()> {
         let mid = (good + bad) / 2;
         tokio::time::sleep(Duration::from_secs(2)).await;
         drained(&args).await;
-        let out = run(&args, mid, args.step_duration, &payloads, &warm).await?;
+        let out = run(&args, mid, args.step_duration, 1, &payloads, &warm).await?;
         out.print();
         if out.sustainable() {
             good = mid;
