@@ -46,7 +46,7 @@ struct Args {
     #[arg(long, env = "HOOKINBOX_QUEUE_PREFIX", default_value = "hookinbox")]
     queue_prefix: String,
     /// Requests per second.
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..))]
     rate: u32,
     /// Seconds to send.
     #[arg(long, default_value_t = 10)]
@@ -73,9 +73,9 @@ struct Args {
     #[arg(long, default_value_t = 0)]
     verify: u64,
     /// How many seconds of arrivals the work queue may hold, above its
-    /// depth at the start, during a `--verify` or `--hold` (a search step
-    /// allows one). Over minutes Postgres checkpoints pause the worker for
-    /// a second or two and the queue drains again afterwards; a rate the
+    /// depth at the start, during a `--verify`, a `--hold` or a fixed-rate
+    /// run (a search step allows one). Over minutes the worker now and then
+    /// falls a second or two behind and catches up again; a rate the
     /// workers cannot keep up with grows past any such bound.
     #[arg(long, default_value_t = 1)]
     hold_lag: u32,
@@ -125,8 +125,8 @@ struct Outcome {
     rss_mib: Option<f64>,
     /// Seconds of arrivals the queue may lag (see `--hold-lag`).
     lag: u32,
-    /// Seconds into the run at which sending stopped because the queue had
-    /// already grown past what a sustained rate allows.
+    /// Seconds into the run at which sending stopped because it had
+    /// already failed (the queue past its bound, or a request failed).
     stopped_at: Option<f64>,
 }
 
@@ -148,7 +148,11 @@ impl Outcome {
     /// The work queue is more than `lag` seconds of work deeper than at
     /// the start: the workers are behind, whatever happens next.
     fn queue_outgrown(&self, depth: u32) -> bool {
-        depth > self.depth_start + self.lag.max(1) * self.rate + 50
+        depth
+            > self
+                .depth_start
+                .saturating_add(self.lag.max(1).saturating_mul(self.rate))
+                .saturating_add(50)
     }
 
     fn print(&self) {
@@ -162,7 +166,7 @@ impl Outcome {
             "rate {} /s: {}sent {}, achieved {:.0} /s, 2xx {} (accepted {}), 4xx {}, 5xx {}, errors {}{}; ingest {}; e2e {}; completed {}/{}; queue depth {} -> {} (max {}){}; {}",
             self.rate,
             self.stopped_at
-                .map(|t| format!("stopped after {t:.0} s (queue outgrown), "))
+                .map(|t| format!("stopped after {t:.0} s (failed already), "))
                 .unwrap_or_default(),
             self.sent,
             self.achieved,
@@ -211,12 +215,12 @@ fn percentiles(h: &Histogram<u64>) -> Option<[f64; 4]> {
     })
 }
 
-async fn queue_depth(args: &Args) -> u32 {
+/// Ready messages in the work queue; `None` when the broker did not
+/// answer (a missing sample, not an empty queue).
+async fn queue_depth(args: &Args) -> Option<u32> {
     // One connection for the whole run: a connection opened and closed
     // every second costs the broker more than the sample is worth.
-    static PUBLISHER: std::sync::OnceLock<hookinbox::broker::Publisher> =
-        std::sync::OnceLock::new();
-    let publisher = PUBLISHER.get_or_init(|| {
+    let publisher = DEPTH_PUBLISHER.get_or_init(|| {
         hookinbox::broker::Publisher::new(
             &args.amqp_url,
             "loadgen",
@@ -225,18 +229,18 @@ async fn queue_depth(args: &Args) -> u32 {
         )
     });
     let queue = format!("{}.work", args.queue_prefix);
-    publisher
-        .queue_stats(&queue)
-        .await
-        .map(|(m, _)| m)
-        .unwrap_or(0)
+    publisher.queue_stats(&queue).await.map(|(m, _)| m).ok()
 }
+
+/// The broker connection [`queue_depth`] samples through.
+static DEPTH_PUBLISHER: std::sync::OnceLock<hookinbox::broker::Publisher> =
+    std::sync::OnceLock::new();
 
 /// Waits (up to 5 minutes) until the work queue is empty, so that a search
 /// step never inherits the backlog of an unsustained step before it.
 async fn drained(args: &Args) {
     let deadline = Instant::now() + Duration::from_secs(300);
-    while queue_depth(args).await > 0 && Instant::now() < deadline {
+    while queue_depth(args).await.is_none_or(|d| d > 0) && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
@@ -271,6 +275,7 @@ async fn run(
     rate: u32,
     duration: u64,
     lag: u32,
+    stop_early: bool,
     payloads: &Arc<Vec<Payload>>,
     warm: &[String],
 ) -> anyhow::Result<Outcome> {
@@ -292,7 +297,9 @@ async fn run(
     let failures = Arc::new(Mutex::new(std::collections::BTreeMap::new()));
     let total = rate as u64 * duration;
     let start = tokio::time::Instant::now();
-    let depth_start = queue_depth(args).await;
+    let depth_start = queue_depth(args)
+        .await
+        .context("the broker did not answer the queue depth at the start")?;
     let mut depth_max = depth_start;
     let mut rss_max = args.pid.and_then(rss_mib);
     let mut tasks = tokio::task::JoinSet::new();
@@ -305,28 +312,44 @@ async fn run(
         ..Outcome::default()
     };
     let (mut sent, mut stopped_at) = (total, None);
+    // Opened once: at ten thousand requests a second every descriptor is
+    // in use by a socket.
+    let mut depth_log = match &args.depth_log {
+        Some(path) => Some(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .with_context(|| format!("opening {}", path.display()))?,
+        ),
+        None => None,
+    };
     for i in 0..total {
         let scheduled = start + period * i as u32;
         tokio::time::sleep_until(scheduled).await;
         if last_depth.elapsed() >= Duration::from_secs(1) {
             last_depth = Instant::now();
-            let depth = queue_depth(args).await;
+            // A sample the broker did not answer is skipped, not read as 0.
+            let depth = queue_depth(args).await.unwrap_or(depth_max);
             depth_max = depth_max.max(depth);
-            if let Some(path) = &args.depth_log {
+            if let (Some(file), Some(path)) = (&mut depth_log, &args.depth_log) {
                 use std::io::Write;
-                let line = format!("{:.0} {rate} {depth}\n", unix_now());
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(path)
-                    .and_then(|mut f| f.write_all(line.as_bytes()))
-                    .with_context(|| format!("writing {}", path.display()))?;
+                writeln!(
+                    file,
+                    "{:.0} {} {rate} {depth}",
+                    unix_now(),
+                    args.queue_prefix
+                )
+                .with_context(|| format!("writing {}", path.display()))?;
             }
             rss_max = larger(rss_max, args.pid.and_then(rss_mib));
-            // Once the queue has outgrown the bound the run has failed;
-            // sending on would only deepen a backlog the next run must
-            // wait out (a 10-minute hold would spend its 10 minutes).
-            if bound.queue_outgrown(depth_max) {
+            // Once the queue has outgrown the bound, or a request has
+            // failed, a search's run has failed; sending on would only
+            // deepen a backlog the next run must wait out (and a failing
+            // 10-minute hold would spend its 10 minutes). A fixed-rate run
+            // measures latency, so it goes on.
+            let failed = counts[1..4].iter().any(|c| c.load(Ordering::Relaxed) > 0);
+            if stop_early && (failed || bound.queue_outgrown(depth_max)) {
                 (sent, stopped_at) = (i, Some(start.elapsed().as_secs_f64()));
                 break;
             }
@@ -438,7 +461,9 @@ async fn run(
         ..Outcome::default()
     };
     out.rss_mib = larger(rss_max, args.pid.and_then(rss_mib));
-    out.depth_end = queue_depth(args).await;
+    out.depth_end = queue_depth(args)
+        .await
+        .context("the broker did not answer the queue depth at the end")?;
     if args.no_e2e {
         // Nothing behind the target to complete: only the HTTP side counts.
         out.completed = out.accepted;
@@ -480,7 +505,9 @@ async fn run(
             }
         }
         out.e2e = percentiles(&e2e);
-        out.depth_end = queue_depth(args).await;
+        out.depth_end = queue_depth(args)
+            .await
+            .context("the broker did not answer the queue depth at the end")?;
     }
     Ok(out)
 }
@@ -501,7 +528,7 @@ async fn hold(
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
         drained(args).await;
-        let out = run(args, rate, secs, args.hold_lag, payloads, warm).await?;
+        let out = run(args, rate, secs, args.hold_lag, true, payloads, warm).await?;
         print!(
             "{label} {secs} s (queue bound {} s of work): ",
             args.hold_lag.max(1)
@@ -517,7 +544,14 @@ async fn hold(
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+    let result = measure(Args::parse()).await;
+    if let Some(publisher) = DEPTH_PUBLISHER.get() {
+        publisher.close().await;
+    }
+    result
+}
+
+async fn measure(args: Args) -> anyhow::Result<()> {
     let payloads: Vec<Payload> = {
         let all = fixtures::all();
         let push: Vec<_> = all.iter().filter(|f| f.event == "push").collect();
@@ -570,16 +604,24 @@ async fn main() -> anyhow::Result<()> {
         warm = ids;
     }
     if !args.search {
-        run(&args, args.rate, args.duration, 1, &payloads, &warm)
-            .await?
-            .print();
+        run(
+            &args,
+            args.rate,
+            args.duration,
+            args.hold_lag,
+            false,
+            &payloads,
+            &warm,
+        )
+        .await?
+        .print();
         return Ok(());
     }
     // Double until a rate is not sustained, then bisect.
     let (mut good, mut bad) = (0u32, 0u32);
     let mut rate = args.rate;
     while rate <= args.max_rate {
-        let out = run(&args, rate, args.step_duration, 1, &payloads, &warm).await?;
+        let out = run(&args, rate, args.step_duration, 1, true, &payloads, &warm).await?;
         out.print();
         if out.sustainable() {
             good = rate;
@@ -598,7 +640,7 @@ async fn main() -> anyhow::Result<()> {
         let mid = (good + bad) / 2;
         tokio::time::sleep(Duration::from_secs(2)).await;
         drained(&args).await;
-        let out = run(&args, mid, args.step_duration, 1, &payloads, &warm).await?;
+        let out = run(&args, mid, args.step_duration, 1, true, &payloads, &warm).await?;
         out.print();
         if out.sustainable() {
             good = mid;
