@@ -3,7 +3,7 @@
 # machine, against the local Postgres and RabbitMQ. Writes a Markdown report
 # (bench-report.md, or $BENCH_REPORT).
 #
-#   scripts/bench.sh            full run (about 40 minutes)
+#   scripts/bench.sh            full run (about 45–60 minutes)
 #   scripts/bench.sh --smoke    a 10-second load-generator run, no figures
 #   scripts/bench.sh --search   only S, with the settings in the environment
 #   scripts/bench.sh --sizes RATE   fixed-rate runs across pool sizes and
