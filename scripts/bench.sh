@@ -21,7 +21,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # Thousands of requests in flight each hold a socket: the default soft limit
 # (1,024 descriptors) runs out at about 10,000 requests/s.
-ulimit -n "$(ulimit -Hn)"
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || ulimit -n 65536 2>/dev/null || true
 mode="${1:-full}"
 STEP="${STEP:-10}"
 HOLD="${HOLD:-600}"
@@ -195,8 +195,8 @@ $(date -u +%Y-%m-%d), $cpu, $cores cores; Postgres 15 (synchronous_commit=$sync_
 A run is sustained when every request is answered 2xx, the rate is
 achieved (95 %), every accepted delivery completes, and the work queue
 never grows more than a second of arrivals above its depth at the start
-($HOLD_LAG s during the ${VERIFY}-s and ${HOLD}-s holds) and ends within half a
-second of it. Queue-depth samples: \`$depth_log\`.
+($HOLD_LAG s during the ${VERIFY}-s and ${HOLD}-s holds) and is within half a
+second of arrivals of it when sending stops. Queue-depth samples: \`$depth_log\`.
 
 The holds, in order (the last \`verified\` line that held made V, the last
 \`held\` line that held made S):

@@ -77,7 +77,7 @@ struct Args {
     /// run (a search step allows one). Over minutes the worker now and then
     /// falls a second or two behind and catches up again; a rate the
     /// workers cannot keep up with grows past any such bound.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     hold_lag: u32,
     /// Appends every queue-depth sample (unix time, rate, depth) to this
     /// file, to line the queue up with other logs (Postgres checkpoints).
@@ -145,14 +145,8 @@ impl Outcome {
             && self.depth_end <= self.depth_start + self.rate / 2 + 10
     }
 
-    /// The work queue is more than `lag` seconds of work deeper than at
-    /// the start: the workers are behind, whatever happens next.
     fn queue_outgrown(&self, depth: u32) -> bool {
-        depth
-            > self
-                .depth_start
-                .saturating_add(self.lag.max(1).saturating_mul(self.rate))
-                .saturating_add(50)
+        outgrown(depth, self.depth_start, self.rate, self.lag)
     }
 
     fn print(&self) {
@@ -245,6 +239,15 @@ async fn drained(args: &Args) {
     }
 }
 
+/// The work queue is more than `lag` seconds of arrivals deeper than at
+/// the start: the workers are behind, whatever happens next.
+fn outgrown(depth: u32, start: u32, rate: u32, lag: u32) -> bool {
+    depth
+        > start
+            .saturating_add(lag.saturating_mul(rate))
+            .saturating_add(50)
+}
+
 async fn failed(failures: &Mutex<std::collections::BTreeMap<String, u64>>, kind: &str) {
     *failures.lock().await.entry(kind.to_owned()).or_default() += 1;
 }
@@ -305,12 +308,6 @@ async fn run(
     let mut tasks = tokio::task::JoinSet::new();
     let period = Duration::from_secs(1) / rate;
     let mut last_depth = Instant::now();
-    let bound = Outcome {
-        rate,
-        lag,
-        depth_start,
-        ..Outcome::default()
-    };
     let (mut sent, mut stopped_at) = (total, None);
     // Opened once: at ten thousand requests a second every descriptor is
     // in use by a socket.
@@ -349,7 +346,7 @@ async fn run(
             // 10-minute hold would spend its 10 minutes). A fixed-rate run
             // measures latency, so it goes on.
             let failed = counts[1..4].iter().any(|c| c.load(Ordering::Relaxed) > 0);
-            if stop_early && (failed || bound.queue_outgrown(depth_max)) {
+            if stop_early && (failed || outgrown(depth_max, depth_start, rate, lag)) {
                 (sent, stopped_at) = (i, Some(start.elapsed().as_secs_f64()));
                 break;
             }
@@ -461,6 +458,9 @@ async fn run(
         ..Outcome::default()
     };
     out.rss_mib = larger(rss_max, args.pid.and_then(rss_mib));
+    // The depth when sending stops, not after the wait for completions
+    // below: by then any backlog has drained, and a queue that grew all
+    // run long would look flat.
     out.depth_end = queue_depth(args)
         .await
         .context("the broker did not answer the queue depth at the end")?;
@@ -505,9 +505,6 @@ async fn run(
             }
         }
         out.e2e = percentiles(&e2e);
-        out.depth_end = queue_depth(args)
-            .await
-            .context("the broker did not answer the queue depth at the end")?;
     }
     Ok(out)
 }
@@ -531,7 +528,7 @@ async fn hold(
         let out = run(args, rate, secs, args.hold_lag, true, payloads, warm).await?;
         print!(
             "{label} {secs} s (queue bound {} s of work): ",
-            args.hold_lag.max(1)
+            args.hold_lag
         );
         out.print();
         if out.sustainable() {
