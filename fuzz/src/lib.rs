@@ -142,5 +142,5 @@ pub fn form_body(data: &[u8]) {
 
 /// `config`: parsing arbitrary text as a sources file never panics.
 pub fn config(data: &[u8]) {
-    let _ = hookinbox::sources::from_toml(&String::from_utf8_lossy(data));
+    let _ = hookinbox::config::from_toml(&String::from_utf8_lossy(data));
 }

@@ -1,13 +1,13 @@
-//! `hookinbox-ingest`: verifies GitHub webhooks, claims them in Postgres,
-//! publishes them to RabbitMQ and answers 202. Everything lives in the
-//! library; this file reads the settings and starts the server.
+//! `hookinbox-ingest`: reads its settings, starts logging, builds the app
+//! (see the library) and serves until SIGTERM or SIGINT.
 
 use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use hookinbox::config::IngestArgs;
-use hookinbox::ingest::IngestApp;
+use hookinbox::telemetry::LogArgs;
+use hookinbox_ingest::IngestApp;
 
 /// Receives GitHub webhooks and hands each delivery to the workers once.
 #[derive(Parser)]
@@ -17,6 +17,8 @@ struct Cli {
     command: Option<Command>,
     #[command(flatten)]
     args: IngestArgs,
+    #[command(flatten)]
+    log: LogArgs,
 }
 
 #[derive(Subcommand)]
@@ -39,7 +41,7 @@ async fn main() -> anyhow::Result<ExitCode> {
             ExitCode::FAILURE
         });
     }
-    hookinbox::telemetry::init();
+    hookinbox::telemetry::init(&cli.log);
     #[cfg(feature = "failpoints")]
     hookinbox::failpoints::setup();
     let config = cli
@@ -49,11 +51,8 @@ async fn main() -> anyhow::Result<ExitCode> {
     let app = IngestApp::build(config)
         .await
         .context("cannot start hookinbox-ingest")?;
-    tracing::info!(
-        port = app.port(),
-        metrics_port = app.metrics_port(),
-        "hookinbox-ingest listening"
-    );
+    let (port, metrics_port) = (app.port(), app.metrics_port());
+    tracing::info!(port, metrics_port, "hookinbox-ingest listening");
     app.run_until_stopped().await.context("server failed")?;
     Ok(ExitCode::SUCCESS)
 }

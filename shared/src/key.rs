@@ -39,6 +39,20 @@ pub enum KeyError {
     BadSource,
 }
 
+impl KeyError {
+    /// The part of a stored key this error is about (`source`, `hook_id`,
+    /// `delivery_id`, `event`), for errors about rows and messages.
+    pub fn part(&self) -> &'static str {
+        match self {
+            Self::MissingDeliveryId | Self::BadDeliveryId => "delivery_id",
+            Self::BadHookId => "hook_id",
+            Self::MissingEvent | Self::BadEvent => "event",
+            Self::BadSource => "source",
+            Self::Duplicated(name) => name,
+        }
+    }
+}
+
 /// `X-GitHub-Delivery`: opaque, 1–128 bytes of visible ASCII (0x21–0x7e).
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct DeliveryId(String);
@@ -199,6 +213,23 @@ impl DeliveryKey {
             hook_id,
             delivery_id,
         }
+    }
+
+    /// A key from its four stored parts (a row, a message's headers), each
+    /// validated as ingest validates the headers. An empty `hook_id` means
+    /// GitHub sent none.
+    pub fn from_parts(
+        provider: &str,
+        source: &str,
+        hook_id: &str,
+        delivery_id: &str,
+    ) -> Result<Self, KeyError> {
+        Ok(Self {
+            provider: provider.to_owned(),
+            source: SourceName::parse(source)?,
+            hook_id: HookId::parse((!hook_id.is_empty()).then_some(hook_id.as_bytes()))?,
+            delivery_id: DeliveryId::parse(delivery_id.as_bytes())?,
+        })
     }
 
     /// `<provider>:<source>:<hook_id>:<delivery_id>`, the idempotency key

@@ -1,4 +1,6 @@
-//! The library behind `hookinbox-ingest` and `hookinbox-worker`.
+//! The library both hookinbox binaries use: `hookinbox-ingest` (the HTTP
+//! edge, crate `hookinbox_ingest`) and `hookinbox-worker` (the runtime,
+//! maintenance, handlers and operator commands, crate `hookinbox_worker`).
 //!
 //! hookinbox is an idempotent inbox for GitHub webhooks: ingest verifies a
 //! delivery, claims its key in Postgres and publishes it to RabbitMQ; a worker
@@ -8,58 +10,72 @@
 //!
 //! # Layout
 //!
-//! - [`config`]: settings of both binaries, read from the environment, and
-//!   the checks that make a binary refuse to start on a bad one.
-//! - [`sources`]: webhook sources (TOML or env): secrets, pins, events, handlers.
+//! The nouns:
+//! - [`key`]: what names a delivery (`DeliveryKey`, `DeliveryId`, `HookId`,
+//!   `EventName`, `SourceName`, `ClaimToken`) and their validation.
 //! - [`signature`]: `X-Hub-Signature-256` parsing and constant-time checks.
-//! - [`key`]: the nouns that name a delivery (`DeliveryKey`, `DeliveryId`,
-//!   `HookId`, `EventName`) and their validation.
-//! - [`deliveries`]: the delivery state machine. Every transition (`claim`,
-//!   `release`, `take`, `renew`, `complete`, `fail`, ...) sits beside the one
-//!   SQL statement that decides it.
-//! - [`batcher`]: group commit of ingest's claims.
-//! - [`db`]: the Postgres pool and the versioned migrations.
-//! - [`broker`]: RabbitMQ topology, the job message and the confirming
-//!   publisher.
 //! - [`payload`]: the JSON and form body shapes, and the `action` field.
+//! - [`job`]: `Job`, one delivery on its way to a worker.
+//!
+//! The state machine and the adapters:
+//! - [`deliveries`]: the delivery state machine, one module. `mod.rs` is
+//!   the map; each transition sits beside the one SQL statement that
+//!   decides it, in a file per caller, and each batched statement beside
+//!   the single one it must agree with.
+//! - [`postgres`]: the pool, the watchdog for half-open connections, the
+//!   migrations, advisory locks, and the group-commit mechanism.
+//! - [`broker`]: RabbitMQ topology, the job as a message, and the
+//!   confirming publisher.
 //! - [`retry`]: the retry policy (exponential backoff with jitter, capped).
-//! - [`forward`]: the `forward` handler (POST with an idempotency key).
-//! - [`handler`]: the `Handler` trait that effects implement, and `store`.
-//! - [`runtime`]: the worker runtime: consume, take, lease, fence, complete.
-//! - [`metrics`]: Prometheus names, the recorder and the metrics listener.
-//! - [`ops`]: the operator commands (list, show, replay, purge, sweep).
-//! - [`ingest`]: the actix-web application of `hookinbox-ingest`.
-//! - [`telemetry`]: tracing setup; [`shutdown`]: signal handling.
+//! - [`config`]: settings of both binaries and of the webhook sources, and
+//!   the checks that make a binary refuse to start on a bad one.
+//!
+//! Around them: [`metrics`] (names, recorder, the metrics listener),
+//! [`telemetry`] (logging), [`shutdown`] (signals), [`failpoints`] (kill
+//! points of the fault suite).
+//!
+//! Imports inside this crate point down the layers only; `scripts/check-layers.sh`
+//! (run by CI) reads every `crate::` path and fails on an edge this table
+//! does not allow:
+//!
+//! | layer | modules | may import |
+//! |---|---|---|
+//! | 0 nouns | `key`, `signature`, `payload`, `metrics`, `telemetry`, `shutdown`, `failpoints` | nothing of this crate |
+//! | 1 message | `job` | `key` |
+//! | 1 adapter | `postgres` | nothing of this crate |
+//! | 2 state machine | `deliveries` | `key`, `job`, `postgres` |
+//! | 3 policy | `retry` | `deliveries` |
+//! | 3 adapter | `broker` | `key`, `job`, `deliveries` |
+//! | 4 settings | `config` | everything above |
 //!
 //! # Invariants, and where they are enforced
 //!
-//! - Signature before claim: [`ingest`] touches Postgres only after
-//!   [`signature::Secrets::verify`] accepted the raw body.
-//! - Confirm before 202: [`ingest`] answers `accepted` only after the
-//!   broker confirmed the job ([`broker::Publisher::publish`]).
-//! - Fence before effect: [`handler::Effect::transaction`] locks the row under
-//!   the worker's token before the handler writes anything.
-//! - Commit before ack: [`runtime`] acks a message only after the
-//!   transition that resolves it has committed.
+//! - Signature before claim: ingest touches Postgres only after
+//!   [`signature::Secrets::verify`] accepted the raw body
+//!   (`hookinbox_ingest`'s `receive`).
+//! - Confirm before 202: ingest answers `accepted` only after the broker
+//!   confirmed the job ([`broker::Publisher::publish`]), or after the body
+//!   is parked in Postgres ([`deliveries::park_due`]).
+//! - Fence before effect: a database effect runs in a transaction that
+//!   first locks the row under the worker's token ([`deliveries::fence`]),
+//!   or is written by the completing statement itself, only for a row its
+//!   token still holds ([`deliveries::complete_batch`]).
+//! - Commit before ack: the worker acks a message only after the transition
+//!   that resolves it has committed (`hookinbox_worker`'s runtime).
 
-pub mod batcher;
 pub mod broker;
 pub mod config;
-pub mod db;
 pub mod deliveries;
 pub mod failpoints;
-pub mod forward;
-pub mod handler;
-pub mod ingest;
+pub mod job;
 pub mod key;
 pub mod metrics;
-pub mod ops;
 pub mod payload;
+pub mod postgres;
 pub mod retry;
-pub mod runtime;
 pub mod shutdown;
 pub mod signature;
-pub mod sources;
 pub mod telemetry;
 
+pub use job::Job;
 pub use key::{ClaimToken, DeliveryId, DeliveryKey, EventName, HookId, SourceName};

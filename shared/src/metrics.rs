@@ -243,8 +243,20 @@ fn describe() {
     describe_gauge!(SAMPLER_LEADER, "1 on the worker sampling the state gauges");
 }
 
-/// A readiness check for `/readyz`.
-pub type Readiness = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = bool> + Send>> + Send + Sync>;
+/// What `/readyz` found: whether this process can do its work now, and
+/// the result of each check it ran (reported in the answer's body).
+#[derive(Clone, Debug)]
+pub struct Ready {
+    /// Ready: the probe answers 200, else 503.
+    pub ok: bool,
+    /// Each check by name, for the answer's body.
+    pub checks: Vec<(&'static str, bool)>,
+}
+
+/// The readiness check a binary serves at `/readyz`. Each binary has one,
+/// served on every listener that answers `/readyz`, so the probe and a
+/// person asking get the same answer.
+pub type Readiness = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Ready> + Send>> + Send + Sync>;
 
 async fn metrics(handle: web::Data<PrometheusHandle>) -> HttpResponse {
     handle.run_upkeep();
@@ -253,15 +265,27 @@ async fn metrics(handle: web::Data<PrometheusHandle>) -> HttpResponse {
         .body(handle.render())
 }
 
-async fn healthz() -> HttpResponse {
+/// `GET /healthz`: the process is alive.
+pub async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(serde_json::json!({"status": "ok"}))
 }
 
-async fn readyz(ready: web::Data<Readiness>) -> HttpResponse {
-    if (ready.get_ref())().await {
-        HttpResponse::Ok().json(serde_json::json!({"status": "ok"}))
+/// `GET /readyz`: 200 when the app's [`Readiness`] (its `app_data`) says
+/// ready, else 503; the body lists each check.
+pub async fn readyz(ready: web::Data<Readiness>) -> HttpResponse {
+    let ready = (ready.get_ref())().await;
+    let mut body = serde_json::Map::new();
+    body.insert(
+        "status".to_owned(),
+        (if ready.ok { "ok" } else { "error" }).into(),
+    );
+    for (name, passed) in ready.checks {
+        body.insert(name.to_owned(), passed.into());
+    }
+    if ready.ok {
+        HttpResponse::Ok().json(body)
     } else {
-        HttpResponse::ServiceUnavailable().json(serde_json::json!({"status": "error"}))
+        HttpResponse::ServiceUnavailable().json(body)
     }
 }
 

@@ -3,16 +3,15 @@
 //! Delays grow exponentially from `HOOKINBOX_RETRY_BASE_MS` with full
 //! jitter on top (`backon`: each delay `d` becomes a random value in
 //! `[d, 2d)`), and are capped at `HOOKINBOX_RETRY_MAX_MS`. A handler's own
-//! "retry after" wins, bounded by the same cap. The mechanism — parked
-//! bodies, `next_attempt_at`, the scheduler — lives in
-//! [`crate::deliveries`] and [`crate::runtime`].
+//! "retry after" wins, bounded by the same cap. The policy knows classes,
+//! not error types; the mechanism — parked bodies, `next_attempt_at`, the
+//! scheduler — lives in [`crate::deliveries`] and the worker's runtime.
 
 use std::time::Duration;
 
 use backon::BackoffBuilder;
 
 use crate::deliveries::{ErrorClass, Failure};
-use crate::handler::HandlerError;
 
 /// When and how often a transient failure is retried.
 #[derive(Clone, Copy, Debug)]
@@ -42,20 +41,11 @@ impl RetryPolicy {
             .min(self.max)
     }
 
-    /// Decides how a handler error after `attempts` takes is recorded:
-    /// retried after a delay, or failed for good (permanent errors at once,
-    /// transient ones once attempts run out, as `max_attempts`).
-    pub fn decide(&self, error: &HandlerError, attempts: i32) -> Failure {
-        self.decide_class(
-            error.class(),
-            error.to_string(),
-            error.retry_after(),
-            attempts,
-        )
-    }
-
-    /// Like [`RetryPolicy::decide`], from a class and message.
-    pub fn decide_class(
+    /// Decides how a failure of `class` after `attempts` takes is recorded:
+    /// retried after a delay (the one the far side asked for, capped, or
+    /// the policy's), or failed for good: permanent failures at once,
+    /// others once attempts run out, as `max_attempts`.
+    pub fn decide(
         &self,
         class: ErrorClass,
         message: String,
@@ -116,20 +106,18 @@ mod tests {
             max: Duration::from_secs(10),
             max_attempts: 5,
         };
-        let asked = HandlerError::Transient {
-            message: "busy".into(),
-            retry_after: Some(Duration::from_secs(2)),
-        };
+        let asked = Some(Duration::from_secs(2));
         assert_eq!(
-            policy.decide(&asked, 1).retry_in,
+            policy
+                .decide(ErrorClass::Transient, "busy".into(), asked, 1)
+                .retry_in,
             Some(Duration::from_secs(2))
         );
-        let greedy = HandlerError::Transient {
-            message: "busy".into(),
-            retry_after: Some(Duration::from_secs(3600)),
-        };
+        let greedy = Some(Duration::from_secs(3600));
         assert_eq!(
-            policy.decide(&greedy, 1).retry_in,
+            policy
+                .decide(ErrorClass::Transient, "busy".into(), greedy, 1)
+                .retry_in,
             Some(Duration::from_secs(10))
         );
     }
@@ -141,11 +129,11 @@ mod tests {
             max: Duration::from_secs(10),
             max_attempts: 3,
         };
-        let f = policy.decide(&HandlerError::permanent("no"), 1);
+        let f = policy.decide(ErrorClass::Permanent, "no".into(), None, 1);
         assert_eq!((f.class, f.retry_in), (ErrorClass::Permanent, None));
-        let f = policy.decide(&HandlerError::transient("later"), 3);
+        let f = policy.decide(ErrorClass::Transient, "later".into(), None, 3);
         assert_eq!((f.class, f.retry_in), (ErrorClass::MaxAttempts, None));
-        let f = policy.decide(&HandlerError::transient("later"), 2);
+        let f = policy.decide(ErrorClass::Transient, "later".into(), None, 2);
         assert_eq!(f.class, ErrorClass::Transient);
         assert!(f.retry_in.is_some());
     }

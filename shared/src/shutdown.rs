@@ -3,8 +3,6 @@
 
 use tokio_util::sync::CancellationToken;
 
-pub use tokio_util::sync::CancellationToken as Shutdown;
-
 /// Returns a token cancelled on the first SIGTERM or SIGINT.
 pub fn on_signals() -> CancellationToken {
     let token = CancellationToken::new();

@@ -101,7 +101,7 @@ fn corpora_reach_both_outcomes() {
     assert!(forms.iter().any(|(_, d)| !has_action(d)));
 
     let configs = corpus("config");
-    let parses = |d: &[u8]| hookinbox::sources::from_toml(&String::from_utf8_lossy(d)).is_ok();
+    let parses = |d: &[u8]| hookinbox::config::from_toml(&String::from_utf8_lossy(d)).is_ok();
     assert!(configs.iter().any(|(_, d)| parses(d)));
     assert!(configs.iter().any(|(_, d)| !parses(d)));
 }

@@ -16,10 +16,23 @@ use std::time::Duration;
 
 use hmac::{Hmac, Mac};
 use hookinbox::config::{CommonArgs, IngestArgs, IngestConfig, WorkerArgs, WorkerConfig};
-use hookinbox::handler::Handler;
-use hookinbox::ingest::IngestApp;
-use hookinbox::runtime::Worker;
+use hookinbox::deliveries::Policy;
+use hookinbox_ingest::IngestApp;
+use hookinbox_worker::Handler;
+use hookinbox_worker::Worker;
 use sha2::Sha256;
+
+/// Settings as an empty command line gives them: the binaries' own
+/// defaults, none read from the environment (a developer's `DATABASE_URL`
+/// must not leak into a test).
+pub fn defaults<T: clap::Args + clap::FromArgMatches>() -> T {
+    let command = T::augment_args(clap::Command::new("defaults"))
+        .mut_args(|arg| arg.env(None::<&'static str>));
+    let matches = command
+        .try_get_matches_from(["defaults"])
+        .expect("the defaults parse");
+    T::from_arg_matches(&matches).expect("the defaults parse")
+}
 
 /// Postgres server for tests (a URL without a database name).
 pub fn postgres_base() -> String {
@@ -85,8 +98,13 @@ impl TestEnv {
             .await
             .expect("create test database");
         let database_url = format!("{}/{db_name}", postgres_base());
-        let pool = hookinbox::db::pool(&database_url, 1).expect("pool");
-        hookinbox::db::migrate(&pool).await.expect("migrate");
+        let pool = hookinbox::postgres::pool(
+            &database_url,
+            1,
+            hookinbox::postgres::DEFAULT_REQUEST_TIMEOUT,
+        )
+        .expect("pool");
+        hookinbox::postgres::migrate(&pool).await.expect("migrate");
         let db = connect(&database_url).await;
         Self {
             db_name,
@@ -110,60 +128,46 @@ impl TestEnv {
 
     /// Shared settings pointing at this test's database and queues.
     pub fn common(&self) -> CommonArgs {
-        CommonArgs {
-            database_url: self.database_url.clone(),
-            amqp_url: amqp_url(),
-            queue_prefix: self.prefix.clone(),
-            auto_migrate: false,
-            lease_secs: 30,
-            max_attempts: 5,
-            publish_timeout_ms: 3000,
-            publish_window: 256,
-            db_pool_size: 8,
-            db_timeout_ms: 30_000,
-        }
+        let mut common: CommonArgs = defaults();
+        common.database_url = self.database_url.clone();
+        common.amqp_url = amqp_url();
+        common.queue_prefix = self.prefix.clone();
+        common.auto_migrate = false;
+        common.lease_secs = 30;
+        common.max_attempts = 5;
+        common.publish_timeout_ms = 3000;
+        common.db_pool_size = 8;
+        common
+    }
+
+    /// The state machine's knobs of [`TestEnv::common`].
+    pub fn policy(&self) -> Policy {
+        self.common().validate().expect("valid settings").policy()
     }
 
     /// Ingest settings: the default source with [`SECRET`].
     pub fn ingest_args(&self) -> IngestArgs {
-        IngestArgs {
-            common: self.common(),
-            listen: "127.0.0.1:0".parse().expect("address"),
-            metrics_listen: "127.0.0.1:0".parse().expect("address"),
-            github_secret: Some(SECRET.to_owned()),
-            github_secret_file: None,
-            config: None,
-            allowed_events: String::new(),
-            max_body_bytes: 25 * 1024 * 1024,
-            body_timeout_ms: 10_000,
-            max_in_flight: 1024,
-            claim_batch: 64,
-        }
+        let mut args: IngestArgs = defaults();
+        args.common = self.common();
+        args.listen = "127.0.0.1:0".parse().expect("address");
+        args.metrics_listen = "127.0.0.1:0".parse().expect("address");
+        args.github_secret = Some(SECRET.to_owned());
+        args
     }
 
     /// Worker settings.
     pub fn worker_args(&self) -> WorkerArgs {
-        WorkerArgs {
-            common: self.common(),
-            concurrency: 4,
-            complete_batch: 64,
-            take_batch: 64,
-            metrics_listen: "127.0.0.1:0".parse().expect("address"),
-            handler_timeout_ms: 10_000,
-            handler: hookinbox::config::HandlerKind::Store,
-            forward_url: None,
-            forward_secret: None,
-            forward_timeout_ms: 2000,
-            config: None,
-            shutdown_grace_secs: 5,
-            retry_base_ms: 100,
-            retry_max_ms: 2000,
-            retention_completed: "30d".to_owned(),
-            retention_failed: "28d".to_owned(),
-            allow_short_retention: false,
-            reap_after_secs: 600,
-            scheduler_interval_ms: 50,
-        }
+        let mut args: WorkerArgs = defaults();
+        args.common = self.common();
+        args.concurrency = 4;
+        args.metrics_listen = "127.0.0.1:0".parse().expect("address");
+        args.handler_timeout_ms = 10_000;
+        args.forward_timeout_ms = 2000;
+        args.shutdown_grace_secs = 5;
+        args.retry_base_ms = 100;
+        args.retry_max_ms = 2000;
+        args.scheduler_interval_ms = 50;
+        args
     }
 
     /// Starts ingest with the default settings.
@@ -199,7 +203,7 @@ impl TestEnv {
 
     /// A worker running the `store` handler.
     pub async fn store_worker(&self) -> Worker {
-        self.worker(Arc::new(hookinbox::handler::Store)).await
+        self.worker(Arc::new(hookinbox_worker::Store)).await
     }
 
     /// Runs `sql`, which must return one bigint.
@@ -284,7 +288,7 @@ impl TestEnv {
 /// scheduler, and when retries are pending waits until the earliest is due
 /// by the database's own `next_attempt_at` (a condition, not a guess).
 /// Returns every job outcome in order.
-pub async fn settle(env: &TestEnv, worker: &Worker) -> Vec<hookinbox::runtime::JobOutcome> {
+pub async fn settle(env: &TestEnv, worker: &Worker) -> Vec<hookinbox_worker::JobOutcome> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     let mut outcomes = Vec::new();
     loop {
@@ -356,7 +360,7 @@ pub struct TestIngest {
 
 /// Re-export so tests need not depend on actix-web.
 pub mod actix_web_handle {
-    pub use hookinbox::ingest::ServerHandle;
+    pub use hookinbox_ingest::ServerHandle;
 }
 
 /// One webhook request, signed or not.

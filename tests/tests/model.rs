@@ -15,10 +15,10 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use hookinbox::deliveries::{
-    self, ErrorClass, Failure, NewClaim, ParkedBody, Policy, Status, Take,
+    self, ClaimRequest, ErrorClass, Failure, ParkedBody, Policy, Status, Take,
 };
-use hookinbox::handler::{Completion, Effect};
 use hookinbox::key::{ClaimToken, DeliveryId, DeliveryKey, HookId, SourceName};
+use hookinbox_worker::{Completion, Effect};
 use proptest::prelude::*;
 use proptest::test_runner::Config;
 use proptest_state_machine::{ReferenceStateMachine, StateMachineTest, prop_state_machine};
@@ -48,8 +48,8 @@ fn shared() -> &'static Shared {
                 .batch_execute(&format!("create database {name}"))
                 .await
                 .expect("create database");
-            let pool = hookinbox::db::pool(&format!("{base}/{name}"), 4).expect("pool");
-            hookinbox::db::migrate(&pool).await.expect("migrate");
+            let pool = hookinbox::postgres::pool(&format!("{base}/{name}"), 4, hookinbox::postgres::DEFAULT_REQUEST_TIMEOUT).expect("pool");
+            hookinbox::postgres::migrate(&pool).await.expect("migrate");
             pool.get()
                 .await
                 .expect("client")
@@ -133,7 +133,7 @@ struct Snapshot {
     retryable: bool,
     lease_until: Option<chrono::DateTime<chrono::Utc>>,
     next_attempt_at: Option<chrono::DateTime<chrono::Utc>>,
-    error_class: Option<String>,
+    error_class: Option<ErrorClass>,
 }
 
 struct Sut {
@@ -225,11 +225,11 @@ impl Sut {
                 let claim = deliveries::claim(
                     &client,
                     &self.policy,
-                    NewClaim {
-                        key: &self.key,
-                        event: "push",
+                    &ClaimRequest {
+                        key: self.key.clone(),
+                        event: "push".into(),
                         action: None,
-                        body_sha256: &sha,
+                        body_sha256: sha,
                     },
                 )
                 .await
@@ -364,6 +364,7 @@ impl Sut {
                     .await
                     .expect("schedule")
                 {
+                    let job = job.expect("a readable parked row").job;
                     if job.key == self.key {
                         self.tokens.push(job.token);
                     }
@@ -374,7 +375,8 @@ impl Sut {
                     .await
                     .expect("replay")
                 {
-                    self.tokens.push(job.token);
+                    self.tokens
+                        .push(job.expect("a readable parked row").job.token);
                 }
             }
             Op::Sweep => {

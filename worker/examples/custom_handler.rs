@@ -14,11 +14,11 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
-use hookinbox::broker::Job;
+use hookinbox::Job;
 use hookinbox::config::WorkerArgs;
-use hookinbox::handler::{Effect, Handler, HandlerError};
 use hookinbox::payload::{self, ContentType};
-use hookinbox::runtime::Worker;
+use hookinbox::telemetry::LogArgs;
+use hookinbox_worker::{Effect, Handler, HandlerError, Worker};
 
 /// Counts pushed commits per repository.
 struct CommitCounter;
@@ -64,12 +64,15 @@ impl Handler for CommitCounter {
 struct Cli {
     #[command(flatten)]
     args: WorkerArgs,
+    #[command(flatten)]
+    log: LogArgs,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    hookinbox::telemetry::init();
-    let config = Cli::parse().args.validate().context("bad setting")?;
+    let cli = Cli::parse();
+    hookinbox::telemetry::init(&cli.log);
+    let config = cli.args.validate().context("bad setting")?;
     let worker = Worker::build(config, Arc::new(CommitCounter))
         .await
         .context("cannot start")?;

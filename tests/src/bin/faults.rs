@@ -592,8 +592,12 @@ async fn main() -> anyhow::Result<()> {
     admin
         .batch_execute(&format!("create database {db}"))
         .await?;
-    let pool = hookinbox::db::pool(&pg.url(pg.port, &db), 2)?;
-    hookinbox::db::migrate(&pool).await?;
+    let pool = hookinbox::postgres::pool(
+        &pg.url(pg.port, &db),
+        2,
+        hookinbox::postgres::DEFAULT_REQUEST_TIMEOUT,
+    )?;
+    hookinbox::postgres::migrate(&pool).await?;
     pool.get()
         .await?
         .batch_execute(

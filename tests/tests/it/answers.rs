@@ -253,7 +253,7 @@ async fn duplicate_of_a_dead_lettered_delivery_is_accepted_without_a_job() {
     let report = worker.drain().await.expect("drain");
     assert_eq!(
         report.outcomes,
-        vec![hookinbox::runtime::JobOutcome::Failed {
+        vec![hookinbox_worker::JobOutcome::Failed {
             class: hookinbox::deliveries::ErrorClass::Permanent,
             retryable: false
         }]

@@ -35,7 +35,7 @@ async fn every_fixture_is_accepted_stored_once_and_redelivery_adds_nothing() {
     let report = worker.drain().await.expect("drain");
     assert_eq!(report.outcomes.len(), sent.len());
     assert_eq!(
-        report.count(hookinbox::runtime::JobOutcome::Completed),
+        report.count(hookinbox_worker::JobOutcome::Completed),
         sent.len()
     );
     assert_eq!(env.events().await, sent.len() as i64);

@@ -4,11 +4,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt as _;
-use hookinbox::broker::Job;
+use hookinbox::Job;
 use hookinbox::deliveries::ErrorClass;
-use hookinbox::handler::{Effect, Handler, HandlerError};
-use hookinbox::runtime::JobOutcome;
 use hookinbox_tests::{Hook, TestEnv, fixtures};
+use hookinbox_worker::JobOutcome;
+use hookinbox_worker::{Effect, Handler, HandlerError};
 
 struct Panics;
 

@@ -5,12 +5,12 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hookinbox::broker::Job;
-use hookinbox::deliveries::{self, Claim, NewClaim, Take};
-use hookinbox::handler::{Completion, Effect, Handler, HandlerError, Store};
+use hookinbox::Job;
+use hookinbox::deliveries::{self, Claim, ClaimRequest, Take};
 use hookinbox::key::{DeliveryId, DeliveryKey, HookId, SourceName};
-use hookinbox::runtime::JobOutcome;
 use hookinbox_tests::{Hook, TestEnv, bin, connect, fixtures, wait_until};
+use hookinbox_worker::JobOutcome;
+use hookinbox_worker::{Completion, Effect, Handler, HandlerError, Store};
 use tokio::sync::Notify;
 
 fn key(id: &str) -> DeliveryKey {
@@ -24,8 +24,13 @@ fn key(id: &str) -> DeliveryKey {
 #[tokio::test]
 async fn stale_worker_cannot_complete() {
     let env = TestEnv::new().await;
-    let pool = hookinbox::db::pool(&env.database_url, 4).expect("pool");
-    let policy = env.common().policy();
+    let pool = hookinbox::postgres::pool(
+        &env.database_url,
+        4,
+        hookinbox::postgres::DEFAULT_REQUEST_TIMEOUT,
+    )
+    .expect("pool");
+    let policy = env.policy();
     let k = key("stale-1");
     let client = pool.get().await.expect("client");
     let raw = fixtures::own("push");
@@ -254,16 +259,16 @@ async fn taken(
     client: &deadpool_postgres::Object,
     id: &str,
 ) -> (hookinbox::key::ClaimToken, hookinbox::key::ClaimToken) {
-    let policy = env.common().policy();
+    let policy = env.policy();
     let k = key(id);
     let Claim::Claimed { token: t0, .. } = deliveries::claim(
         client,
         &policy,
-        NewClaim {
-            key: &k,
-            event: "push",
+        &ClaimRequest {
+            key: k.clone(),
+            event: "push".into(),
             action: None,
-            body_sha256: &[7; 32],
+            body_sha256: [7; 32],
         },
     )
     .await
@@ -288,7 +293,12 @@ async fn taken(
 #[tokio::test]
 async fn a_batch_of_completions_fences_each_row_by_its_own_token() {
     let env = TestEnv::new().await;
-    let pool = hookinbox::db::pool(&env.database_url, 2).expect("pool");
+    let pool = hookinbox::postgres::pool(
+        &env.database_url,
+        2,
+        hookinbox::postgres::DEFAULT_REQUEST_TIMEOUT,
+    )
+    .expect("pool");
     let client = pool.get().await.expect("client");
     let event = || {
         Some(deliveries::StoredEvent {

@@ -4,9 +4,9 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use hookinbox::deliveries::ErrorClass;
-use hookinbox::runtime::{JobOutcome, Worker};
 use hookinbox_tests::receiver::{Receiver, Reply};
 use hookinbox_tests::{Hook, TestEnv, fixtures, settle, sign};
+use hookinbox_worker::{JobOutcome, Worker};
 
 const FORWARD_SECRET: &str = "receiver-shared-secret";
 
@@ -17,7 +17,7 @@ async fn forward_worker(env: &TestEnv, url: &str, timeout_ms: u64) -> Worker {
     args.forward_secret = Some(FORWARD_SECRET.to_owned());
     args.forward_timeout_ms = timeout_ms;
     let config = args.validate().expect("valid");
-    let handler = hookinbox::handler::from_config(&config.handlers).expect("client");
+    let handler = hookinbox_worker::from_config(&config.handlers).expect("client");
     env.worker_with(config, handler).await
 }
 

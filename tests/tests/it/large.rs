@@ -1,8 +1,8 @@
 //! A GitHub-sized payload: 25 MB, accepted, stored, with ingest's memory
 //! growing by at most three times the body.
 
-use hookinbox::runtime::JobOutcome;
 use hookinbox_tests::{SECRET, TestEnv, sign};
+use hookinbox_worker::JobOutcome;
 
 fn status_kib(pid: u32, field: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))

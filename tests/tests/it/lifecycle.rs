@@ -4,10 +4,10 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hookinbox::handler::Store;
-use hookinbox::runtime::JobOutcome;
 use hookinbox_tests::receiver::{Receiver, Reply};
 use hookinbox_tests::{Hook, TestEnv, bin, connect, fixtures, proxy::Proxy, settle, wait_until};
+use hookinbox_worker::JobOutcome;
+use hookinbox_worker::Store;
 use tokio_util::sync::CancellationToken;
 
 async fn blocked_on_lock(env: &TestEnv) -> bool {

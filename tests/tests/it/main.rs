@@ -21,8 +21,8 @@ mod serial;
 mod settings;
 mod sources;
 
-use hookinbox::broker::Job;
-use hookinbox::handler::{Effect, Handler, HandlerError};
+use hookinbox::Job;
+use hookinbox_worker::{Effect, Handler, HandlerError};
 
 /// A handler that always fails permanently.
 pub struct AlwaysPermanent;

@@ -1,12 +1,12 @@
 //! RabbitMQ or Postgres unreachable (through a closable proxy, never by
 //! stopping the shared services), and a claim whose publish was lost.
 
-use hookinbox::deliveries::{self, Claim, NewClaim};
-use hookinbox::runtime::JobOutcome;
+use hookinbox::deliveries::{self, Claim, ClaimRequest};
+use hookinbox_worker::JobOutcome;
 use std::sync::Arc;
 
-use hookinbox::handler::Store;
 use hookinbox_tests::{Hook, TestEnv, fixtures, proxy::Proxy, settle};
+use hookinbox_worker::Store;
 use sha2::{Digest, Sha256};
 
 #[tokio::test]
@@ -93,16 +93,21 @@ async fn untaken_claim_is_rescued_by_a_redelivery_that_republishes_it() {
     // An ingest claimed this delivery and died before publishing.
     let key = hook.key();
     let sha: [u8; 32] = Sha256::digest(&hook.body).into();
-    let pool = hookinbox::db::pool(&env.database_url, 1).expect("pool");
+    let pool = hookinbox::postgres::pool(
+        &env.database_url,
+        1,
+        hookinbox::postgres::DEFAULT_REQUEST_TIMEOUT,
+    )
+    .expect("pool");
     let client = pool.get().await.expect("client");
     let claim = deliveries::claim(
         &client,
-        &env.common().policy(),
-        NewClaim {
-            key: &key,
-            event: "push",
+        &env.policy(),
+        &ClaimRequest {
+            key: key.clone(),
+            event: "push".into(),
             action: None,
-            body_sha256: &sha,
+            body_sha256: sha,
         },
     )
     .await
@@ -156,16 +161,21 @@ async fn a_copy_answered_while_the_first_ingest_died_before_publishing_is_not_lo
     // An ingest claimed the delivery and died before publishing.
     let key = hook.key();
     let sha: [u8; 32] = Sha256::digest(&hook.body).into();
-    let pool = hookinbox::db::pool(&env.database_url, 1).expect("pool");
+    let pool = hookinbox::postgres::pool(
+        &env.database_url,
+        1,
+        hookinbox::postgres::DEFAULT_REQUEST_TIMEOUT,
+    )
+    .expect("pool");
     let client = pool.get().await.expect("client");
     deliveries::claim(
         &client,
-        &env.common().policy(),
-        NewClaim {
-            key: &key,
-            event: "push",
+        &env.policy(),
+        &ClaimRequest {
+            key: key.clone(),
+            event: "push".into(),
             action: None,
-            body_sha256: &sha,
+            body_sha256: sha,
         },
     )
     .await

@@ -1,7 +1,7 @@
 //! The hot path's statements keep finding rows by key as the table grows,
 //! even when Postgres has no statistics for it (autovacuum off, no ANALYZE).
 
-use hookinbox::deliveries::{self, Claim, Completing, OwnedClaim, Take};
+use hookinbox::deliveries::{self, Claim, ClaimRequest, Completing, Take};
 use hookinbox::key::{DeliveryId, DeliveryKey, HookId, SourceName};
 use hookinbox_tests::TestEnv;
 
@@ -44,11 +44,11 @@ async fn read_not_by_key(client: &deadpool_postgres::Object) -> i64 {
 /// Claims, takes, renews, fences and completes one delivery through
 /// `client`'s prepared statements.
 async fn one_round(env: &TestEnv, client: &deadpool_postgres::Object, id: &str) {
-    let policy = env.common().policy();
+    let policy = env.policy();
     let claims = deliveries::claim_batch(
         client,
         &policy,
-        &[OwnedClaim {
+        &[ClaimRequest {
             key: key(id),
             event: "push".to_owned(),
             action: None,
@@ -96,7 +96,12 @@ async fn statements_planned_on_an_empty_table_do_not_scan_it_once_it_has_grown()
     // One session, so the statements it prepares while the table is nearly
     // empty are the ones it runs once the table is large. Postgres caches a
     // generic plan after the fifth execution.
-    let pool = hookinbox::db::pool(&env.database_url, 1).expect("pool");
+    let pool = hookinbox::postgres::pool(
+        &env.database_url,
+        1,
+        hookinbox::postgres::DEFAULT_REQUEST_TIMEOUT,
+    )
+    .expect("pool");
     let client = pool.get().await.expect("client");
     for i in 0..8 {
         one_round(&env, &client, &format!("early-{i}")).await;

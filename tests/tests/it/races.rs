@@ -1,8 +1,8 @@
 //! Concurrent copies of one delivery.
 
 use futures::future::join_all;
-use hookinbox::runtime::JobOutcome;
 use hookinbox_tests::{Hook, TestEnv, fixtures};
+use hookinbox_worker::JobOutcome;
 
 #[tokio::test]
 async fn fifty_concurrent_copies_give_one_claim_one_job_one_row() {
@@ -28,13 +28,18 @@ async fn fifty_concurrent_copies_give_one_claim_one_job_one_row() {
 
 #[tokio::test]
 async fn a_claim_batch_answers_each_request_like_a_single_claim() {
-    use hookinbox::deliveries::{self, Claim, OwnedClaim, Status};
+    use hookinbox::deliveries::{self, Claim, ClaimRequest, Status};
     use hookinbox::key::{DeliveryId, DeliveryKey, HookId, SourceName};
 
     let env = TestEnv::new().await;
-    let pool = hookinbox::db::pool(&env.database_url, 1).expect("pool");
+    let pool = hookinbox::postgres::pool(
+        &env.database_url,
+        1,
+        hookinbox::postgres::DEFAULT_REQUEST_TIMEOUT,
+    )
+    .expect("pool");
     let client = pool.get().await.expect("client");
-    let policy = env.common().policy();
+    let policy = env.policy();
     let key = |id: &str| {
         DeliveryKey::github(
             SourceName::default_source(),
@@ -42,7 +47,7 @@ async fn a_claim_batch_answers_each_request_like_a_single_claim() {
             DeliveryId::parse(id.as_bytes()).expect("id"),
         )
     };
-    let req = |id: &str, sha: u8| OwnedClaim {
+    let req = |id: &str, sha: u8| ClaimRequest {
         key: key(id),
         event: "push".to_owned(),
         action: None,

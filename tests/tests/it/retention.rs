@@ -2,9 +2,9 @@
 
 use std::sync::Arc;
 
-use hookinbox::deliveries::{self, Claim, NewClaim};
-use hookinbox::runtime::JobOutcome;
+use hookinbox::deliveries::{self, Claim, ClaimRequest};
 use hookinbox_tests::{Hook, TestEnv, fixtures, settle, worker_cli};
+use hookinbox_worker::JobOutcome;
 use sha2::{Digest, Sha256};
 
 use crate::AlwaysPermanent;
@@ -78,7 +78,12 @@ async fn the_reaper_marks_only_abandoned_claims_lost_and_both_ways_out_complete(
     let env = TestEnv::new().await;
     let ingest = env.ingest().await;
     let worker = env.store_worker().await;
-    let pool = hookinbox::db::pool(&env.database_url, 1).expect("pool");
+    let pool = hookinbox::postgres::pool(
+        &env.database_url,
+        1,
+        hookinbox::postgres::DEFAULT_REQUEST_TIMEOUT,
+    )
+    .expect("pool");
     let client = pool.get().await.expect("client");
 
     // A: its job message is still queued (it carries the token).
@@ -89,12 +94,12 @@ async fn the_reaper_marks_only_abandoned_claims_lost_and_both_ways_out_complete(
     let sha: [u8; 32] = Sha256::digest(&b.body).into();
     let claim = deliveries::claim(
         &client,
-        &env.common().policy(),
-        NewClaim {
-            key: &b.key(),
-            event: "push",
+        &env.policy(),
+        &ClaimRequest {
+            key: b.key().clone(),
+            event: "push".into(),
             action: None,
-            body_sha256: &sha,
+            body_sha256: sha,
         },
     )
     .await
@@ -122,7 +127,7 @@ async fn the_reaper_marks_only_abandoned_claims_lost_and_both_ways_out_complete(
     let raw = fixtures::own("push");
     let taken = deliveries::take(
         &client,
-        &env.common().policy(),
+        &env.policy(),
         &e.key(),
         hookinbox::key::ClaimToken(t0),
         deliveries::ParkedBody {

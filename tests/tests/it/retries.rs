@@ -3,9 +3,9 @@
 use std::time::{Duration, Instant};
 
 use hookinbox::deliveries::ErrorClass;
-use hookinbox::handler::HandlerError;
-use hookinbox::runtime::JobOutcome;
 use hookinbox_tests::{Hook, TestEnv, fixtures, settle, worker_cli};
+use hookinbox_worker::HandlerError;
+use hookinbox_worker::JobOutcome;
 
 use crate::retries_support::Scripted;
 

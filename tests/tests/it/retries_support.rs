@@ -3,8 +3,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use hookinbox::broker::Job;
-use hookinbox::handler::{Effect, Handler, HandlerError, Store};
+use hookinbox::Job;
+use hookinbox_worker::{Effect, Handler, HandlerError, Store};
 
 /// Fails with `errors` in order, then stores; records when it was called.
 pub struct Scripted {

@@ -5,8 +5,8 @@
 use std::process::Command;
 use std::time::Duration;
 
-use hookinbox::handler::HandlerError;
 use hookinbox_tests::{Hook, TestEnv, fixtures, wait_until};
+use hookinbox_worker::HandlerError;
 use tokio_util::sync::CancellationToken;
 
 use crate::retries_support::Scripted;

@@ -2,9 +2,9 @@
 
 use std::path::PathBuf;
 
-use hookinbox::runtime::JobOutcome;
 use hookinbox_tests::receiver::Receiver;
 use hookinbox_tests::{Hook, TestEnv, fixtures, settle};
+use hookinbox_worker::JobOutcome;
 
 fn write_config(env: &TestEnv, text: &str) -> PathBuf {
     let path = std::env::temp_dir().join(format!("{}.toml", env.prefix));
@@ -42,7 +42,7 @@ handler = {{ kind = "forward", url = "{}" }}
     let worker = env
         .worker_with(
             config.clone(),
-            hookinbox::handler::from_config(&config.handlers).expect("client"),
+            hookinbox_worker::from_config(&config.handlers).expect("client"),
         )
         .await;
 
@@ -175,7 +175,7 @@ secrets = ["new-secret", "old-secret"]
     args.github_secret = None;
     args.config = Some(both.clone());
     let config = args.validate().expect("valid");
-    let app = hookinbox::ingest::IngestApp::build(config)
+    let app = hookinbox_ingest::IngestApp::build(config)
         .await
         .expect("starts");
     let counts = app.secret_matches();

@@ -6,24 +6,45 @@
 //! system therefore adds no delay (a lone item goes out at once), and a busy
 //! one turns many commits, and their fsyncs, into one.
 //!
-//! Ingest batches its claims ([`ClaimBatcher`], [`deliveries::claim_batch`])
-//! and the worker its takes ([`TakeBatcher`], [`deliveries::take_batch`])
-//! and completions ([`CompletionBatcher`], [`deliveries::complete_batch`]).
+//! The statements themselves belong to the state machine
+//! (`deliveries::group_commit`); this is only the mechanism.
 
 use std::future::Future;
 use std::sync::Arc;
 
-use deadpool_postgres::Pool;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use crate::deliveries::{self, Claim, Completing, OwnedClaim, Policy, Take};
-use crate::key::{ClaimToken, DeliveryKey};
+use super::DbError;
 
 /// Batches running at once: enough to keep Postgres busy while the next
 /// batch fills, few enough that batches stay large under load.
 const BATCHES_IN_FLIGHT: usize = 4;
 
-type Reply<O> = oneshot::Sender<Result<O, String>>;
+/// Why a batched call has no answer.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum BatchError {
+    /// The collector is gone (the runtime is shutting down).
+    #[error("the batch collector stopped")]
+    Stopped,
+    /// The batch was dropped before it answered.
+    #[error("the batch was dropped before it answered")]
+    Dropped,
+    /// The batch answered another number of results than it was given
+    /// items (a bug in its statement's caller).
+    #[error("the batch answered {answered} results for {items} items")]
+    WrongCount {
+        /// Items sent.
+        items: usize,
+        /// Results received.
+        answered: usize,
+    },
+    /// Postgres failed the batch's statement; every item of it shares the
+    /// error. Whether it committed is unknown unless the error says so.
+    #[error(transparent)]
+    Failed(Arc<DbError>),
+}
+
+type Reply<O> = oneshot::Sender<Result<O, BatchError>>;
 
 /// Hands items to a collector that runs them in batches.
 pub struct Batcher<I, O> {
@@ -45,7 +66,7 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
     pub fn start<F, Fut>(max_batch: usize, run: F) -> Self
     where
         F: Fn(Vec<I>) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<Vec<O>, String>> + Send + 'static,
+        Fut: Future<Output = Result<Vec<O>, DbError>> + Send + 'static,
     {
         let max_batch = max_batch.max(1);
         let (tx, mut rx) = mpsc::channel::<(I, Reply<O>)>(max_batch * 64);
@@ -73,12 +94,17 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
                                 let _ = reply.send(Ok(answer));
                             }
                         }
-                        Ok(_) => {
+                        Ok(answers) => {
+                            let error = BatchError::WrongCount {
+                                items: replies.len(),
+                                answered: answers.len(),
+                            };
                             for reply in replies {
-                                let _ = reply.send(Err("batch answered the wrong count".into()));
+                                let _ = reply.send(Err(error.clone()));
                             }
                         }
                         Err(error) => {
+                            let error = BatchError::Failed(Arc::new(error));
                             for reply in replies {
                                 let _ = reply.send(Err(error.clone()));
                             }
@@ -91,66 +117,12 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
     }
 
     /// Runs one item as part of the next batch.
-    pub async fn submit(&self, item: I) -> Result<O, String> {
+    pub async fn submit(&self, item: I) -> Result<O, BatchError> {
         let (reply, answer) = oneshot::channel();
         self.tx
             .send((item, reply))
             .await
-            .map_err(|_| "batcher stopped".to_owned())?;
-        answer.await.map_err(|_| "batch dropped".to_owned())?
+            .map_err(|_| BatchError::Stopped)?;
+        answer.await.map_err(|_| BatchError::Dropped)?
     }
-}
-
-/// Ingest's claims, `HOOKINBOX_CLAIM_BATCH` per statement.
-pub type ClaimBatcher = Batcher<OwnedClaim, Claim>;
-
-/// Starts the claim collector.
-pub fn claims(pool: Pool, policy: Policy, max_batch: usize) -> ClaimBatcher {
-    Batcher::start(max_batch, move |claims: Vec<OwnedClaim>| {
-        let pool = pool.clone();
-        async move {
-            let client = pool.get().await.map_err(|e| e.to_string())?;
-            deliveries::claim_batch(&client, &policy, &claims)
-                .await
-                .map_err(|e| e.to_string())
-        }
-    })
-}
-
-/// The worker's takes, `HOOKINBOX_TAKE_BATCH` per statement; `None` means
-/// the fast path did not take it (see [`deliveries::take_batch`]).
-pub type TakeBatcher = Batcher<(DeliveryKey, ClaimToken), Option<Take>>;
-
-/// Starts the take collector.
-pub fn takes(pool: Pool, policy: Policy, max_batch: usize) -> TakeBatcher {
-    Batcher::start(max_batch, move |items: Vec<(DeliveryKey, ClaimToken)>| {
-        let pool = pool.clone();
-        async move {
-            let client = pool.get().await.map_err(|e| e.to_string())?;
-            deliveries::take_batch(&client, &policy, &items)
-                .await
-                .map_err(|e| e.to_string())
-        }
-    })
-}
-
-/// The worker's completions, `HOOKINBOX_COMPLETE_BATCH` per statement; the
-/// answer says whether that row's token still held it (false: fenced).
-pub type CompletionBatcher = Batcher<Completing, bool>;
-
-/// Starts the completion collector.
-pub fn completions(pool: Pool, max_batch: usize) -> CompletionBatcher {
-    Batcher::start(max_batch, move |items: Vec<Completing>| {
-        let pool = pool.clone();
-        async move {
-            let client = pool.get().await.map_err(|e| e.to_string())?;
-            let result = deliveries::complete_batch(&client, &items).await;
-            if result.is_err() {
-                // Whether the statement committed is unknown; never hand
-                // this session out again.
-                drop(deadpool_postgres::Object::take(client));
-            }
-            result.map_err(|e| e.to_string())
-        }
-    })
 }

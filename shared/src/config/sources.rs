@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::config::{ConfigError, secrets_from_lines};
+use super::ConfigError;
+use super::secrets::{inline_secret, read, secrets_from_lines};
 use crate::key::{EventName, HookId, SourceName};
 use crate::signature::{Secret, Secrets};
 
@@ -195,28 +196,10 @@ pub fn parse_forward_url(field: &str, raw: &str) -> Result<reqwest::Url, ConfigE
     Ok(url)
 }
 
-/// One secret given inline, refused when empty.
-pub fn inline_secret(field: &str, value: &str) -> Result<Secret, ConfigError> {
-    let value = value.strip_suffix('\n').unwrap_or(value);
-    let value = value.strip_suffix('\r').unwrap_or(value);
-    if value.is_empty() {
-        return Err(ConfigError::field(
-            field,
-            "is empty; an empty secret lets anyone sign",
-        ));
-    }
-    Ok(Secret::new(value))
-}
-
 /// Loads every source from the TOML file at `path`. Every error names the
 /// field (`sources[1].handler.url`, say).
 pub fn from_file(path: &Path) -> Result<Vec<Source>, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Unreadable {
-        name: "HOOKINBOX_CONFIG",
-        path: path.to_owned(),
-        source,
-    })?;
-    from_toml(&text)
+    from_toml(&read("HOOKINBOX_CONFIG", path)?)
 }
 
 /// Parses sources from TOML text (`secret_files` are read from disk).
@@ -254,9 +237,7 @@ pub fn from_toml(text: &str) -> Result<Vec<Source>, ConfigError> {
         }
         for (j, file) in raw.secret_files.iter().enumerate() {
             let field = at(&format!("secret_files[{j}]"));
-            let text = std::fs::read_to_string(file).map_err(|e| {
-                ConfigError::field(&field, format!("cannot read {}: {e}", file.display()))
-            })?;
+            let text = read(&field, file)?;
             secrets.extend(secrets_from_lines(&field, &text)?.into_vec());
         }
         if secrets.is_empty() {
@@ -305,13 +286,7 @@ pub fn from_toml(text: &str) -> Result<Vec<Source>, ConfigError> {
                     (Some(s), None) => Some(inline_secret(&at("handler.secret"), &s)?),
                     (None, Some(file)) => {
                         let field = at("handler.secret_file");
-                        let text = std::fs::read_to_string(&file).map_err(|e| {
-                            ConfigError::field(
-                                &field,
-                                format!("cannot read {}: {e}", file.display()),
-                            )
-                        })?;
-                        Some(inline_secret(&field, &text)?)
+                        Some(inline_secret(&field, &read(&field, &file)?)?)
                     }
                     (None, None) => None,
                 };

@@ -15,10 +15,11 @@ use std::time::{Duration, SystemTime};
 use reqwest::StatusCode;
 use reqwest::header::{CONTENT_TYPE, HeaderMap, RETRY_AFTER};
 
-use crate::broker::Job;
-use crate::handler::{Effect, Handler, HandlerError};
-use crate::signature::Secret;
-use crate::sources::ForwardConfig;
+use hookinbox::config::ForwardConfig;
+use hookinbox::job::Job;
+use hookinbox::signature::Secret;
+
+use super::{Effect, Handler, HandlerError};
 
 /// The header carrying the forward signature.
 pub const SIGNATURE_HEADER: &str = "x-hookinbox-signature-256";
@@ -76,7 +77,7 @@ impl Handler for Forward {
                 // The receiver has the delivery; the completion has not
                 // committed. A crash here sends it again with the same key.
                 if answer.is_ok() {
-                    crate::kill_point!("worker.mid_effect");
+                    hookinbox::kill_point!("worker.mid_effect");
                 }
                 answer
             }

@@ -1,0 +1,30 @@
+//! `hookinbox-ingest`: the HTTP edge. A request goes through the steps of
+//! the design, in this order, and nothing touches Postgres before step 4:
+//!
+//! 1. Read the raw body, bounded in size while streaming and in time; refuse
+//!    any `Content-Encoding` but identity (the signature covers the bytes on
+//!    the wire) and any content type but JSON or form (`body`).
+//! 2. Verify `X-Hub-Signature-256` over the raw bytes, in constant time.
+//! 3. Check the event (answer `ping` and events the source does not take
+//!    without a claim), the delivery id and the hook id.
+//! 4. Claim the delivery key in one statement.
+//! 5. Publish the job with a confirm; answer 202 only after the confirm.
+//!    If the publish fails, park the body in Postgres as a retry due now
+//!    and answer 202 all the same: the scheduler publishes it later.
+//!
+//! # Layout
+//!
+//! - `startup`: [`IngestApp`]: build, bind, run until stopped; readiness.
+//! - `receive`: the request's steps, one function each, and its log line.
+//! - `answer`: what is answered: status, body, and the outcome label.
+//! - `body`: framing, the bounded body read, the headers a job carries.
+//! - `rotation`: [`SecretMatches`], which secret verified how often.
+
+mod answer;
+mod body;
+mod receive;
+mod rotation;
+mod startup;
+
+pub use rotation::SecretMatches;
+pub use startup::{IngestApp, ServerHandle, StartError};

@@ -1,0 +1,414 @@
+//! One webhook request, in the design's order (see the crate's docs):
+//! [`read_and_verify`] (steps 1 and 2), [`check_headers`] (step 3),
+//! [`claim`] (step 4) and [`publish_or_park`] (step 5). Nothing touches
+//! Postgres before step 4.
+
+use actix_web::http::StatusCode;
+use actix_web::http::header::HeaderMap;
+use actix_web::{HttpRequest, HttpResponse, http::header, web};
+use bytes::Bytes;
+use hookinbox::config::Source;
+use hookinbox::deliveries::{self, Claim, ClaimRequest, ParkedBody, Status};
+use hookinbox::job::Job;
+use hookinbox::key::{DeliveryId, DeliveryKey, EventName, HookId, KeyError, SourceName};
+use hookinbox::payload::{self, ContentType};
+use hookinbox::postgres::DbError;
+use hookinbox::signature::SignatureError;
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+use crate::answer::{Answer, Outcome, Reject};
+use crate::body::{check_framing, content_type_header, github_headers, read_body, single};
+use crate::startup::State;
+
+pub(crate) async fn receive_default(
+    req: HttpRequest,
+    body: web::Payload,
+    state: web::Data<State>,
+) -> HttpResponse {
+    receive(req, body, state, SourceName::DEFAULT).await
+}
+
+pub(crate) async fn receive_named(
+    req: HttpRequest,
+    body: web::Payload,
+    state: web::Data<State>,
+    source: web::Path<String>,
+) -> HttpResponse {
+    receive(req, body, state, &source).await
+}
+
+/// What a request revealed about itself, for its log line and metrics.
+/// Filled as the steps pass. The event header is not covered by the
+/// signature, so its label is bounded to GitHub's event names
+/// ([`hookinbox::metrics::event_label`]).
+#[derive(Default)]
+struct Seen {
+    /// The configured source, or `None` for an unknown one.
+    source: Option<SourceName>,
+    /// The event, once the signature verified.
+    event: Option<EventName>,
+    /// The delivery id, once validated.
+    delivery_id: Option<DeliveryId>,
+}
+
+/// Answers one request, then logs it and counts it. A request shed by the
+/// in-flight limit is counted (`overloaded`) but not logged: under a flood
+/// the log would cost more than the refusal.
+async fn receive(
+    req: HttpRequest,
+    body: web::Payload,
+    state: web::Data<State>,
+    source: &str,
+) -> HttpResponse {
+    let started = std::time::Instant::now();
+    let mut seen = Seen::default();
+    let Ok(_permit) = state.in_flight.clone().try_acquire_owned() else {
+        metrics::counter!(
+            hookinbox::metrics::INGEST_REQUESTS,
+            "source" => "unknown",
+            "event" => "",
+            "outcome" => Outcome::Overloaded.as_str()
+        )
+        .increment(1);
+        return HttpResponse::TooManyRequests()
+            .insert_header((header::RETRY_AFTER, "1"))
+            .json(json!({"status": "error", "error": "overloaded, retry later"}));
+    };
+    let answer = match handle(&req, body, &state, source, &mut seen).await {
+        Ok(answer) => answer,
+        Err(reject) => {
+            if reject.outcome == Outcome::BadSignature {
+                metrics::counter!(
+                    hookinbox::metrics::SIGNATURE_FAILURES,
+                    "source" => seen.source.as_ref().map_or("unknown", |s| s.as_str()).to_owned()
+                )
+                .increment(1);
+            }
+            reject.into()
+        }
+    };
+    let source_label = seen
+        .source
+        .as_ref()
+        .map_or("unknown", |s| s.as_str())
+        .to_owned();
+    let event_label = seen
+        .event
+        .as_ref()
+        .map_or("", |e| hookinbox::metrics::event_label(e.as_str()));
+    let elapsed = started.elapsed();
+    tracing::info!(
+        source = %source_label,
+        event = seen.event.as_ref().map_or("", |e| e.as_str()),
+        delivery_id = seen.delivery_id.as_ref().map_or("", |d| d.as_str()),
+        status = answer.status.as_u16(),
+        outcome = answer.outcome.as_str(),
+        error = answer.error(),
+        duration_ms = elapsed.as_secs_f64() * 1000.0,
+        "webhook answered"
+    );
+    metrics::counter!(
+        hookinbox::metrics::INGEST_REQUESTS,
+        "source" => source_label,
+        "event" => event_label,
+        "outcome" => answer.outcome.as_str()
+    )
+    .increment(1);
+    metrics::histogram!(hookinbox::metrics::INGEST_REQUEST_SECONDS).record(elapsed);
+    answer.into_response()
+}
+
+/// The steps, in order; each returns early with its answer or refusal.
+async fn handle(
+    req: &HttpRequest,
+    body: web::Payload,
+    state: &State,
+    source_name: &str,
+    seen: &mut Seen,
+) -> Result<Answer, Reject> {
+    let source = SourceName::parse(source_name)
+        .ok()
+        .and_then(|name| state.config.sources.get(&name))
+        .ok_or_else(|| {
+            Reject::new(
+                StatusCode::NOT_FOUND,
+                Outcome::UnknownSource,
+                "unknown source",
+            )
+        })?;
+    seen.source = Some(source.name.clone());
+    let headers = req.headers();
+    let (content_type, body) = read_and_verify(state, source, headers, body).await?;
+    let delivery = match check_headers(source, headers, content_type, &body, seen)? {
+        Checked::Answered(answer) => return Ok(answer),
+        Checked::Delivery(delivery) => delivery,
+    };
+    let claimed = claim(state, &delivery, &body).await?;
+    publish_or_park(state, headers, delivery, body, claimed).await
+}
+
+/// Steps 1 and 2: the raw body, bounded, then the signature over it,
+/// before anything else is trusted.
+async fn read_and_verify(
+    state: &State,
+    source: &Source,
+    headers: &HeaderMap,
+    body: web::Payload,
+) -> Result<(ContentType, Bytes), Reject> {
+    let config = &state.config;
+    let content_type = check_framing(headers)?;
+    let body = read_body(body, headers, config.max_body_bytes, config.body_timeout).await?;
+    // Exactly one `X-Hub-Signature-256`, matching one of the source's
+    // secrets. `X-Hub-Signature` (SHA-1) alone is refused.
+    let signature = single(headers, "x-hub-signature-256")
+        .map_err(|_| SignatureError::Duplicated)?
+        .ok_or(SignatureError::Missing)?;
+    let position = source.secrets.verify(&body, signature)?;
+    state.secret_matches.record(&source.name, position);
+    Ok((content_type, body))
+}
+
+/// A verified request that carries a delivery to claim.
+struct Delivery {
+    key: DeliveryKey,
+    event: EventName,
+    action: Option<String>,
+}
+
+/// What step 3 found.
+enum Checked {
+    /// Answered without a claim (`ping`, an event the source does not take).
+    Answered(Answer),
+    /// A delivery to claim.
+    Delivery(Delivery),
+}
+
+/// Step 3: the event, the delivery id, the hook id, and the payload's
+/// `action` (the body is verified by now).
+fn check_headers(
+    source: &Source,
+    headers: &HeaderMap,
+    content_type: ContentType,
+    body: &[u8],
+    seen: &mut Seen,
+) -> Result<Checked, Reject> {
+    let event = match single(headers, "x-github-event")? {
+        Some(raw) => EventName::parse(raw)?,
+        None => return Err(KeyError::MissingEvent.into()),
+    };
+    seen.event = Some(event.clone());
+    let ignored = || {
+        Checked::Answered(Answer::new(
+            StatusCode::OK,
+            Outcome::Ignored,
+            json!({"status": "ignored"}),
+        ))
+    };
+    if event.as_str() == "ping" {
+        return Ok(Checked::Answered(Answer::new(
+            StatusCode::OK,
+            Outcome::Pong,
+            json!({"status": "pong"}),
+        )));
+    }
+    if !source.events.takes_event(&event) {
+        return Ok(ignored());
+    }
+    let delivery_id = match single(headers, "x-github-delivery")? {
+        Some(raw) => DeliveryId::parse(raw)?,
+        None => return Err(KeyError::MissingDeliveryId.into()),
+    };
+    seen.delivery_id = Some(delivery_id.clone());
+    let hook_id = HookId::parse(single(headers, "x-github-hook-id")?)?;
+    if !source.accepts_hook(&hook_id) {
+        // The hook id is not covered by the signature: without this pin a
+        // captured request could be replayed under another hook id.
+        return Err(Reject::new(
+            StatusCode::FORBIDDEN,
+            Outcome::UnknownHook,
+            "X-GitHub-Hook-ID is not a hook this source accepts",
+        ));
+    }
+    let bad_payload = |e: payload::PayloadError| {
+        Reject::new(StatusCode::BAD_REQUEST, Outcome::BadPayload, e.to_string())
+    };
+    let json = payload::json_text(content_type, body).map_err(bad_payload)?;
+    let action = payload::action(&json).map_err(bad_payload)?;
+    if !source.events.takes(&event, action.as_deref()) {
+        return Ok(ignored());
+    }
+    Ok(Checked::Delivery(Delivery {
+        key: DeliveryKey::github(source.name.clone(), hook_id, delivery_id),
+        event,
+        action,
+    }))
+}
+
+/// Step 4: the claim, one statement (batched with other requests' claims
+/// when they arrive together).
+async fn claim(state: &State, delivery: &Delivery, body: &[u8]) -> Result<Claim, Reject> {
+    let request = ClaimRequest {
+        key: delivery.key.clone(),
+        event: delivery.event.as_str().to_owned(),
+        action: delivery.action.clone(),
+        body_sha256: Sha256::digest(body).into(),
+    };
+    let started = std::time::Instant::now();
+    let claimed = match &state.batcher {
+        Some(batcher) => batcher.submit(request).await.map_err(DbError::from),
+        None => match state.pool.get().await {
+            Ok(client) => deliveries::claim(&client, &state.policy, &request).await,
+            Err(e) => Err(DbError::from(e)),
+        },
+    };
+    metrics::histogram!(hookinbox::metrics::CLAIM_SECONDS).record(started.elapsed());
+    let claimed = claimed.map_err(|e| {
+        tracing::warn!(error = %e, "claim failed");
+        Reject::unavailable("database")
+    })?;
+    hookinbox::kill_point!("ingest.after_claim");
+    Ok(claimed)
+}
+
+/// Step 5: publish the job with a confirm and answer only after it; if the
+/// publish fails, park the body in Postgres and answer 202 all the same.
+/// A claim that is not ours to publish is answered here too.
+async fn publish_or_park(
+    state: &State,
+    headers: &HeaderMap,
+    delivery: Delivery,
+    body: Bytes,
+    claimed: Claim,
+) -> Result<Answer, Reject> {
+    let (token, attempts_at_claim, republish) = match claimed {
+        Claim::Claimed {
+            token, attempts, ..
+        } => (token, attempts, false),
+        Claim::Republish { token } => (token, 0, true),
+        Claim::Conflict => {
+            return Ok(Answer::new(
+                StatusCode::CONFLICT,
+                Outcome::Conflict,
+                json!({"status": "conflict", "error": "this delivery was received before with a different body"}),
+            ));
+        }
+        Claim::Duplicate(Status::Processing) => {
+            // A copy racing an earlier claim whose publish we cannot see.
+            // If that ingest died before publishing, nothing would carry the
+            // delivery: park this copy's body, so that once the claim is
+            // reaped as lost the scheduler republishes it. Completion
+            // deletes it. The 2xx is given only once the body is parked.
+            park_copy(
+                state,
+                &delivery.key,
+                &content_type_header(headers),
+                &github_headers(headers),
+                &body,
+            )
+            .await?;
+            return Ok(duplicate(StatusCode::ACCEPTED, Status::Processing));
+        }
+        Claim::Duplicate(status) => {
+            let code = if status == Status::Completed {
+                StatusCode::OK
+            } else {
+                StatusCode::ACCEPTED
+            };
+            return Ok(duplicate(code, status));
+        }
+    };
+    let job = Job {
+        key: delivery.key,
+        event: delivery.event,
+        action: delivery.action,
+        token,
+        content_type: content_type_header(headers),
+        github_headers: github_headers(headers),
+        body,
+    };
+    let started = std::time::Instant::now();
+    let published = state.publisher.publish(&job).await;
+    metrics::histogram!(hookinbox::metrics::PUBLISH_CONFIRM_SECONDS).record(started.elapsed());
+    match published {
+        Ok(()) if republish => Ok(Answer::accepted(
+            Outcome::Republished,
+            Some(("republished", true)),
+        )),
+        Ok(()) => Ok(Answer::accepted(Outcome::Accepted, None)),
+        Err(e) => {
+            tracing::warn!(error = %e, delivery_id = %job.key.delivery_id, "publish failed; parking");
+            park(state, &job, attempts_at_claim, &e.to_string()).await
+        }
+    }
+}
+
+fn duplicate(code: StatusCode, status: Status) -> Answer {
+    Answer::new(
+        code,
+        Outcome::Duplicate,
+        json!({"status": "duplicate", "state": status.as_str()}),
+    )
+}
+
+/// The broker failed us: park the body and record the delivery as due now
+/// (guarded by the token and the attempts the claim saw, see
+/// [`deliveries::park_due`]), so the scheduler publishes it once the broker
+/// is back. Postgres holds it now, so the answer is still 202; only if
+/// Postgres fails too is it 503.
+async fn park(
+    state: &State,
+    job: &Job,
+    attempts_at_claim: i32,
+    error: &str,
+) -> Result<Answer, Reject> {
+    let parked = match state.pool.get().await {
+        Ok(client) => {
+            deliveries::park_due(
+                &client,
+                &job.key,
+                job.token,
+                error,
+                attempts_at_claim,
+                ParkedBody::from(job),
+            )
+            .await
+        }
+        Err(e) => Err(DbError::from(e)),
+    };
+    match parked {
+        Ok(true) => Ok(Answer::accepted(Outcome::Parked, Some(("parked", true)))),
+        // The guard refused: a worker took the job after all (the confirm
+        // was lost, not the message) or a concurrent redelivery claimed it
+        // anew. Either way it is in flight.
+        Ok(false) => Ok(Answer::accepted(Outcome::Accepted, None)),
+        Err(e) => {
+            tracing::warn!(error = %e, "could not park the delivery");
+            Err(Reject::unavailable("message broker and database"))
+        }
+    }
+}
+
+/// Parks a racing copy's body for a claim still processing (see
+/// [`deliveries::park_copy`]); 503 if Postgres cannot take it.
+async fn park_copy(
+    state: &State,
+    key: &DeliveryKey,
+    content_type: &str,
+    github_headers: &[(String, String)],
+    body: &[u8],
+) -> Result<(), Reject> {
+    let parked = ParkedBody {
+        content_type,
+        headers: github_headers,
+        body,
+    };
+    let result = match state.pool.get().await {
+        Ok(client) => deliveries::park_copy(&client, key, parked).await,
+        Err(e) => Err(DbError::from(e)),
+    };
+    result.map_err(|e| {
+        tracing::warn!(error = %e, "could not park a duplicate's body");
+        Reject::unavailable("database")
+    })
+}

@@ -1,0 +1,139 @@
+//! The job as an AMQP message: the raw body is the payload, byte for
+//! byte; everything else rides in headers. A dead-letter copy carries the
+//! same plus why and when it failed.
+
+use bytes::Bytes;
+use lapin::BasicProperties;
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+
+use super::long_string;
+use crate::deliveries::DeadLetter;
+use crate::job::{GITHUB_HEADER_PREFIX, Job};
+use crate::key::{ClaimToken, DeliveryKey, EventName};
+
+const H_PROVIDER: &str = "hookinbox-provider";
+const H_SOURCE: &str = "hookinbox-source";
+const H_HOOK_ID: &str = "hookinbox-hook-id";
+const H_DELIVERY_ID: &str = "hookinbox-delivery-id";
+const H_EVENT: &str = "hookinbox-event";
+const H_ACTION: &str = "hookinbox-action";
+const H_TOKEN: &str = "hookinbox-token";
+
+/// Why a message could not be read as a job.
+#[derive(Debug, thiserror::Error)]
+#[error("malformed job message: {0}")]
+pub struct MalformedJob(&'static str);
+
+/// The properties a job is published with.
+pub(super) fn properties(job: &Job) -> BasicProperties {
+    let mut headers = FieldTable::default();
+    headers.insert(H_PROVIDER.into(), long_string(&job.key.provider));
+    headers.insert(H_SOURCE.into(), long_string(job.key.source.as_str()));
+    headers.insert(H_HOOK_ID.into(), long_string(job.key.hook_id.as_str()));
+    headers.insert(
+        H_DELIVERY_ID.into(),
+        long_string(job.key.delivery_id.as_str()),
+    );
+    headers.insert(H_EVENT.into(), long_string(job.event.as_str()));
+    if let Some(action) = &job.action {
+        headers.insert(H_ACTION.into(), long_string(action));
+    }
+    headers.insert(H_TOKEN.into(), long_string(&job.token.to_string()));
+    for (name, value) in &job.github_headers {
+        headers.insert(ShortString::from(name.clone()), long_string(value));
+    }
+    BasicProperties::default()
+        // 2 = persistent: written to disk, survives a broker restart.
+        .with_delivery_mode(2)
+        .with_content_type(ShortString::from(job.content_type.clone()))
+        .with_message_id(ShortString::from(job.key.delivery_id.as_str().to_owned()))
+        .with_headers(headers)
+}
+
+/// Reads a job back from a consumed message.
+pub fn decode(properties: &BasicProperties, data: Vec<u8>) -> Result<Job, MalformedJob> {
+    let headers = properties
+        .headers()
+        .as_ref()
+        .ok_or(MalformedJob("no headers"))?;
+    let text = |name: &'static str| -> Result<String, MalformedJob> {
+        match headers.inner().get(name) {
+            Some(AMQPValue::LongString(s)) => std::str::from_utf8(s.as_bytes())
+                .map(str::to_owned)
+                .map_err(|_| MalformedJob(name)),
+            _ => Err(MalformedJob(name)),
+        }
+    };
+    let key = DeliveryKey::from_parts(
+        &text(H_PROVIDER)?,
+        &text(H_SOURCE)?,
+        &text(H_HOOK_ID)?,
+        &text(H_DELIVERY_ID)?,
+    )
+    .map_err(|e| {
+        MalformedJob(match e.part() {
+            "source" => H_SOURCE,
+            "hook_id" => H_HOOK_ID,
+            _ => H_DELIVERY_ID,
+        })
+    })?;
+    let event = EventName::parse(text(H_EVENT)?.as_bytes()).map_err(|_| MalformedJob(H_EVENT))?;
+    let action = text(H_ACTION).ok();
+    let token = text(H_TOKEN)?
+        .parse()
+        .map(ClaimToken)
+        .map_err(|_| MalformedJob(H_TOKEN))?;
+    let github_headers = headers
+        .inner()
+        .iter()
+        .filter(|(name, _)| name.as_str().starts_with(GITHUB_HEADER_PREFIX))
+        .filter_map(|(name, value)| match value {
+            AMQPValue::LongString(s) => std::str::from_utf8(s.as_bytes())
+                .ok()
+                .map(|v| (name.as_str().to_owned(), v.to_owned())),
+            _ => None,
+        })
+        .collect();
+    let content_type = properties
+        .content_type()
+        .as_ref()
+        .map(|c| c.as_str().to_owned())
+        .unwrap_or_else(|| "application/json".to_owned());
+    Ok(Job {
+        key,
+        event,
+        action,
+        token,
+        content_type,
+        github_headers,
+        body: Bytes::from(data),
+    })
+}
+
+/// The properties of a job's dead-letter copy: the job's, plus the class,
+/// the attempts, the first and last failure and the idempotency key.
+pub(super) fn dead_letter_properties(job: &Job, dead: &DeadLetter) -> BasicProperties {
+    let properties = properties(job);
+    let mut headers = properties.headers().clone().unwrap_or_default();
+    headers.insert(
+        "hookinbox-error-class".into(),
+        long_string(dead.class.as_str()),
+    );
+    headers.insert(
+        "hookinbox-attempts".into(),
+        AMQPValue::LongInt(dead.attempts),
+    );
+    headers.insert(
+        "hookinbox-first-failed-at".into(),
+        long_string(&dead.first_failed_at.to_rfc3339()),
+    );
+    headers.insert(
+        "hookinbox-last-failed-at".into(),
+        long_string(&dead.last_failed_at.to_rfc3339()),
+    );
+    headers.insert(
+        "hookinbox-idempotency-key".into(),
+        long_string(&job.key.idempotency_key()),
+    );
+    properties.with_headers(headers)
+}

@@ -1,0 +1,284 @@
+//! The confirming publisher: ingest answers 202 only once the broker has
+//! taken responsibility for the job
+//! (<https://www.rabbitmq.com/docs/confirms>).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
+use lapin::publisher_confirm::Confirmation;
+use lapin::types::FieldTable;
+use lapin::{BasicProperties, Channel, Connection};
+use tokio::sync::Mutex;
+
+use super::{BrokerError, DEAD_ROUTING_KEY, Topology, WORK_ROUTING_KEY, connect, message};
+use crate::deliveries::DeadLetter;
+use crate::job::Job;
+
+/// A publisher with confirms over one lazily (re)connected channel.
+///
+/// Many publishes share the channel and are in flight at once; each caller
+/// awaits only its own confirm (pipelined confirms). A failed channel is
+/// dropped and the next publish reconnects.
+pub struct Publisher {
+    url: String,
+    name: String,
+    topology: Topology,
+    timeout: Duration,
+    state: Mutex<PublisherState>,
+    /// Publishes awaiting their confirm at once.
+    window: Arc<tokio::sync::Semaphore>,
+}
+
+/// Publishes awaiting a confirm at once, by default.
+pub const DEFAULT_PUBLISH_WINDOW: usize = 256;
+
+#[derive(Default)]
+struct PublisherState {
+    connection: Option<Connection>,
+    channel: Option<Channel>,
+    /// After a failed connect, publishes fail fast for a moment instead of
+    /// each waiting out its own connect timeout against a dead broker.
+    failed_at: Option<Instant>,
+}
+
+/// How long publishes fail fast after a failed connect.
+const RECONNECT_PAUSE: Duration = Duration::from_millis(500);
+
+impl Publisher {
+    /// A publisher for `url`; nothing connects until the first publish.
+    pub fn new(url: &str, name: &str, topology: Topology, timeout: Duration) -> Self {
+        Self {
+            url: url.to_owned(),
+            name: name.to_owned(),
+            topology,
+            timeout,
+            state: Mutex::new(PublisherState::default()),
+            window: Arc::new(tokio::sync::Semaphore::new(DEFAULT_PUBLISH_WINDOW)),
+        }
+    }
+
+    /// Allows `window` publishes to await their confirms at once (1: each
+    /// publish waits for the one before it to be confirmed).
+    pub fn with_window(mut self, window: usize) -> Self {
+        self.window = Arc::new(tokio::sync::Semaphore::new(window.max(1)));
+        self
+    }
+
+    /// The topology it publishes into.
+    pub fn topology(&self) -> &Topology {
+        &self.topology
+    }
+
+    /// Connects now (and declares the topology) if not connected.
+    pub async fn connect(&self) -> Result<(), BrokerError> {
+        self.channel().await.map(|_| ())
+    }
+
+    /// True when the channel is open.
+    pub async fn is_connected(&self) -> bool {
+        let state = self.state.lock().await;
+        state
+            .channel
+            .as_ref()
+            .is_some_and(|c| c.status().connected())
+    }
+
+    async fn channel(&self) -> Result<Channel, BrokerError> {
+        let mut state = self.state.lock().await;
+        if let Some(channel) = &state.channel
+            && channel.status().connected()
+        {
+            return Ok(channel.clone());
+        }
+        if let Some(at) = state.failed_at
+            && at.elapsed() < RECONNECT_PAUSE
+        {
+            return Err(BrokerError::Unavailable("reconnecting".to_owned()));
+        }
+        if let Some(old) = state.connection.take() {
+            // Best effort: the old connection is usually dead already.
+            let _ =
+                tokio::time::timeout(Duration::from_millis(100), old.close(200, "reconnect")).await;
+        }
+        state.channel = None;
+        match self.open().await {
+            Ok((connection, channel)) => {
+                state.connection = Some(connection);
+                state.channel = Some(channel.clone());
+                state.failed_at = None;
+                Ok(channel)
+            }
+            Err(e) => {
+                state.failed_at = Some(Instant::now());
+                Err(e)
+            }
+        }
+    }
+
+    async fn open(&self) -> Result<(Connection, Channel), BrokerError> {
+        let connection = connect(&self.url, &self.name, self.timeout).await?;
+        let setup = async {
+            let channel = connection.create_channel().await?;
+            self.topology.declare(&channel).await?;
+            channel
+                .confirm_select(ConfirmSelectOptions::default())
+                .await?;
+            Ok::<_, lapin::Error>(channel)
+        };
+        match tokio::time::timeout(self.timeout, setup).await {
+            Ok(Ok(channel)) => Ok((connection, channel)),
+            Ok(Err(e)) => Err(BrokerError::Unavailable(e.to_string())),
+            Err(_) => Err(BrokerError::Unavailable(
+                "topology declare timed out".to_owned(),
+            )),
+        }
+    }
+
+    /// Drops the channel if it is still the one that failed, so the next
+    /// publish reconnects.
+    async fn forget(&self, failed: &Channel) {
+        let mut state = self.state.lock().await;
+        if state
+            .channel
+            .as_ref()
+            .is_some_and(|c| c.id() == failed.id())
+        {
+            state.channel = None;
+        }
+    }
+
+    async fn publish_raw(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        properties: BasicProperties,
+    ) -> Result<(), BrokerError> {
+        // Pipelined confirms: up to `window` publishes share the channel,
+        // each awaiting only its own confirm. The bound keeps a stalled
+        // broker from collecting an unbounded backlog of unconfirmed bodies.
+        let _permit = match tokio::time::timeout(self.timeout, self.window.acquire()).await {
+            Ok(Ok(permit)) => permit,
+            Ok(Err(_)) => return Err(BrokerError::Unavailable("publisher closed".to_owned())),
+            Err(_) => return Err(BrokerError::Timeout(self.timeout)),
+        };
+        let channel = self.channel().await?;
+        let confirm = async {
+            let confirm = channel
+                .basic_publish(
+                    exchange,
+                    routing_key,
+                    // mandatory: an unroutable message comes back as a
+                    // return instead of vanishing, and counts as a failure.
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..Default::default()
+                    },
+                    body,
+                    properties,
+                )
+                .await?;
+            confirm.await
+        };
+        let result = match tokio::time::timeout(self.timeout, confirm).await {
+            Ok(Ok(Confirmation::Ack(None))) => Ok(()),
+            Ok(Ok(Confirmation::Ack(Some(_)))) => Err(BrokerError::Returned),
+            Ok(Ok(Confirmation::Nack(_))) => Err(BrokerError::Nacked),
+            // Confirms are always selected on this channel; a channel that
+            // lost confirm mode must not be trusted.
+            Ok(Ok(Confirmation::NotRequested)) => Err(BrokerError::Unavailable(
+                "channel not in confirm mode".to_owned(),
+            )),
+            Ok(Err(e)) => Err(BrokerError::Channel(e)),
+            Err(_) => Err(BrokerError::Timeout(self.timeout)),
+        };
+        if matches!(
+            result,
+            Err(BrokerError::Channel(_) | BrokerError::Timeout(_))
+        ) {
+            self.forget(&channel).await;
+        }
+        result
+    }
+
+    /// Publishes a job to the work queue and waits for its confirm. Only
+    /// `Ok` means the broker holds the job; every other outcome (nack,
+    /// return, timeout, closed channel) is a failed publish.
+    pub async fn publish(&self, job: &Job) -> Result<(), BrokerError> {
+        self.publish_raw(
+            &self.topology.work_exchange(),
+            WORK_ROUTING_KEY,
+            &job.body,
+            message::properties(job),
+        )
+        .await
+    }
+
+    /// Publishes a dead-letter copy of a failed job, with headers for the
+    /// key, the event, the error class, the attempts and the first and last
+    /// failure. Postgres stays the record; the copy feeds tools and alerts,
+    /// and a second copy of the same key is harmless.
+    pub async fn publish_dead_letter(
+        &self,
+        job: &Job,
+        dead: &DeadLetter,
+    ) -> Result<(), BrokerError> {
+        self.publish_raw(
+            &self.topology.dead_letter_exchange(),
+            DEAD_ROUTING_KEY,
+            &job.body,
+            message::dead_letter_properties(job, dead),
+        )
+        .await
+    }
+
+    /// Publishes a message as it is (properties and body) to the
+    /// dead-letter exchange, with a confirm. Used to rewrite the queue when
+    /// operators reconcile it.
+    pub async fn republish_dead_letter(
+        &self,
+        body: &[u8],
+        properties: BasicProperties,
+    ) -> Result<(), BrokerError> {
+        self.publish_raw(
+            &self.topology.dead_letter_exchange(),
+            DEAD_ROUTING_KEY,
+            body,
+            properties,
+        )
+        .await
+    }
+
+    /// Ready messages and consumers of one of this topology's queues.
+    pub async fn queue_stats(&self, queue: &str) -> Result<(u32, u32), BrokerError> {
+        let channel = self.channel().await?;
+        let declared = channel
+            .queue_declare(
+                queue,
+                QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await;
+        match declared {
+            Ok(q) => Ok((q.message_count(), q.consumer_count())),
+            Err(e) => {
+                // A failed passive declare closes the channel.
+                self.forget(&channel).await;
+                Err(BrokerError::Channel(e))
+            }
+        }
+    }
+
+    /// Closes the connection.
+    pub async fn close(&self) {
+        let mut state = self.state.lock().await;
+        state.channel = None;
+        if let Some(connection) = state.connection.take() {
+            let _ = connection.close(200, "shutdown").await;
+        }
+    }
+}

@@ -1,0 +1,314 @@
+//! Settings of both binaries, read from the environment (or flags), and the
+//! checks that make a binary refuse to start on a bad one, naming it.
+//!
+//! Every setting has a default for a local machine except the webhook
+//! secret. `--help` on either binary lists them with their variables. Each
+//! binary's arguments (`*Args`, parsed by clap) validate into its settings
+//! (`*Config`), which hold typed values: durations, not milliseconds.
+
+use std::fmt::Display;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use clap::builder::BoolishValueParser;
+use deadpool_postgres::Pool;
+
+use crate::broker::{DEFAULT_PUBLISH_WINDOW, Publisher, Topology};
+use crate::deliveries::Policy;
+use crate::postgres::{DEFAULT_REQUEST_TIMEOUT, DbError};
+
+mod ingest;
+mod secrets;
+mod sources;
+mod worker;
+
+pub use ingest::{IngestArgs, IngestConfig};
+pub use secrets::{inline_secret, load_secrets, secrets_from_lines};
+pub use sources::{
+    DEFAULT_FORWARD_TIMEOUT, EventFilter, ForwardConfig, HandlerConfig, Source, from_file,
+    from_toml, parse_forward_url,
+};
+pub use worker::{HandlerKind, MIN_COMPLETED_RETENTION, WorkerArgs, WorkerConfig};
+
+/// A setting that makes a binary refuse to start. The message names the
+/// variable and never contains a secret.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A setting is invalid.
+    #[error("{name}: {problem}")]
+    Invalid {
+        /// The environment variable (or field) at fault.
+        name: &'static str,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// A field of the config file is invalid.
+    #[error("{name}: {problem}")]
+    Field {
+        /// The field, e.g. `sources[1].handler.url`.
+        name: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// A file named by a setting cannot be read.
+    #[error("{name}: cannot read {path}: {source}")]
+    Unreadable {
+        /// The setting (variable or config field) that names the file.
+        name: String,
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+impl ConfigError {
+    /// An invalid field of the config file (or any setting named at run time).
+    pub fn field(name: &str, problem: impl Into<String>) -> Self {
+        Self::Field {
+            name: name.to_owned(),
+            problem: problem.into(),
+        }
+    }
+}
+
+pub(crate) fn invalid(name: &'static str, problem: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        name,
+        problem: problem.into(),
+    }
+}
+
+/// A clap value parser for a whole number of at least 1, so that every
+/// such setting says the same thing when it is 0.
+fn at_least_one<T>(value: &str) -> Result<T, String>
+where
+    T: FromStr + PartialOrd + From<u8>,
+    T::Err: Display,
+{
+    let n: T = value
+        .trim()
+        .parse()
+        .map_err(|e| format!("'{value}' is not a whole number ({e})"))?;
+    if n < T::from(1) {
+        return Err("must be at least 1".to_owned());
+    }
+    Ok(n)
+}
+
+/// A duration such as `90s`, `12h` or `30d` (also a clap value parser).
+pub fn parse_duration_text(value: &str) -> Result<Duration, String> {
+    humantime::parse_duration(value.trim())
+        .map_err(|e| format!("'{value}' is not a duration like 90s, 12h or 30d ({e})"))
+}
+
+/// A duration setting; `name` names it in errors.
+fn parse_duration(name: &'static str, value: &str) -> Result<Duration, ConfigError> {
+    parse_duration_text(value).map_err(|problem| invalid(name, problem))
+}
+
+/// Settings both binaries share.
+#[derive(clap::Args, Clone)]
+pub struct CommonArgs {
+    /// Postgres connection URL.
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        value_name = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/postgres",
+        hide_env_values = true
+    )]
+    pub database_url: String,
+
+    /// RabbitMQ connection URL.
+    #[arg(
+        long,
+        env = "AMQP_URL",
+        value_name = "AMQP_URL",
+        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f",
+        hide_env_values = true
+    )]
+    pub amqp_url: String,
+
+    /// Prefix of every exchange and queue; isolates deployments and test runs.
+    #[arg(
+        long,
+        env = "HOOKINBOX_QUEUE_PREFIX",
+        value_name = "HOOKINBOX_QUEUE_PREFIX",
+        default_value = "hookinbox"
+    )]
+    pub queue_prefix: String,
+
+    /// Apply pending migrations at start, under an advisory lock.
+    #[arg(long, env = "HOOKINBOX_AUTO_MIGRATE",
+        value_name = "HOOKINBOX_AUTO_MIGRATE", default_value = "true",
+          value_parser = BoolishValueParser::new(), action = clap::ArgAction::Set)]
+    pub auto_migrate: bool,
+
+    /// Seconds a claim or take is held without renewal.
+    #[arg(
+        long,
+        env = "HOOKINBOX_LEASE_SECS",
+        value_name = "HOOKINBOX_LEASE_SECS",
+        value_parser = at_least_one::<u64>,
+        default_value_t = 60
+    )]
+    pub lease_secs: u64,
+
+    /// Takes allowed before a delivery is dead-lettered as poison.
+    #[arg(
+        long,
+        env = "HOOKINBOX_MAX_ATTEMPTS",
+        value_name = "HOOKINBOX_MAX_ATTEMPTS",
+        value_parser = at_least_one::<i32>,
+        default_value_t = 8
+    )]
+    pub max_attempts: i32,
+
+    /// Milliseconds to wait for a publisher confirm.
+    #[arg(
+        long,
+        env = "HOOKINBOX_PUBLISH_TIMEOUT_MS",
+        value_name = "HOOKINBOX_PUBLISH_TIMEOUT_MS",
+        value_parser = at_least_one::<u64>,
+        default_value_t = 5000
+    )]
+    pub publish_timeout_ms: u64,
+
+    /// Publishes awaiting their confirm at once (pipelined confirms; 1
+    /// confirms one publish at a time).
+    #[arg(
+        long,
+        env = "HOOKINBOX_PUBLISH_WINDOW",
+        value_name = "HOOKINBOX_PUBLISH_WINDOW",
+        value_parser = at_least_one::<usize>,
+        default_value_t = DEFAULT_PUBLISH_WINDOW
+    )]
+    pub publish_window: usize,
+
+    /// Maximum Postgres connections of this process.
+    #[arg(
+        long,
+        env = "HOOKINBOX_DB_POOL_SIZE",
+        value_name = "HOOKINBOX_DB_POOL_SIZE",
+        value_parser = at_least_one::<usize>,
+        default_value_t = 16
+    )]
+    pub db_pool_size: usize,
+
+    /// Milliseconds a Postgres request may go without any answer before its
+    /// connection is dropped (finds half-open connections).
+    #[arg(
+        long,
+        env = "HOOKINBOX_DB_TIMEOUT_MS",
+        value_name = "HOOKINBOX_DB_TIMEOUT_MS",
+        value_parser = at_least_one::<u64>,
+        default_value_t = DEFAULT_REQUEST_TIMEOUT.as_millis() as u64
+    )]
+    pub db_timeout_ms: u64,
+}
+
+/// Validated settings both binaries share.
+#[derive(Clone, Debug)]
+pub struct CommonConfig {
+    /// Postgres connection URL (may carry a password: never log it).
+    pub database_url: String,
+    /// RabbitMQ connection URL (likewise).
+    pub amqp_url: String,
+    /// Prefix of every exchange and queue.
+    pub queue_prefix: String,
+    /// Apply pending migrations at start.
+    pub auto_migrate: bool,
+    /// How long a claim or take holds without renewal.
+    pub lease: Duration,
+    /// Takes allowed before a delivery is poison.
+    pub max_attempts: i32,
+    /// How long to wait for a publisher confirm.
+    pub publish_timeout: Duration,
+    /// Publishes awaiting their confirm at once.
+    pub publish_window: usize,
+    /// Postgres connections of this process.
+    pub db_pool_size: usize,
+    /// How long a Postgres request may go unanswered.
+    pub db_timeout: Duration,
+}
+
+impl CommonArgs {
+    /// Checks the URLs and the queue prefix, naming the first bad one.
+    pub fn validate(self) -> Result<CommonConfig, ConfigError> {
+        crate::postgres::parse_url(&self.database_url).map_err(|e| {
+            invalid(
+                "DATABASE_URL",
+                format!("not a valid Postgres URL ({})", inner(&e)),
+            )
+        })?;
+        crate::broker::check_url(&self.amqp_url)
+            .map_err(|e| invalid("AMQP_URL", format!("not a valid AMQP URL ({})", inner(&e))))?;
+        if self.queue_prefix.is_empty()
+            || self.queue_prefix.len() > 100
+            || !self
+                .queue_prefix
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+        {
+            return Err(invalid(
+                "HOOKINBOX_QUEUE_PREFIX",
+                "must be 1 to 100 characters of letters, digits, '-', '_' and '.'",
+            ));
+        }
+        Ok(CommonConfig {
+            database_url: self.database_url,
+            amqp_url: self.amqp_url,
+            queue_prefix: self.queue_prefix,
+            auto_migrate: self.auto_migrate,
+            lease: Duration::from_secs(self.lease_secs),
+            max_attempts: self.max_attempts,
+            publish_timeout: Duration::from_millis(self.publish_timeout_ms),
+            publish_window: self.publish_window,
+            db_pool_size: self.db_pool_size,
+            db_timeout: Duration::from_millis(self.db_timeout_ms),
+        })
+    }
+}
+
+impl CommonConfig {
+    /// This process's Postgres pool (`HOOKINBOX_DB_POOL_SIZE` connections).
+    pub fn pool(&self) -> Result<Pool, DbError> {
+        self.pool_of(self.db_pool_size)
+    }
+
+    /// A pool of `size` connections with every other Postgres setting, for
+    /// commands that need only a few (`migrate`, the operator commands).
+    pub fn pool_of(&self, size: usize) -> Result<Pool, DbError> {
+        crate::postgres::pool(&self.database_url, size, self.db_timeout)
+    }
+
+    /// The exchanges and queues under `HOOKINBOX_QUEUE_PREFIX`.
+    pub fn topology(&self) -> Topology {
+        Topology::new(&self.queue_prefix)
+    }
+
+    /// A confirming publisher; `name` names its connection in RabbitMQ.
+    pub fn publisher(&self, name: &str) -> Publisher {
+        Publisher::new(&self.amqp_url, name, self.topology(), self.publish_timeout)
+            .with_window(self.publish_window)
+    }
+
+    /// The state machine's knobs.
+    pub fn policy(&self) -> Policy {
+        Policy {
+            lease: self.lease,
+            max_attempts: self.max_attempts,
+            publish_timeout: self.publish_timeout,
+        }
+    }
+}
+
+/// The message of an error without the URL it may quote (URLs can carry
+/// passwords).
+fn inner(e: &dyn std::error::Error) -> String {
+    e.source()
+        .map(|s| s.to_string())
+        .unwrap_or_else(|| "parse error".to_owned())
+}

@@ -1,0 +1,406 @@
+//! Ingest's transitions: the claim (one request, or a batch of them by
+//! group commit), and what ingest records when it cannot publish.
+
+use std::collections::HashMap;
+
+use deadpool_postgres::GenericClient;
+use uuid::Uuid;
+
+use super::parked::ParkedBody;
+use super::row::{KeyColumns, KeyTuple, firsts_by_key, key_tuple, status_of};
+use super::{Policy, Status, params, redact, secs};
+use crate::key::{ClaimToken, DeliveryKey};
+use crate::postgres::DbError;
+
+/// A claim request from ingest.
+#[derive(Clone, Debug)]
+pub struct ClaimRequest {
+    /// The delivery's key.
+    pub key: DeliveryKey,
+    /// `X-GitHub-Event`.
+    pub event: String,
+    /// The payload's `action`, when it has one.
+    pub action: Option<String>,
+    /// SHA-256 of the raw body: the same key with another body is a conflict.
+    pub body_sha256: [u8; 32],
+}
+
+/// What a claim decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// This request owns the claim: publish a job carrying `token`.
+    Claimed {
+        /// The token the job must carry.
+        token: ClaimToken,
+        /// False for a new row; true when an expired lease or a due retry
+        /// was claimed again.
+        reclaimed: bool,
+        /// Takes so far (0 for a new row; a reclaim keeps the count).
+        attempts: i32,
+    },
+    /// Claimed by an earlier request that never saw its job taken, longer
+    /// ago than the publish timeout: its publish may have died with its
+    /// ingest. Republish with the same token; a second copy is harmless.
+    Republish {
+        /// The token of the existing claim.
+        token: ClaimToken,
+    },
+    /// A duplicate of a delivery in this state; nothing to publish.
+    Duplicate(Status),
+    /// The same key arrived before with another body.
+    Conflict,
+}
+
+const CLAIM: &str = concat!(
+    "
+insert into deliveries as d
+    (provider, source, hook_id, delivery_id, event, action, body_sha256,
+     status, claim_token, lease_until, claimed_at)
+values ($1, $2, $3, $4, $5, $6, $7,
+        'processing', $8, now() + make_interval(secs => $9), now())
+",
+    reclaim_on_conflict!(),
+    "
+returning (xmax = 0) as inserted, attempts"
+);
+
+/// The state a claim reports when `ON CONFLICT … WHERE` refused the key.
+const CLAIM_STATE: &str = concat!(
+    "
+select status, attempts, claim_token, body_sha256, lease_until > now(),
+       claimed_at < now() - make_interval(secs => $5)
+from deliveries
+where ",
+    key!()
+);
+
+/// What a row the claim could not take over says; [`Existing::decide`]
+/// turns it into the answer, for [`claim`] and [`claim_batch`] alike.
+struct Existing {
+    status: Status,
+    attempts: i32,
+    token: ClaimToken,
+    body_sha256: Vec<u8>,
+    lease_live: Option<bool>,
+    publish_overdue: bool,
+}
+
+impl Existing {
+    fn from_row(row: &tokio_postgres::Row, at: usize) -> Result<Self, DbError> {
+        Ok(Self {
+            status: status_of(row.get(at))?,
+            attempts: row.get(at + 1),
+            token: ClaimToken(row.get(at + 2)),
+            body_sha256: row.get(at + 3),
+            lease_live: row.get(at + 4),
+            publish_overdue: row.get(at + 5),
+        })
+    }
+
+    /// Another body under the same key is a conflict. A claim nobody took
+    /// (attempts 0), still leased, but claimed longer ago than the publish
+    /// timeout may have lost its publish with its ingest: republish it with
+    /// the same token. Anything else is a duplicate of what is there.
+    fn decide(&self, body_sha256: &[u8; 32]) -> Claim {
+        if self.body_sha256.as_slice() != body_sha256.as_slice() {
+            Claim::Conflict
+        } else if self.status == Status::Processing
+            && self.attempts == 0
+            && self.lease_live == Some(true)
+            && self.publish_overdue
+        {
+            Claim::Republish { token: self.token }
+        } else {
+            Claim::Duplicate(self.status)
+        }
+    }
+}
+
+/// Claims a delivery for ingest in one statement: a new key is inserted;
+/// an existing one is taken over only when its lease expired or its retry is
+/// due, and only with the same body. Never `exists()` then `insert()`: two
+/// racing copies of one delivery must get one claim between them.
+pub async fn claim(
+    client: &impl GenericClient,
+    policy: &Policy,
+    req: &ClaimRequest,
+) -> Result<Claim, DbError> {
+    let insert = client.prepare_cached(CLAIM).await?;
+    let state = client.prepare_cached(CLAIM_STATE).await?;
+    let body_sha: &[u8] = &req.body_sha256;
+    // The row may vanish between the two statements (retention); then the
+    // claim is simply tried again.
+    for _ in 0..3 {
+        let token = ClaimToken::new();
+        let row = client
+            .query_opt(
+                &insert,
+                &params(
+                    &req.key,
+                    &[
+                        &req.event,
+                        &req.action,
+                        &body_sha,
+                        &token.0,
+                        &secs(policy.lease),
+                        &policy.max_attempts,
+                    ],
+                ),
+            )
+            .await?;
+        if let Some(row) = row {
+            let inserted: bool = row.get(0);
+            return Ok(Claim::Claimed {
+                token,
+                reclaimed: !inserted,
+                attempts: row.get(1),
+            });
+        }
+        // ON CONFLICT ... WHERE refused: report what is there.
+        if let Some(row) = client
+            .query_opt(&state, &params(&req.key, &[&secs(policy.publish_timeout)]))
+            .await?
+        {
+            return Ok(Existing::from_row(&row, 0)?.decide(&req.body_sha256));
+        }
+    }
+    Ok(Claim::Duplicate(Status::Processing))
+}
+
+const CLAIM_BATCH: &str = concat!(
+    "
+insert into deliveries as d
+    (provider, source, hook_id, delivery_id, event, action, body_sha256,
+     status, claim_token, lease_until, claimed_at)
+select provider, source, hook_id, delivery_id, event, action, body_sha256,
+       'processing', claim_token, now() + make_interval(secs => $9), now()
+from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+            $7::bytea[], $8::uuid[])
+     as input(provider, source, hook_id, delivery_id, event, action, body_sha256, claim_token)
+order by provider, source, hook_id, delivery_id
+",
+    reclaim_on_conflict!(),
+    "
+returning d.provider, d.source, d.hook_id, d.delivery_id, (xmax = 0) as inserted, d.attempts"
+);
+
+/// [`CLAIM_STATE`] for many keys.
+const CLAIM_BATCH_STATE: &str = "
+select d.provider, d.source, d.hook_id, d.delivery_id, d.status, d.attempts, d.claim_token,
+       d.body_sha256, d.lease_until > now(),
+       d.claimed_at < now() - make_interval(secs => $5)
+from deliveries d
+join unnest($1::text[], $2::text[], $3::text[], $4::text[])
+     as k(provider, source, hook_id, delivery_id)
+  using (provider, source, hook_id, delivery_id)";
+
+/// Group commit: claims many requests in one statement
+/// (`INSERT … SELECT FROM unnest(…) ON CONFLICT … RETURNING`), answering
+/// each exactly as [`claim`] would.
+///
+/// One statement cannot affect the same row twice, so the keys are
+/// deduplicated first: the first request of a key takes part in the
+/// statement, and later copies in the same batch are duplicates of it (or
+/// conflicts, with another body). The keys are sorted, so concurrent batches
+/// lock rows in the same order and cannot deadlock.
+pub async fn claim_batch(
+    client: &impl GenericClient,
+    policy: &Policy,
+    requests: &[ClaimRequest],
+) -> Result<Vec<Claim>, DbError> {
+    let firsts = firsts_by_key(requests.iter().map(|r| &r.key));
+    let tokens: HashMap<usize, ClaimToken> =
+        firsts.values().map(|&i| (i, ClaimToken::new())).collect();
+    let keys = KeyColumns::of(firsts.keys().copied());
+    let events: Vec<&str> = firsts
+        .values()
+        .map(|&i| requests[i].event.as_str())
+        .collect();
+    let actions: Vec<Option<&str>> = firsts
+        .values()
+        .map(|&i| requests[i].action.as_deref())
+        .collect();
+    let shas: Vec<&[u8]> = firsts
+        .values()
+        .map(|&i| &requests[i].body_sha256[..])
+        .collect();
+    let uuids: Vec<Uuid> = firsts.values().map(|i| tokens[i].0).collect();
+
+    let stmt = client.prepare_cached(CLAIM_BATCH).await?;
+    let rows = client
+        .query(
+            &stmt,
+            &[
+                &keys.provider,
+                &keys.source,
+                &keys.hook_id,
+                &keys.delivery_id,
+                &events,
+                &actions,
+                &shas,
+                &uuids,
+                &secs(policy.lease),
+                &policy.max_attempts,
+            ],
+        )
+        .await?;
+    let claimed: HashMap<KeyTuple, (bool, i32)> = rows
+        .iter()
+        .map(|r| {
+            (
+                (r.get(0), r.get(1), r.get(2), r.get(3)),
+                (r.get(4), r.get(5)),
+            )
+        })
+        .collect();
+
+    // Report what is there for the keys the statement did not claim.
+    let missing: Vec<&DeliveryKey> = firsts
+        .keys()
+        .copied()
+        .filter(|k| !claimed.contains_key(&key_tuple(k)))
+        .collect();
+    let mut states: HashMap<KeyTuple, Existing> = HashMap::new();
+    if !missing.is_empty() {
+        let keys = KeyColumns::of(missing.iter().copied());
+        let stmt = client.prepare_cached(CLAIM_BATCH_STATE).await?;
+        for r in client
+            .query(
+                &stmt,
+                &[
+                    &keys.provider,
+                    &keys.source,
+                    &keys.hook_id,
+                    &keys.delivery_id,
+                    &secs(policy.publish_timeout),
+                ],
+            )
+            .await?
+        {
+            states.insert(
+                (r.get(0), r.get(1), r.get(2), r.get(3)),
+                Existing::from_row(&r, 4)?,
+            );
+        }
+    }
+
+    let mut out = Vec::with_capacity(requests.len());
+    for (i, r) in requests.iter().enumerate() {
+        let k = key_tuple(&r.key);
+        let first = firsts[&r.key];
+        let answer = if let Some(&(inserted, attempts)) = claimed.get(&k) {
+            if first == i {
+                Claim::Claimed {
+                    token: tokens[&i],
+                    reclaimed: !inserted,
+                    attempts,
+                }
+            } else if requests[first].body_sha256 == r.body_sha256 {
+                // A copy that raced the first in this very batch.
+                Claim::Duplicate(Status::Processing)
+            } else {
+                Claim::Conflict
+            }
+        } else if first != i && requests[first].body_sha256 != r.body_sha256 {
+            // The statement tried only the first body of this key; this one
+            // differs, so decide it exactly as a claim of its own would.
+            claim(client, policy, r).await?
+        } else if let Some(row) = states.get(&k) {
+            row.decide(&r.body_sha256)
+        } else {
+            // Swept between the statements: claim it on its own.
+            claim(client, policy, r).await?
+        };
+        out.push(answer);
+    }
+    Ok(out)
+}
+
+const PARK_DUE: &str = concat!(
+    "
+with moved as (
+    update deliveries
+    set status = 'failed', retryable = true, next_attempt_at = now(),
+        failed_at = now(), first_failed_at = coalesce(first_failed_at, now()),
+        last_error_class = 'publish', last_error = $6
+    where ",
+    key!(),
+    " and ",
+    held_by!("$5"),
+    " and attempts = $7
+    returning provider, source, hook_id, delivery_id
+), ",
+    park_moved!(8, 9, 10),
+    "
+select count(*) from moved"
+);
+
+/// After ingest's publish failed: parks the body and records the delivery
+/// as failed, retryable, due now, so that the scheduler publishes it once
+/// the broker is back. One statement, so the row never says "due" without
+/// a body to publish. Guarded by the claim's own token *and*
+/// `attempts` as the claim saw it (0 for a new claim; a reclaimed retry
+/// keeps its count): if a worker took the job after all (the confirm was
+/// lost, not the message), this changes nothing and never undoes the take.
+/// Returns whether it parked.
+pub async fn park_due(
+    client: &impl GenericClient,
+    key: &DeliveryKey,
+    token: ClaimToken,
+    error: &str,
+    attempts_at_claim: i32,
+    parked: ParkedBody<'_>,
+) -> Result<bool, DbError> {
+    let stmt = client.prepare_cached(PARK_DUE).await?;
+    let headers = parked.headers_json();
+    let row = client
+        .query_one(
+            &stmt,
+            &params(
+                key,
+                &[
+                    &token.0,
+                    &redact(error),
+                    &attempts_at_claim,
+                    &parked.content_type,
+                    &headers,
+                    &parked.body,
+                ],
+            ),
+        )
+        .await?;
+    Ok(row.get::<_, i64>(0) == 1)
+}
+
+const PARK_COPY: &str = concat!(
+    "
+insert into parked_bodies (provider, source, hook_id, delivery_id, content_type, headers, body)
+select provider, source, hook_id, delivery_id, $5, $6, $7
+from deliveries
+where ",
+    key!(),
+    "
+  and status = 'processing'
+on conflict (provider, source, hook_id, delivery_id) do nothing"
+);
+
+/// Parks the body of a copy that raced a claim still processing. The claim
+/// may belong to an ingest that died before publishing: then the reaper
+/// turns it `lost`, and the scheduler republishes this body. If the claim's
+/// job runs normally, completion deletes the body. One statement; a no-op
+/// when a body is parked already or the row moved on.
+pub async fn park_copy(
+    client: &impl GenericClient,
+    key: &DeliveryKey,
+    parked: ParkedBody<'_>,
+) -> Result<(), DbError> {
+    let stmt = client.prepare_cached(PARK_COPY).await?;
+    let headers = parked.headers_json();
+    client
+        .execute(
+            &stmt,
+            &params(key, &[&parked.content_type, &headers, &parked.body]),
+        )
+        .await?;
+    Ok(())
+}

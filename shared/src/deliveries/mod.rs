@@ -1,0 +1,365 @@
+//! The delivery state machine: one module, one function per transition,
+//! each next to the single SQL statement that decides it. This file is the
+//! map; the transitions live in one file per caller:
+//!
+//! | file | caller | transitions |
+//! |---|---|---|
+//! | [`claim`](self::claim) | ingest | `claim`, `claim_batch`, `park_due`, `park_copy` |
+//! | [`take`](self::take) | worker | `take`, `take_batch`, `renew`, `fence`, `release_lease` |
+//! | [`complete`](self::complete) | worker | `complete`, `complete_batch`, `store_event`, `fail`, `mark_dead_lettered` |
+//! | [`schedule`](self::schedule) | scheduler, reaper | `schedule_due`, `reschedule`, `exhaust_due`, `needing_copy`, `dead_letter_unreadable`, `reap` |
+//! | [`retention`](self::retention) | sweeper, operators | `sweep`, `purge_dead` |
+//! | [`admin`](self::admin) | operators | `get`, `list`, `replay`, `unreplay` |
+//!
+//! `parked` holds the parked-body form of a job, `row` reads rows back into
+//! nouns, and `group_commit` starts the collectors that batch claims, takes
+//! and completions. Each batched statement sits beside the single one it
+//! must agree with, and the guards they share are named once below.
+//!
+//! ```text
+//!   —──claim──▶ processing(T0, attempts 0) ──take──▶ processing(T, attempts+1)
+//!                    │  ▲                                │   │   │
+//!         release    │  │ claim (lease expired,          │   │   └─fail──▶ failed(retryable?)
+//!  (publish failed)  ▼  │ or failed+due)          complete   renew
+//!                  failed ◀──────────────────────────────┘(same tx as the effect)
+//! ```
+//!
+//! Rules every statement follows:
+//! - Each transition is decided by one atomic statement (a compare-and-set);
+//!   a read that follows only reports the state to the caller.
+//! - Every write after the claim is guarded by the claim token, so a holder
+//!   that lost its claim changes nothing (it is *fenced*).
+//! - Every lease comparison uses the database clock, `now()`, never the
+//!   caller's, so skewed hosts agree on who holds a lease.
+//!
+//! Every fence that addresses one delivery by its key compares
+//! `status || ''` rather than `status` (`held_by!`). The planner may
+//! otherwise answer `status = 'processing'` from an index of processing rows
+//! (the partial lease index, or the one led by `status`), and such an index
+//! holds every row that was ever processing until a vacuum: the statement
+//! would then grow slower with history. The key is the only way in; the
+//! reaper, which wants the lease index, keeps the plain comparison, and so
+//! does the take (`takeable!`), whose row is locked by key first.
+//! `tests/it/plans.rs` checks this for the hot path.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio_postgres::types::ToSql;
+
+use crate::key::DeliveryKey;
+
+/// The key predicate: `$1`–`$4` of every keyed statement, optionally on a
+/// table alias (`key!("d")`).
+macro_rules! key {
+    () => {
+        "provider = $1 and source = $2 and hook_id = $3 and delivery_id = $4"
+    };
+    ($t:literal) => {
+        concat!(
+            $t,
+            ".provider = $1 and ",
+            $t,
+            ".source = $2 and ",
+            $t,
+            ".hook_id = $3 and ",
+            $t,
+            ".delivery_id = $4"
+        )
+    };
+}
+
+/// The token fence: the row is still processing under `$token`. Compares
+/// `status || ''` (see the module notes on plans).
+macro_rules! held_by {
+    ($token:literal) => {
+        concat!("claim_token = ", $token, " and status || '' = 'processing'")
+    };
+    ($t:literal, $token:literal) => {
+        concat!(
+            $t,
+            ".claim_token = ",
+            $token,
+            " and ",
+            $t,
+            ".status || '' = 'processing'"
+        )
+    };
+}
+
+/// What a claim may take over when the key exists (`$9` the lease in
+/// seconds, `$10` the attempts allowed): the same body, and either a
+/// processing claim whose lease expired or a retryable failure that is due
+/// with attempts left. Shared by [`claim`] and [`claim_batch`].
+macro_rules! reclaim_on_conflict {
+    () => {
+        "on conflict (provider, source, hook_id, delivery_id) do update
+    set status = 'processing', retryable = false,
+        claim_token = excluded.claim_token, lease_until = excluded.lease_until,
+        claimed_at = excluded.claimed_at, next_attempt_at = null
+    where d.body_sha256 = excluded.body_sha256
+      and ((d.status = 'processing' and d.lease_until < now())
+        or (d.status = 'failed' and d.retryable and d.next_attempt_at <= now()
+            and d.attempts < $10))"
+    };
+}
+
+/// What a take (or the poison check) may take: the message's own claim
+/// (`$presented`), a claim whose lease expired, or a claim the reaper
+/// turned `lost`. Shared by [`take`], [`take_batch`] and the poison check.
+macro_rules! takeable {
+    ($presented:literal) => {
+        concat!(
+            "((status = 'processing' and (claim_token = ",
+            $presented,
+            " or lease_until < now())) or (status = 'failed' and last_error_class = 'lost'))"
+        )
+    };
+    ($t:literal, $presented:literal) => {
+        concat!(
+            "((",
+            $t,
+            ".status = 'processing' and (",
+            $t,
+            ".claim_token = ",
+            $presented,
+            " or ",
+            $t,
+            ".lease_until < now())) or (",
+            $t,
+            ".status = 'failed' and ",
+            $t,
+            ".last_error_class = 'lost'))"
+        )
+    };
+}
+
+/// Inserts the parked body of the rows a CTE named `moved` returned, from
+/// the statement's parameters `$a`, `$b`, `$c` (content type, headers,
+/// body); numbered at compile time, after the statement's own parameters.
+macro_rules! park_moved {
+    ($a:literal, $b:literal, $c:literal) => {
+        concat!(
+            "parked as (
+    insert into parked_bodies (provider, source, hook_id, delivery_id, content_type, headers, body)
+    select provider, source, hook_id, delivery_id, $", $a, ", $", $b, ", $", $c, " from moved
+    on conflict (provider, source, hook_id, delivery_id) do nothing
+)"
+        )
+    };
+}
+
+/// The columns `row::delivery` reads, in its order.
+macro_rules! delivery_columns {
+    () => {
+        "provider, source, hook_id, delivery_id, event, action, status, retryable,
+       claim_token, attempts, replays, lease_until, next_attempt_at, created_at,
+       completed_at, failed_at, dead_lettered_at is not null, last_error_class, last_error,
+       first_failed_at"
+    };
+}
+
+mod admin;
+mod claim;
+mod complete;
+pub mod group_commit;
+mod parked;
+mod retention;
+mod row;
+mod schedule;
+mod take;
+
+pub use admin::{DeadLetter, Delivery, Filter, get, list, replay, unreplay};
+pub use claim::{Claim, ClaimRequest, claim, claim_batch, park_copy, park_due};
+pub use complete::{
+    Completing, StoredEvent, complete, complete_batch, fail, mark_dead_lettered, store_event,
+};
+pub use parked::{Parked, ParkedBody, Unreadable};
+pub use retention::{Swept, purge_dead, sweep};
+pub use schedule::{
+    dead_letter_unreadable, exhaust_due, needing_copy, reap, reschedule, schedule_due,
+};
+pub use take::{Take, fence, release_lease, renew, take, take_batch};
+
+/// The knobs every transition shares.
+#[derive(Clone, Copy, Debug)]
+pub struct Policy {
+    /// How long a claim or a take is held without renewal. The ingest claim
+    /// sets it too, so it covers the time a job waits in the queue.
+    pub lease: Duration,
+    /// Takes allowed before a delivery is declared poison.
+    pub max_attempts: i32,
+    /// How long ingest waits for a publisher confirm. A duplicate that finds
+    /// the claim untaken and older than this republishes it.
+    pub publish_timeout: Duration,
+}
+
+fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+type Param<'a> = &'a (dyn ToSql + Sync);
+
+/// The key's four columns (`$1`–`$4` of every keyed statement, see
+/// [`key!`]), then `rest`.
+fn params<'a>(key: &'a DeliveryKey, rest: &[Param<'a>]) -> Vec<Param<'a>> {
+    let mut all: Vec<Param<'a>> = vec![&key.provider, &key.source, &key.hook_id, &key.delivery_id];
+    all.extend_from_slice(rest);
+    all
+}
+
+/// Why a delivery failed. Stored in `last_error_class`; bounded, so it can
+/// label metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// The handler reported an error worth retrying.
+    Transient,
+    /// The handler reported an error that no retry can fix.
+    Permanent,
+    /// The handler ran past `HOOKINBOX_HANDLER_TIMEOUT_MS`.
+    Timeout,
+    /// The database failed under the handler.
+    Db,
+    /// The job crashed or hung its worker on every attempt.
+    Poison,
+    /// The claim was abandoned (its lease expired long ago).
+    Lost,
+    /// Transient failures used up `HOOKINBOX_MAX_ATTEMPTS`.
+    MaxAttempts,
+    /// The job could not be published.
+    Publish,
+}
+
+impl ErrorClass {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Transient => "transient",
+            Self::Permanent => "permanent",
+            Self::Timeout => "timeout",
+            Self::Db => "db",
+            Self::Poison => "poison",
+            Self::Lost => "lost",
+            Self::MaxAttempts => "max_attempts",
+            Self::Publish => "publish",
+        }
+    }
+
+    /// Every class, in the order above.
+    pub const ALL: [Self; 8] = [
+        Self::Transient,
+        Self::Permanent,
+        Self::Timeout,
+        Self::Db,
+        Self::Poison,
+        Self::Lost,
+        Self::MaxAttempts,
+        Self::Publish,
+    ];
+}
+
+/// A stored name that is not a known class or status.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("'{value}' is not a known {what} (one of {allowed})")]
+pub struct UnknownName {
+    what: &'static str,
+    value: String,
+    allowed: String,
+}
+
+impl std::str::FromStr for ErrorClass {
+    type Err = UnknownName;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|c| c.as_str() == s)
+            .ok_or_else(|| UnknownName {
+                what: "error class",
+                value: s.to_owned(),
+                allowed: Self::ALL.map(Self::as_str).join(", "),
+            })
+    }
+}
+
+/// Shortens an error message for `last_error` and drops control characters,
+/// so a handler's error text cannot forge log lines or grow a row.
+pub fn redact(message: &str) -> String {
+    const MAX: usize = 240;
+    let mut out: String = message
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if out.len() > MAX {
+        let mut cut = MAX;
+        while !out.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        out.truncate(cut);
+        out.push('…');
+    }
+    out
+}
+
+/// The status column.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    /// Claimed or taken; `lease_until` says until when.
+    Processing,
+    /// The effect happened. Terminal.
+    Completed,
+    /// Failed; `retryable` says whether it will be tried again.
+    Failed,
+}
+
+impl Status {
+    /// Every status.
+    pub const ALL: [Self; 3] = [Self::Processing, Self::Completed, Self::Failed];
+
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Processing => "processing",
+            Self::Completed => "completed",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+impl std::str::FromStr for Status {
+    type Err = UnknownName;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|c| c.as_str() == s)
+            .ok_or_else(|| UnknownName {
+                what: "status",
+                value: s.to_owned(),
+                allowed: Self::ALL.map(Self::as_str).join(", "),
+            })
+    }
+}
+
+/// How a failed attempt is recorded.
+#[derive(Clone, Debug)]
+pub struct Failure {
+    /// The class stored in `last_error_class`.
+    pub class: ErrorClass,
+    /// A short description; it is redacted before it is stored.
+    pub message: String,
+    /// `Some(delay)`: retryable, due after `delay`. `None`: failed for good
+    /// (dead-lettered).
+    pub retry_in: Option<Duration>,
+}
+
+/// What the database says about a failure once it is recorded.
+#[derive(Clone, Copy, Debug)]
+pub struct Failed {
+    /// Takes so far.
+    pub attempts: i32,
+    /// The first failure of this delivery.
+    pub first_failed_at: DateTime<Utc>,
+    /// This failure.
+    pub failed_at: DateTime<Utc>,
+}

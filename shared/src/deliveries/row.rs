@@ -1,0 +1,148 @@
+//! Rows read back into the nouns, and the helpers the batched statements
+//! share to address many keys at once.
+
+use std::collections::BTreeMap;
+
+use super::parked::{Parked, Unreadable, headers_from_json};
+use super::{Delivery, ErrorClass, Status};
+use crate::job::Job;
+use crate::key::{ClaimToken, DeliveryKey, EventName};
+use crate::postgres::DbError;
+
+/// A key as four owned strings, the shape a batched statement returns.
+pub(super) type KeyTuple = (String, String, String, String);
+
+/// `key` as a [`KeyTuple`].
+pub(super) fn key_tuple(key: &DeliveryKey) -> KeyTuple {
+    (
+        key.provider.clone(),
+        key.source.as_str().to_owned(),
+        key.hook_id.as_str().to_owned(),
+        key.delivery_id.as_str().to_owned(),
+    )
+}
+
+/// The first position of each distinct key, in key order. One statement
+/// cannot update a row twice, so a batch sends each key once; and batches
+/// that send their keys in one order lock rows in one order, so concurrent
+/// batches cannot deadlock.
+pub(super) fn firsts_by_key<'a>(
+    keys: impl Iterator<Item = &'a DeliveryKey>,
+) -> BTreeMap<&'a DeliveryKey, usize> {
+    let mut firsts = BTreeMap::new();
+    for (i, key) in keys.enumerate() {
+        firsts.entry(key).or_insert(i);
+    }
+    firsts
+}
+
+/// The key's four columns of many keys, for
+/// `unnest($1::text[], $2::text[], $3::text[], $4::text[])`.
+pub(super) struct KeyColumns<'a> {
+    pub(super) provider: Vec<&'a str>,
+    pub(super) source: Vec<&'a str>,
+    pub(super) hook_id: Vec<&'a str>,
+    pub(super) delivery_id: Vec<&'a str>,
+}
+
+impl<'a> KeyColumns<'a> {
+    pub(super) fn of(keys: impl Iterator<Item = &'a DeliveryKey>) -> Self {
+        let mut columns = Self {
+            provider: Vec::new(),
+            source: Vec::new(),
+            hook_id: Vec::new(),
+            delivery_id: Vec::new(),
+        };
+        for key in keys {
+            columns.provider.push(&key.provider);
+            columns.source.push(key.source.as_str());
+            columns.hook_id.push(key.hook_id.as_str());
+            columns.delivery_id.push(key.delivery_id.as_str());
+        }
+        columns
+    }
+}
+
+/// A stored status; anything else is a row that no longer parses.
+pub(super) fn status_of(stored: &str) -> Result<Status, DbError> {
+    stored.parse().map_err(|_| DbError::BadRow("status"))
+}
+
+/// A stored error class.
+fn class_of(stored: Option<&str>) -> Result<Option<ErrorClass>, DbError> {
+    stored
+        .map(|c| c.parse().map_err(|_| DbError::BadRow("last_error_class")))
+        .transpose()
+}
+
+/// The four key columns of a row, as stored.
+fn key_parts(row: &tokio_postgres::Row) -> [String; 4] {
+    [
+        row.get("provider"),
+        row.get("source"),
+        row.get("hook_id"),
+        row.get("delivery_id"),
+    ]
+}
+
+/// The key of a row. Rows are written from validated keys; a row that no
+/// longer parses is reported rather than trusted.
+fn key_from_parts(parts: &[String; 4]) -> Result<DeliveryKey, DbError> {
+    let [provider, source, hook_id, delivery_id] = parts;
+    DeliveryKey::from_parts(provider, source, hook_id, delivery_id)
+        .map_err(|e| DbError::BadRow(e.part()))
+}
+
+/// A row of the parked statements (`…, event, action, claim_token,
+/// attempts, content_type, headers, body`) as the job to publish, or as
+/// [`Unreadable`] when its key or event no longer parses.
+pub(super) fn parked(row: &tokio_postgres::Row) -> Result<Parked, Unreadable> {
+    let parts = key_parts(row);
+    let token = ClaimToken(row.get("claim_token"));
+    let unreadable = |reason: String| Unreadable {
+        parts: Box::new(parts.clone()),
+        token,
+        reason,
+    };
+    let key = key_from_parts(&parts).map_err(|e| unreadable(e.to_string()))?;
+    let event: &str = row.get("event");
+    let event = EventName::parse(event.as_bytes())
+        .map_err(|_| unreadable(DbError::BadRow("event").to_string()))?;
+    let headers: serde_json::Value = row.get("headers");
+    let body: Vec<u8> = row.get("body");
+    Ok(Parked {
+        job: Job {
+            key,
+            event,
+            action: row.get("action"),
+            token,
+            content_type: row.get("content_type"),
+            github_headers: headers_from_json(&headers),
+            body: body.into(),
+        },
+        attempts: row.get("attempts"),
+    })
+}
+
+/// A row of `delivery_columns!()`.
+pub(super) fn delivery(row: &tokio_postgres::Row) -> Result<Delivery, DbError> {
+    Ok(Delivery {
+        key: key_from_parts(&key_parts(row))?,
+        event: row.get(4),
+        action: row.get(5),
+        status: status_of(row.get(6))?,
+        retryable: row.get(7),
+        claim_token: ClaimToken(row.get(8)),
+        attempts: row.get(9),
+        replays: row.get(10),
+        lease_until: row.get(11),
+        next_attempt_at: row.get(12),
+        created_at: row.get(13),
+        completed_at: row.get(14),
+        failed_at: row.get(15),
+        dead_lettered: row.get(16),
+        last_error_class: class_of(row.get(17))?,
+        last_error: row.get(18),
+        first_failed_at: row.get(19),
+    })
+}

@@ -1,0 +1,211 @@
+//! The scheduler's and the reaper's transitions: due retries back to
+//! `processing`, exhausted ones dead-lettered, dead letters still missing
+//! their broker copy, unreadable parked rows dead-lettered, and abandoned
+//! claims marked `lost`.
+
+use std::time::Duration;
+
+use deadpool_postgres::GenericClient;
+
+use super::parked::{Parked, Unreadable};
+use super::row::parked;
+use super::{Policy, params, redact, secs};
+use crate::key::{ClaimToken, DeliveryKey};
+use crate::postgres::DbError;
+
+const SCHEDULE: &str = "
+with due as (
+    select d.provider, d.source, d.hook_id, d.delivery_id
+    from deliveries d
+    join parked_bodies p using (provider, source, hook_id, delivery_id)
+    where d.status = 'failed' and d.retryable and d.next_attempt_at <= now()
+      and d.attempts < $1
+    order by d.next_attempt_at
+    limit $2
+    for update of d skip locked
+)
+update deliveries d
+set status = 'processing', retryable = false, claim_token = gen_random_uuid(),
+    lease_until = now() + make_interval(secs => $3), claimed_at = now(),
+    next_attempt_at = null
+from due, parked_bodies p
+where d.provider = due.provider and d.source = due.source
+  and d.hook_id = due.hook_id and d.delivery_id = due.delivery_id
+  and p.provider = d.provider and p.source = d.source
+  and p.hook_id = d.hook_id and p.delivery_id = d.delivery_id
+returning d.provider, d.source, d.hook_id, d.delivery_id, d.event, d.action,
+          d.claim_token, d.attempts, p.content_type, p.headers, p.body";
+
+/// The retry scheduler's pick: moves up to `limit` due retries back to
+/// `processing` under new tokens, in one compare-and-set. `skip locked`
+/// lets every worker run the scheduler without two picking one row, and
+/// `next_attempt_at <= now()` (the database clock) means a retry is never
+/// early. The caller publishes each from its parked body, puts it back
+/// with [`reschedule`] if the publish fails, and dead-letters a row that
+/// cannot become a job with [`dead_letter_unreadable`].
+pub async fn schedule_due(
+    client: &impl GenericClient,
+    policy: &Policy,
+    limit: i64,
+) -> Result<Vec<Result<Parked, Unreadable>>, DbError> {
+    let stmt = client.prepare_cached(SCHEDULE).await?;
+    let rows = client
+        .query(&stmt, &[&policy.max_attempts, &limit, &secs(policy.lease)])
+        .await?;
+    Ok(rows.iter().map(parked).collect())
+}
+
+const RESCHEDULE: &str = concat!(
+    "
+update deliveries
+set status = 'failed', retryable = true,
+    next_attempt_at = now() + make_interval(secs => $6),
+    last_error_class = 'publish', last_error = $7
+where ",
+    key!(),
+    " and ",
+    held_by!("$5")
+);
+
+/// Puts a scheduled retry back as due after `delay`, because its publish
+/// failed. Token-guarded: if a worker already took it (the confirm was
+/// lost, not the message), nothing changes.
+pub async fn reschedule(
+    client: &impl GenericClient,
+    key: &DeliveryKey,
+    token: ClaimToken,
+    delay: Duration,
+    error: &str,
+) -> Result<bool, DbError> {
+    let stmt = client.prepare_cached(RESCHEDULE).await?;
+    let n = client
+        .execute(
+            &stmt,
+            &params(key, &[&token.0, &secs(delay), &redact(error)]),
+        )
+        .await?;
+    Ok(n == 1)
+}
+
+const EXHAUST: &str = "
+update deliveries
+set retryable = false, last_error_class = 'max_attempts',
+    last_error = 'attempts exhausted', failed_at = now()
+where ctid in (
+    select ctid from deliveries
+    where status = 'failed' and retryable and next_attempt_at <= now() and attempts >= $1
+    limit $2
+    for update skip locked
+)";
+
+/// Dead-letters due retries that already used every attempt (a `lost`
+/// claim can reach that state), so they do not wait forever. Their
+/// dead-letter copies follow from [`needing_copy`].
+pub async fn exhaust_due(
+    client: &impl GenericClient,
+    policy: &Policy,
+    limit: i64,
+) -> Result<u64, DbError> {
+    let stmt = client.prepare_cached(EXHAUST).await?;
+    Ok(client
+        .execute(&stmt, &[&policy.max_attempts, &limit])
+        .await?)
+}
+
+const NEEDING_COPY: &str = "
+select d.provider, d.source, d.hook_id, d.delivery_id, d.event, d.action,
+       d.claim_token, d.attempts, p.content_type, p.headers, p.body
+from deliveries d
+join parked_bodies p using (provider, source, hook_id, delivery_id)
+where d.status = 'failed' and not d.retryable and d.dead_lettered_at is null
+  and d.failed_at < now() - make_interval(secs => $1)
+order by d.failed_at
+limit $2";
+
+/// Dead letters whose broker copy was never confirmed (a worker died
+/// between the failure and the copy, or the copy was purged from the
+/// queue), older than `grace` so that a worker still busy with the copy is
+/// left alone. A row that cannot become a job comes back as
+/// [`Unreadable`].
+pub async fn needing_copy(
+    client: &impl GenericClient,
+    grace: Duration,
+    limit: i64,
+) -> Result<Vec<Result<Parked, Unreadable>>, DbError> {
+    let stmt = client.prepare_cached(NEEDING_COPY).await?;
+    let rows = client.query(&stmt, &[&secs(grace), &limit]).await?;
+    Ok(rows.iter().map(parked).collect())
+}
+
+/// Addressed by the key as stored (its parts may not parse), fenced by the
+/// token the row was read with.
+const DEAD_LETTER_UNREADABLE: &str = concat!(
+    "
+update deliveries
+set status = 'failed', retryable = false, next_attempt_at = null,
+    failed_at = now(), first_failed_at = coalesce(first_failed_at, now()),
+    dead_lettered_at = now(), last_error_class = 'permanent', last_error = $6
+where ",
+    key!(),
+    " and claim_token = $5"
+);
+
+/// Dead-letters a parked row that cannot become a job (see
+/// [`Unreadable`]): failed for good, class `permanent`, with the reason. No
+/// broker copy can be built from it, so it is marked as copied; operators
+/// find it with `dlq list` and Postgres keeps its parked body. Returns
+/// whether the row was still the one read.
+pub async fn dead_letter_unreadable(
+    client: &impl GenericClient,
+    row: &Unreadable,
+) -> Result<bool, DbError> {
+    let stmt = client.prepare_cached(DEAD_LETTER_UNREADABLE).await?;
+    let [provider, source, hook_id, delivery_id] = &*row.parts;
+    let message = redact(&format!(
+        "the parked row cannot be read as a job: {}",
+        row.reason
+    ));
+    let n = client
+        .execute(
+            &stmt,
+            &[
+                provider,
+                source,
+                hook_id,
+                delivery_id,
+                &row.token.0,
+                &message,
+            ],
+        )
+        .await?;
+    Ok(n == 1)
+}
+
+const REAP: &str = "
+update deliveries
+set status = 'failed', retryable = true, next_attempt_at = now(),
+    failed_at = now(), first_failed_at = coalesce(first_failed_at, now()),
+    last_error_class = 'lost',
+    last_error = 'lease expired long ago: the holder is presumed dead'
+where ctid in (
+    select ctid from deliveries
+    where status = 'processing' and lease_until < now() - make_interval(secs => $1)
+    limit $2
+    for update skip locked
+)";
+
+/// The reaper: claims whose lease expired more than `after` ago (ingest may
+/// have died between the claim and the publish, the message was lost, or
+/// every worker was down) become failed, retryable, class `lost`, due now,
+/// keeping their token. Any message of the delivery still in the queue
+/// takes it (the token may be a dead worker's, which no message carries);
+/// otherwise the next redelivery (or, with a parked body, the scheduler)
+/// takes it at once.
+pub async fn reap(
+    client: &impl GenericClient,
+    after: Duration,
+    limit: i64,
+) -> Result<u64, DbError> {
+    let stmt = client.prepare_cached(REAP).await?;
+    Ok(client.execute(&stmt, &[&secs(after), &limit]).await?)
+}

@@ -1,0 +1,338 @@
+//! The worker's hold on a delivery: the take (one message, or a batch of
+//! them by group commit), the lease renewal, the fence before a database
+//! effect, and the early release on shutdown.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use deadpool_postgres::GenericClient;
+use uuid::Uuid;
+
+use super::parked::ParkedBody;
+use super::row::{KeyColumns, KeyTuple, firsts_by_key, key_tuple, status_of};
+use super::{Policy, Status, params, secs};
+use crate::key::{ClaimToken, DeliveryKey};
+use crate::postgres::DbError;
+
+/// What a worker's take decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Take {
+    /// The worker holds the delivery under `token` and may run the effect.
+    Taken {
+        /// The worker's fencing token.
+        token: ClaimToken,
+        /// This take's number, starting at 1.
+        attempts: i32,
+        /// True when the take replaced a holder whose lease had expired.
+        takeover: bool,
+        /// When the delivery was first claimed (for end-to-end timing).
+        created_at: DateTime<Utc>,
+    },
+    /// Attempts were exhausted: the delivery is now failed, class `poison`,
+    /// its body parked, and it must be dead-lettered without running the
+    /// effect.
+    Poisoned {
+        /// How many takes it had.
+        attempts: i32,
+    },
+    /// Another holder's lease is live: this message is a deferred copy.
+    Deferred {
+        /// Time left on that lease, by the database clock.
+        lease_left: Duration,
+    },
+    /// Nothing to do for this message: the delivery is completed, failed,
+    /// or no longer exists. Ack it.
+    Resolved(Option<Status>),
+}
+
+const TAKE: &str = concat!(
+    "
+with prev as (
+    select claim_token from deliveries
+    where ",
+    key!(),
+    "
+    for update
+)
+update deliveries d
+set status = 'processing', retryable = false, next_attempt_at = null,
+    claim_token = $6, lease_until = now() + make_interval(secs => $7),
+    attempts = d.attempts + 1
+from prev
+where ",
+    key!("d"),
+    "
+  and d.attempts < $8
+  and ",
+    takeable!("d", "$5"),
+    "
+returning d.attempts, prev.claim_token <> $5 and d.last_error_class is distinct from 'lost',
+          d.created_at"
+);
+
+const POISON: &str = concat!(
+    "
+with moved as (
+    update deliveries
+    set status = 'failed', retryable = false, failed_at = now(),
+        first_failed_at = coalesce(first_failed_at, now()),
+        last_error_class = 'poison',
+        last_error = 'attempts exhausted: the job crashed or hung its worker on every attempt'
+    where ",
+    key!(),
+    "
+      and attempts >= $6
+      and ",
+    takeable!("$5"),
+    "
+    returning provider, source, hook_id, delivery_id, attempts
+), ",
+    park_moved!(7, 8, 9),
+    "
+select attempts from moved"
+);
+
+const TAKE_STATE: &str = concat!(
+    "
+select status, greatest(extract(epoch from lease_until - now()), 0)::float8
+from deliveries
+where ",
+    key!()
+);
+
+/// Takes a delivery for a worker, presenting the token its message carries.
+///
+/// The take installs a new token and counts the attempt *before* the effect
+/// runs: a job that crashes its worker every time still reaches
+/// `max_attempts`, and is then failed as `poison` instead of run again.
+pub async fn take(
+    client: &impl GenericClient,
+    policy: &Policy,
+    key: &DeliveryKey,
+    presented: ClaimToken,
+    parked: ParkedBody<'_>,
+) -> Result<Take, DbError> {
+    let take = client.prepare_cached(TAKE).await?;
+    let poison = client.prepare_cached(POISON).await?;
+    let headers = parked.headers_json();
+    let state = client.prepare_cached(TAKE_STATE).await?;
+    loop {
+        let token = ClaimToken::new();
+        let lease = secs(policy.lease);
+        if let Some(row) = client
+            .query_opt(
+                &take,
+                &params(key, &[&presented.0, &token.0, &lease, &policy.max_attempts]),
+            )
+            .await?
+        {
+            return Ok(Take::Taken {
+                token,
+                attempts: row.get(0),
+                takeover: row.get(1),
+                created_at: row.get(2),
+            });
+        }
+        if let Some(row) = client
+            .query_opt(
+                &poison,
+                &params(
+                    key,
+                    &[
+                        &presented.0,
+                        &policy.max_attempts,
+                        &parked.content_type,
+                        &headers,
+                        &parked.body,
+                    ],
+                ),
+            )
+            .await?
+        {
+            return Ok(Take::Poisoned {
+                attempts: row.get(0),
+            });
+        }
+        let Some(row) = client.query_opt(&state, &params(key, &[])).await? else {
+            return Ok(Take::Resolved(None));
+        };
+        let status = status_of(row.get(0))?;
+        let left: f64 = row.get::<_, Option<f64>>(1).unwrap_or(0.0);
+        match status {
+            Status::Processing if left > 0.0 => {
+                return Ok(Take::Deferred {
+                    lease_left: Duration::from_secs_f64(left),
+                });
+            }
+            // The lease expired between the statements: try the take again.
+            Status::Processing => continue,
+            other => return Ok(Take::Resolved(Some(other))),
+        }
+    }
+}
+
+const TAKE_BATCH: &str = concat!(
+    "
+with input as (
+    select * from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::uuid[], $6::uuid[])
+        as i(provider, source, hook_id, delivery_id, presented, token)
+), prev as (
+    select d.provider, d.source, d.hook_id, d.delivery_id, d.claim_token as prev_token
+    from deliveries d join input i using (provider, source, hook_id, delivery_id)
+    order by d.provider, d.source, d.hook_id, d.delivery_id
+    for update of d
+)
+update deliveries d
+set status = 'processing', retryable = false, next_attempt_at = null,
+    claim_token = i.token, lease_until = now() + make_interval(secs => $7),
+    attempts = d.attempts + 1
+from input i join prev p using (provider, source, hook_id, delivery_id)
+where d.provider = i.provider and d.source = i.source and d.hook_id = i.hook_id
+  and d.delivery_id = i.delivery_id
+  and d.attempts < $8
+  and ",
+    takeable!("d", "i.presented"),
+    "
+returning d.provider, d.source, d.hook_id, d.delivery_id, d.attempts,
+          p.prev_token <> i.presented and d.last_error_class is distinct from 'lost',
+          d.created_at"
+);
+
+/// Group commit of takes: the common case of [`take`] (the delivery can be
+/// taken) for many messages in one statement. Each answer is
+/// `Some(Take::Taken)` exactly when [`take`] would have taken it, under the
+/// same compare-and-set (the message's token, or an expired lease, or a
+/// `lost` row, and attempts left); `None` means "not taken here", and the
+/// caller runs [`take`] for that message, which decides the rarer outcomes
+/// (poison, deferred, resolved).
+///
+/// Rows are locked in key order, so concurrent batches cannot deadlock; a
+/// key that appears twice takes part once (one statement cannot update a
+/// row twice), and its repeats answer `None`.
+pub async fn take_batch(
+    client: &impl GenericClient,
+    policy: &Policy,
+    items: &[(DeliveryKey, ClaimToken)],
+) -> Result<Vec<Option<Take>>, DbError> {
+    let firsts = firsts_by_key(items.iter().map(|(key, _)| key));
+    let tokens: HashMap<usize, ClaimToken> =
+        firsts.values().map(|&i| (i, ClaimToken::new())).collect();
+    let keys = KeyColumns::of(firsts.keys().copied());
+    let presented: Vec<Uuid> = firsts.values().map(|&i| items[i].1.0).collect();
+    let new_tokens: Vec<Uuid> = firsts.values().map(|i| tokens[i].0).collect();
+    let stmt = client.prepare_cached(TAKE_BATCH).await?;
+    let rows = client
+        .query(
+            &stmt,
+            &[
+                &keys.provider,
+                &keys.source,
+                &keys.hook_id,
+                &keys.delivery_id,
+                &presented,
+                &new_tokens,
+                &secs(policy.lease),
+                &policy.max_attempts,
+            ],
+        )
+        .await?;
+    let mut taken: HashMap<KeyTuple, (i32, bool, DateTime<Utc>)> = rows
+        .iter()
+        .map(|r| {
+            (
+                (r.get(0), r.get(1), r.get(2), r.get(3)),
+                (r.get(4), r.get(5), r.get(6)),
+            )
+        })
+        .collect();
+    // Only the position that took part in the statement answers for its
+    // key; a repeat of it in the same batch was not taken.
+    Ok(items
+        .iter()
+        .enumerate()
+        .map(|(i, (key, _))| {
+            if firsts.get(key) != Some(&i) {
+                return None;
+            }
+            let (attempts, takeover, created_at) = taken.remove(&key_tuple(key))?;
+            Some(Take::Taken {
+                token: tokens[&i],
+                attempts,
+                takeover,
+                created_at,
+            })
+        })
+        .collect())
+}
+
+const RENEW: &str = concat!(
+    "
+update deliveries set lease_until = now() + make_interval(secs => $6)
+where ",
+    key!(),
+    " and ",
+    held_by!("$5")
+);
+
+/// Extends the holder's lease. Guarded by the token: a worker that lost its
+/// claim cannot renew it back. Returns false when the token is gone.
+pub async fn renew(
+    client: &impl GenericClient,
+    policy: &Policy,
+    key: &DeliveryKey,
+    token: ClaimToken,
+) -> Result<bool, DbError> {
+    let stmt = client.prepare_cached(RENEW).await?;
+    let n = client
+        .execute(&stmt, &params(key, &[&token.0, &secs(policy.lease)]))
+        .await?;
+    Ok(n == 1)
+}
+
+const FENCE: &str = concat!(
+    "
+select 1 from deliveries
+where ",
+    key!(),
+    " and ",
+    held_by!("$5"),
+    "
+for update"
+);
+
+/// Inside the completing transaction, before any effect: locks the row if
+/// and only if `token` still holds it. While the lock is held nobody can
+/// take the delivery over, so the completion that follows cannot be fenced
+/// after the effect already ran. Returns false when fenced.
+pub async fn fence(
+    client: &impl GenericClient,
+    key: &DeliveryKey,
+    token: ClaimToken,
+) -> Result<bool, DbError> {
+    let stmt = client.prepare_cached(FENCE).await?;
+    let row = client.query_opt(&stmt, &params(key, &[&token.0])).await?;
+    Ok(row.is_some())
+}
+
+const RELEASE_LEASE: &str = concat!(
+    "
+update deliveries set lease_until = now()
+where ",
+    key!(),
+    " and ",
+    held_by!("$5")
+);
+
+/// On shutdown, before the effect: ends the holder's lease now so that the
+/// requeued message is taken at once by another worker instead of waiting
+/// for the lease to run out. Token-guarded like every write.
+pub async fn release_lease(
+    client: &impl GenericClient,
+    key: &DeliveryKey,
+    token: ClaimToken,
+) -> Result<bool, DbError> {
+    let stmt = client.prepare_cached(RELEASE_LEASE).await?;
+    let n = client.execute(&stmt, &params(key, &[&token.0])).await?;
+    Ok(n == 1)
+}

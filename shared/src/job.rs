@@ -1,0 +1,32 @@
+//! A job: one delivery on its way from ingest to a worker, and what a
+//! handler receives. It knows nothing of the broker that carries it (see
+//! `broker::message`) nor of the table that parks it (see
+//! `deliveries::parked`).
+
+use bytes::Bytes;
+
+use crate::key::{ClaimToken, DeliveryKey, EventName};
+
+/// The prefix of the request headers a job carries along (`X-GitHub-*`),
+/// lower case.
+pub const GITHUB_HEADER_PREFIX: &str = "x-github-";
+
+/// One delivery to run: its key, what GitHub said about it, the claim
+/// token it was published with, and the raw body as signed.
+#[derive(Clone, Debug)]
+pub struct Job {
+    /// The delivery's key.
+    pub key: DeliveryKey,
+    /// `X-GitHub-Event`.
+    pub event: EventName,
+    /// The payload's `action`, when it has one.
+    pub action: Option<String>,
+    /// The claim token the job was published with.
+    pub token: ClaimToken,
+    /// The original `Content-Type`.
+    pub content_type: String,
+    /// The original `X-GitHub-*` request headers (lower-case names).
+    pub github_headers: Vec<(String, String)>,
+    /// The raw body, as signed.
+    pub body: Bytes,
+}

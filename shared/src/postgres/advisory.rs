@@ -1,0 +1,39 @@
+//! Session advisory locks: who migrates, who sweeps, who samples the
+//! gauges. A session lock dies with its connection, so a crashed holder
+//! never blocks the others. Every lock hookinbox takes is named here, so
+//! two never share a number.
+
+use deadpool_postgres::GenericClient;
+
+use super::DbError;
+
+/// Migrations: one replica applies them while the others wait.
+pub const MIGRATION: i64 = 0x686f_6f6b_696e_6278; // "hookinbx"
+/// The retention sweeper's leader.
+pub const SWEEP: i64 = 0x686f_6f6b_7377_6570; // "hooksweep"
+/// The state-gauge sampler's leader.
+pub const SAMPLER: i64 = 0x686f_6f6b_7361_6d70; // "hooksamp"
+
+/// Waits for the lock `key` on this session.
+pub async fn lock(client: &impl GenericClient, key: i64) -> Result<(), DbError> {
+    client
+        .execute("select pg_advisory_lock($1)", &[&key])
+        .await?;
+    Ok(())
+}
+
+/// Takes the lock `key` on this session if nobody holds it; never waits.
+pub async fn try_lock(client: &impl GenericClient, key: i64) -> Result<bool, DbError> {
+    Ok(client
+        .query_one("select pg_try_advisory_lock($1)", &[&key])
+        .await?
+        .get(0))
+}
+
+/// Releases the lock `key` held by this session.
+pub async fn unlock(client: &impl GenericClient, key: i64) -> Result<(), DbError> {
+    client
+        .execute("select pg_advisory_unlock($1)", &[&key])
+        .await?;
+    Ok(())
+}

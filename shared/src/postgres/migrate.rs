@@ -1,0 +1,97 @@
+//! The versioned migrations: the plain SQL files in `shared/migrations/`,
+//! embedded in the binaries. They are applied in version order, each in
+//! its own transaction, under a session advisory lock so that several
+//! replicas starting at once apply each file exactly once.
+
+use deadpool_postgres::Pool;
+use sha2::{Digest, Sha256};
+
+use super::{Client, DbError, advisory};
+
+/// One embedded migration file.
+struct Migration {
+    version: i32,
+    name: &'static str,
+    sql: &'static str,
+}
+
+/// Every migration, in version order. Add new files at the end; never edit
+/// one that has shipped (its checksum is verified).
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "0001_deliveries.sql",
+        sql: include_str!("../../migrations/0001_deliveries.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "0002_parked_bodies.sql",
+        sql: include_str!("../../migrations/0002_parked_bodies.sql"),
+    },
+    Migration {
+        version: 3,
+        name: "0003_lz4_payloads.sql",
+        sql: include_str!("../../migrations/0003_lz4_payloads.sql"),
+    },
+];
+
+/// Applies every pending migration and returns how many it applied.
+pub async fn migrate(pool: &Pool) -> Result<usize, DbError> {
+    let mut client = pool.get().await?;
+    // A session lock is released if this connection dies half way, so a
+    // crashed replica never blocks the others.
+    advisory::lock(&client, advisory::MIGRATION).await?;
+    let result = apply_pending(&mut client).await;
+    let unlock = advisory::unlock(&client, advisory::MIGRATION).await;
+    let applied = result?;
+    unlock?;
+    Ok(applied)
+}
+
+async fn apply_pending(client: &mut Client) -> Result<usize, DbError> {
+    client
+        .batch_execute(
+            "create table if not exists hookinbox_migrations (
+                version    integer primary key,
+                name       text not null,
+                checksum   bytea not null,
+                applied_at timestamptz not null default now()
+            )",
+        )
+        .await?;
+    let mut applied = 0;
+    for migration in MIGRATIONS {
+        let checksum = Sha256::digest(migration.sql.as_bytes()).to_vec();
+        let row = client
+            .query_opt(
+                "select checksum from hookinbox_migrations where version = $1",
+                &[&migration.version],
+            )
+            .await?;
+        if let Some(row) = row {
+            let stored: Vec<u8> = row.get(0);
+            if stored != checksum {
+                return Err(DbError::MigrationChanged {
+                    version: migration.version,
+                    name: migration.name,
+                });
+            }
+            continue;
+        }
+        let tx = client.transaction().await?;
+        tx.batch_execute(migration.sql).await?;
+        tx.execute(
+            "insert into hookinbox_migrations (version, name, checksum) values ($1, $2, $3)",
+            &[&migration.version, &migration.name, &checksum],
+        )
+        .await?;
+        tx.commit().await?;
+        tracing::info!(
+            version = migration.version,
+            name = migration.name,
+            "applied migration"
+        );
+        applied += 1;
+    }
+    Ok(applied)
+}

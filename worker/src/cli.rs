@@ -1,0 +1,112 @@
+//! The command line of `hookinbox-worker`: with no subcommand it runs the
+//! worker; `migrate`, `healthcheck` and the operator commands do one thing
+//! and exit.
+//!
+//! Exit codes: 0 done, 1 nothing matched, 2 usage or connection error.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use hookinbox::config::WorkerArgs;
+use hookinbox::telemetry::LogArgs;
+
+use crate::ops::OpsCommand;
+use crate::{Worker, handlers, ops};
+
+/// Runs hookinbox jobs (take the claim, run the effect, complete fenced),
+/// and the operator's commands.
+#[derive(Parser)]
+#[command(
+    name = "hookinbox-worker",
+    version,
+    about,
+    after_help = "Exit codes: 0 done, 1 nothing matched, 2 usage or connection error.\n\nExamples:\n  hookinbox-worker                       # run the worker\n  hookinbox-worker migrate\n  hookinbox-worker dlq list --json\n  hookinbox-worker dlq replay --all --dry-run\n  hookinbox-worker deliveries show <X-GitHub-Delivery>"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    args: WorkerArgs,
+    #[command(flatten)]
+    log: LogArgs,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the worker (the default with no subcommand).
+    Run,
+    /// Apply pending database migrations, then exit.
+    Migrate,
+    /// Exit 0 if this host's metrics listener answers /healthz (for
+    /// container health checks).
+    Healthcheck,
+    #[command(flatten)]
+    Ops(OpsCommand),
+}
+
+impl Cli {
+    /// Runs the command and returns the process's exit code.
+    pub fn run(self) -> ExitCode {
+        if let Some(Command::Healthcheck) = self.command {
+            return if hookinbox::metrics::healthcheck(self.args.metrics_listen) {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            };
+        }
+        hookinbox::telemetry::init(&self.log);
+        #[cfg(feature = "failpoints")]
+        hookinbox::failpoints::setup();
+        let runtime = match tokio::runtime::Runtime::new() {
+            Ok(runtime) => runtime,
+            Err(e) => {
+                eprintln!("Error: cannot start the runtime: {e}");
+                return ExitCode::from(2);
+            }
+        };
+        match runtime.block_on(self.dispatch()) {
+            Ok(code) => ExitCode::from(code),
+            Err(e) => {
+                eprintln!("Error: {e:#}");
+                ExitCode::from(2)
+            }
+        }
+    }
+
+    async fn dispatch(self) -> anyhow::Result<u8> {
+        let config = self
+            .args
+            .validate()
+            .context("refusing to start: bad setting")?;
+        match self.command.unwrap_or(Command::Run) {
+            Command::Healthcheck => Ok(0),
+            Command::Migrate => {
+                let pool = config.common.pool_of(1)?;
+                let applied = hookinbox::postgres::migrate(&pool)
+                    .await
+                    .context("migration failed")?;
+                println!("applied {applied} migration(s)");
+                Ok(0)
+            }
+            Command::Ops(command) => {
+                let found = ops::run(command, &config, &mut std::io::stdout().lock())
+                    .await
+                    .context("command failed")?;
+                Ok(found.exit_code())
+            }
+            Command::Run => {
+                let handler: Arc<dyn handlers::Handler> =
+                    handlers::from_config(&config.handlers)
+                        .context("cannot build the HTTP client")?;
+                let worker = Worker::build(config, handler)
+                    .await
+                    .context("cannot start hookinbox-worker")?;
+                let shutdown = hookinbox::shutdown::on_signals();
+                worker.run(shutdown).await.context("worker failed")?;
+                Ok(0)
+            }
+        }
+    }
+}

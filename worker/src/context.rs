@@ -1,0 +1,55 @@
+//! What the runtime and the maintenance share: the settings, the Postgres
+//! pool and the publisher, built once per worker.
+
+use deadpool_postgres::Pool;
+use hookinbox::broker::{BrokerError, Publisher, Topology};
+use hookinbox::config::WorkerConfig;
+use hookinbox::deliveries::Policy;
+use hookinbox::postgres::{self, DbError};
+
+/// Why the worker could not start, or a pass of its work failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// Postgres failed.
+    #[error(transparent)]
+    Db(#[from] DbError),
+    /// RabbitMQ failed.
+    #[error(transparent)]
+    Broker(#[from] BrokerError),
+    /// A channel operation failed.
+    #[error("RabbitMQ: {0}")]
+    Channel(#[from] lapin::Error),
+    /// The metrics listener could not be bound.
+    #[error("cannot bind the metrics listener: {0}")]
+    MetricsListener(#[source] std::io::Error),
+}
+
+/// The settings and connections of one worker.
+pub(crate) struct Context {
+    pub(crate) config: WorkerConfig,
+    /// The state machine's knobs, from the settings.
+    pub(crate) policy: Policy,
+    pub(crate) pool: Pool,
+    /// Publishes dead-letter copies and scheduled retries.
+    pub(crate) publisher: Publisher,
+    pub(crate) topology: Topology,
+}
+
+impl Context {
+    /// Builds the pool (migrated when `HOOKINBOX_AUTO_MIGRATE` is on) and
+    /// the publisher; nothing is consumed yet.
+    pub(crate) async fn build(config: WorkerConfig) -> Result<Self, RuntimeError> {
+        let common = &config.common;
+        let pool = common.pool()?;
+        if common.auto_migrate {
+            postgres::migrate(&pool).await?;
+        }
+        Ok(Self {
+            policy: common.policy(),
+            publisher: common.publisher("hookinbox-worker"),
+            topology: common.topology(),
+            pool,
+            config,
+        })
+    }
+}

@@ -1,0 +1,196 @@
+//! The handler's access to the completing transaction: *fence before
+//! effect* and *complete in the same transaction*.
+
+use chrono::{DateTime, Utc};
+use deadpool_postgres::Pool;
+use hookinbox::deliveries::group_commit::CompletionBatcher;
+use hookinbox::deliveries::{self, Completing, StoredEvent};
+use hookinbox::key::{ClaimToken, DeliveryKey};
+use hookinbox::postgres::{Client, DbError};
+
+use super::HandlerError;
+
+/// What the runtime found when it tried to complete.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Completion {
+    /// The delivery is completed (and the effect committed with it).
+    Completed,
+    /// The token no longer held the delivery; the effect was rolled back.
+    Fenced,
+}
+
+/// The handler's access to the completing transaction, and facts about the
+/// attempt.
+pub struct Effect {
+    pool: Pool,
+    key: DeliveryKey,
+    token: ClaimToken,
+    attempt: i32,
+    received_at: DateTime<Utc>,
+    /// Set once the transaction began (and the row was fenced).
+    tx: Option<Client>,
+    /// An event to write with the completion (see [`Effect::store_event`]).
+    staged: Option<StoredEvent>,
+    /// Group commit of completions, when the runtime runs one.
+    completions: Option<CompletionBatcher>,
+}
+
+impl Effect {
+    /// The effect of one attempt at `key` under `token`.
+    pub fn new(
+        pool: Pool,
+        key: DeliveryKey,
+        token: ClaimToken,
+        attempt: i32,
+        received_at: DateTime<Utc>,
+    ) -> Self {
+        Self {
+            pool,
+            key,
+            token,
+            attempt,
+            received_at,
+            tx: None,
+            staged: None,
+            completions: None,
+        }
+    }
+
+    /// Completes through `batcher` (group commit) instead of a statement of
+    /// its own.
+    pub fn with_completions(mut self, batcher: CompletionBatcher) -> Self {
+        self.completions = Some(batcher);
+        self
+    }
+
+    /// Writes `event` into `github_events` as this delivery's effect.
+    ///
+    /// Without an open transaction, the row is written by the completing
+    /// statement itself ([`deliveries::complete_batch`]): the fence, the
+    /// effect and the completion are one statement, batched with other
+    /// jobs' completions, and the row is written only if this attempt's
+    /// token still holds the delivery. Inside a transaction the handler
+    /// opened, it is written there, after that transaction's fence.
+    pub async fn store_event(&mut self, event: StoredEvent) -> Result<(), HandlerError> {
+        let Some(tx) = self.tx.as_ref() else {
+            self.staged = Some(event);
+            return Ok(());
+        };
+        deliveries::store_event(tx, &self.key, &event).await?;
+        Ok(())
+    }
+
+    /// This attempt's number, starting at 1.
+    pub fn attempt(&self) -> i32 {
+        self.attempt
+    }
+
+    /// When ingest first claimed the delivery.
+    pub fn received_at(&self) -> DateTime<Utc> {
+        self.received_at
+    }
+
+    /// The transaction that will also complete the delivery. The first call
+    /// begins it and locks the delivery's row under this worker's token
+    /// (*fence before effect*): if the token no longer holds the row it
+    /// returns [`HandlerError::Fenced`] and nothing has been written. While
+    /// the lock is held, no other worker can take the delivery over.
+    pub async fn transaction(&mut self) -> Result<&Client, HandlerError> {
+        if self.tx.is_none() {
+            let client = self.pool.get().await.map_err(DbError::from)?;
+            client.batch_execute("begin").await?;
+            // From here on, dropping `self` closes this connection instead
+            // of returning it to the pool mid-transaction (see Drop).
+            self.tx = Some(client);
+            let client = self.tx.as_ref().ok_or(HandlerError::Fenced)?;
+            if !deliveries::fence(client, &self.key, self.token).await? {
+                self.rollback().await;
+                return Err(HandlerError::Fenced);
+            }
+            // An event staged before the transaction began joins it.
+            if let Some(event) = self.staged.take() {
+                self.store_event(event).await?;
+            }
+        }
+        self.tx
+            .as_ref()
+            .ok_or_else(|| HandlerError::Unavailable("transaction closed".to_owned()))
+    }
+
+    /// Completes the delivery: inside the handler's transaction when it
+    /// opened one (then commits both), otherwise in one statement.
+    pub async fn complete(mut self) -> Result<Completion, DbError> {
+        match self.tx.take() {
+            Some(client) => {
+                let result = async {
+                    if deliveries::complete(&client, &self.key, self.token).await? {
+                        client.batch_execute("commit").await?;
+                        Ok(Completion::Completed)
+                    } else {
+                        client.batch_execute("rollback").await?;
+                        Ok(Completion::Fenced)
+                    }
+                }
+                .await;
+                if result.is_err() {
+                    // The commit's fate is unknown; never reuse this session.
+                    drop(deadpool_postgres::Object::take(client));
+                }
+                result
+            }
+            None => {
+                let item = Completing {
+                    key: self.key.clone(),
+                    token: self.token,
+                    store: self.staged.take(),
+                };
+                let completed = match &self.completions {
+                    Some(batcher) => batcher.submit(item).await?,
+                    None => {
+                        let client = self.pool.get().await?;
+                        deliveries::complete_batch(&client, std::slice::from_ref(&item))
+                            .await?
+                            .first()
+                            .copied()
+                            .unwrap_or(false)
+                    }
+                };
+                Ok(if completed {
+                    Completion::Completed
+                } else {
+                    Completion::Fenced
+                })
+            }
+        }
+    }
+
+    /// Rolls back the handler's transaction, if it opened one.
+    pub async fn rollback(&mut self) {
+        if let Some(client) = self.tx.take()
+            && client.batch_execute("rollback").await.is_err()
+        {
+            drop(deadpool_postgres::Object::take(client));
+        }
+    }
+}
+
+impl Drop for Effect {
+    fn drop(&mut self) {
+        // Dropped with a transaction open (the handler was cancelled, timed
+        // out or panicked): detach the connection from the pool so that it
+        // closes and Postgres rolls the transaction back, instead of handing
+        // a half-done transaction to the next job.
+        if let Some(client) = self.tx.take() {
+            // A statement may still be running (blocked on a lock, say); a
+            // backend busy with it would not notice the closed socket and
+            // would keep its row locks. Cancel it first.
+            let cancel = client.cancel_token();
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move {
+                    let _ = cancel.cancel_query(tokio_postgres::NoTls).await;
+                });
+            }
+            drop(deadpool_postgres::Object::take(client));
+        }
+    }
+}

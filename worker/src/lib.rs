@@ -1,0 +1,49 @@
+//! `hookinbox-worker`: the runtime that runs each delivery's effect once,
+//! the maintenance beside it, the built-in handlers, and the operator's
+//! commands. A job goes through these steps (see `runtime::job` for why
+//! the order is the correctness argument):
+//!
+//! 1. **Take** the delivery with a compare-and-set that installs this
+//!    worker's token and counts the attempt, before the effect.
+//! 2. **Renew** the lease while the handler runs; a lost lease cancels it.
+//! 3. **Fence before effect**: a database effect locks the row under the
+//!    token first, or is written by the completing statement itself.
+//! 4. **Complete** in the same transaction as the effect, guarded by the
+//!    token; a stale worker's write changes nothing.
+//! 5. **Ack after commit**.
+//!
+//! Build your own worker around your own [`Handler`] with the same runtime
+//! (see `examples/custom_handler.rs`).
+//!
+//! # Layout
+//!
+//! - `cli`: [`Cli`], the subcommands and their exit codes.
+//! - `context`: what the runtime and the maintenance share.
+//! - `runtime`: [`Worker`]: the consume loop and the two-stage stop
+//!   (`mod.rs`), one job (`job`), the lease heartbeat, dead-letter copies,
+//!   and [`Worker::drain`], the test driver.
+//! - `maintenance`: the retry scheduler, the reaper and the retention
+//!   sweep, and the state-gauge sampler.
+//! - `handlers`: [`Handler`], [`Effect`], [`Store`], [`Forward`], and the
+//!   per-source [`Router`].
+//! - `ops`: the operator commands (`deliveries`, `dlq`, `sweep`).
+//!
+//! Inside this crate: `cli` uses `runtime` and `ops`; `runtime` uses
+//! `handlers`, `maintenance` and `context`; `maintenance` uses `context`;
+//! `ops` uses `maintenance` and `context`; `handlers` uses nothing of this
+//! crate. It never uses `hookinbox-ingest`.
+
+mod cli;
+mod context;
+mod handlers;
+mod maintenance;
+pub mod ops;
+mod runtime;
+
+pub use cli::Cli;
+pub use context::RuntimeError;
+pub use handlers::{
+    Completion, Effect, Forward, Handler, HandlerError, Router, SIGNATURE_HEADER, Store, classify,
+    from_config, retry_after,
+};
+pub use runtime::{DrainReport, JobOutcome, Worker};

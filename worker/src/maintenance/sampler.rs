@@ -1,0 +1,79 @@
+//! The state gauges (deliveries by state, the oldest processing claim and
+//! due retry, queue depths), sampled by one worker at a time.
+
+use hookinbox::postgres::{DbError, advisory};
+
+use crate::context::{Context, RuntimeError};
+
+/// Samples the state gauges from Postgres and the broker. One worker at a
+/// time does it: the one holding the sampler's advisory lock, kept on its
+/// own connection for as long as it lives, so that the gauges come from
+/// one place and a dead leader's lock dies with its connection.
+#[derive(Default)]
+pub(super) struct Sampler {
+    leader: Option<deadpool_postgres::Object>,
+}
+
+const SAMPLE_STATE: &str = "
+select count(*) filter (where status = 'processing'),
+       (select count(*) from deliveries where status = 'completed'),
+       count(*) filter (where status = 'failed' and retryable),
+       count(*) filter (where status = 'failed' and not retryable),
+       coalesce(extract(epoch from now() - min(claimed_at) filter (where status = 'processing')), 0)::float8,
+       coalesce(extract(epoch from now() - min(next_attempt_at)
+           filter (where status = 'failed' and retryable and next_attempt_at <= now())), 0)::float8
+from deliveries
+where status in ('processing', 'failed')";
+
+impl Sampler {
+    pub(super) async fn sample(&mut self, ctx: &Context) -> Result<(), RuntimeError> {
+        if self.leader.is_none() {
+            let client = ctx.pool.get().await.map_err(DbError::from)?;
+            if advisory::try_lock(&client, advisory::SAMPLER).await? {
+                // Keep this session out of the pool: it holds the lock.
+                self.leader = Some(client);
+            } else {
+                metrics::gauge!(hookinbox::metrics::SAMPLER_LEADER).set(0.0);
+                return Ok(());
+            }
+        }
+        let Some(client) = self.leader.as_ref() else {
+            return Ok(());
+        };
+        let row = match client.query_one(SAMPLE_STATE, &[]).await {
+            Ok(row) => row,
+            Err(e) => {
+                // Close this session rather than return it to the pool: if
+                // it is still alive it holds the lock, and a pooled
+                // connection holding it would block every sampler for good.
+                if let Some(client) = self.leader.take() {
+                    drop(deadpool_postgres::Object::take(client));
+                }
+                metrics::gauge!(hookinbox::metrics::SAMPLER_LEADER).set(0.0);
+                return Err(DbError::from(e).into());
+            }
+        };
+        metrics::gauge!(hookinbox::metrics::SAMPLER_LEADER).set(1.0);
+        for (i, state) in ["processing", "completed", "retrying", "dead"]
+            .iter()
+            .enumerate()
+        {
+            metrics::gauge!(hookinbox::metrics::DELIVERIES, "state" => *state)
+                .set(row.get::<_, i64>(i) as f64);
+        }
+        metrics::gauge!(hookinbox::metrics::OLDEST_PROCESSING_SECONDS).set(row.get::<_, f64>(4));
+        metrics::gauge!(hookinbox::metrics::OLDEST_DUE_RETRY_SECONDS).set(row.get::<_, f64>(5));
+        for (label, queue) in [
+            ("work", ctx.topology.work_queue()),
+            ("dlq", ctx.topology.dead_letter_queue()),
+        ] {
+            if let Ok((messages, consumers)) = ctx.publisher.queue_stats(&queue).await {
+                metrics::gauge!(hookinbox::metrics::QUEUE_MESSAGES, "queue" => label)
+                    .set(f64::from(messages));
+                metrics::gauge!(hookinbox::metrics::QUEUE_CONSUMERS, "queue" => label)
+                    .set(f64::from(consumers));
+            }
+        }
+        Ok(())
+    }
+}

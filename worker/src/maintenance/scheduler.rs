@@ -1,0 +1,102 @@
+//! The retry scheduler: due retries are published from their parked
+//! bodies, exhausted ones dead-lettered, unreadable parked rows
+//! dead-lettered with the reason, and dead letters whose broker copy a
+//! crash left unwritten are given one.
+
+use std::time::Duration;
+
+use hookinbox::deliveries::{self, Unreadable};
+use hookinbox::postgres::DbError;
+
+use crate::context::{Context, RuntimeError};
+
+/// Rows per scheduler statement.
+const SCHEDULE_BATCH: i64 = 100;
+/// How long a failed retry publish waits before it is due again.
+const REPUBLISH_PAUSE: Duration = Duration::from_secs(1);
+/// A dead letter without a confirmed copy this long is given one.
+const COPY_GRACE: Duration = Duration::from_secs(60);
+
+/// One pass of the retry scheduler: dead-letters due retries that used
+/// every attempt, moves due retries back to `processing` under new tokens
+/// and publishes each from its parked body, all confirms in flight at once.
+/// A publish that fails puts its row back as due, token-guarded. Also
+/// writes dead-letter copies that a crash left unwritten. Returns how many
+/// retries it published.
+pub(crate) async fn schedule_once(ctx: &Context) -> Result<usize, RuntimeError> {
+    let client = ctx.pool.get().await.map_err(DbError::from)?;
+    deliveries::exhaust_due(&client, &ctx.policy, SCHEDULE_BATCH).await?;
+    let due = deliveries::schedule_due(&client, &ctx.policy, SCHEDULE_BATCH).await?;
+    let orphans = deliveries::needing_copy(&client, COPY_GRACE, SCHEDULE_BATCH).await?;
+    drop(client);
+
+    let publishes = due.into_iter().map(|parked| async move {
+        let parked = match parked {
+            Ok(parked) => parked,
+            Err(unreadable) => {
+                dead_letter_unreadable(ctx, &unreadable).await;
+                return false;
+            }
+        };
+        let job = &parked.job;
+        let Err(error) = ctx.publisher.publish(job).await else {
+            return true;
+        };
+        let error = error.to_string();
+        tracing::warn!(delivery_id = %job.key.delivery_id, %error, "retry publish failed; due again shortly");
+        if let Ok(client) = ctx.pool.get().await {
+            let _ =
+                deliveries::reschedule(&client, &job.key, job.token, REPUBLISH_PAUSE, &error).await;
+        }
+        false
+    });
+    let published = futures::future::join_all(publishes)
+        .await
+        .into_iter()
+        .filter(|ok| *ok)
+        .count();
+    metrics::counter!(hookinbox::metrics::RETRIES_PUBLISHED).increment(published as u64);
+
+    for parked in orphans {
+        let parked = match parked {
+            Ok(parked) => parked,
+            Err(unreadable) => {
+                dead_letter_unreadable(ctx, &unreadable).await;
+                continue;
+            }
+        };
+        let job = &parked.job;
+        let row = match ctx.pool.get().await {
+            Ok(client) => deliveries::get(&client, &job.key).await,
+            Err(e) => Err(DbError::from(e)),
+        };
+        let Ok(Some(row)) = row else { continue };
+        if ctx
+            .publisher
+            .publish_dead_letter(job, &row.dead_letter())
+            .await
+            .is_ok()
+            && let Ok(client) = ctx.pool.get().await
+        {
+            let _ = deliveries::mark_dead_lettered(&client, &job.key).await;
+        }
+    }
+    Ok(published)
+}
+
+/// A parked row that cannot become a job is dead-lettered with the reason,
+/// rather than skipped or rescheduled forever. Logged without its content.
+async fn dead_letter_unreadable(ctx: &Context, row: &Unreadable) {
+    tracing::error!(
+        delivery_id = %row.parts[3],
+        reason = %row.reason,
+        "a parked delivery cannot be read as a job; dead-lettering it"
+    );
+    let result = match ctx.pool.get().await {
+        Ok(client) => deliveries::dead_letter_unreadable(&client, row).await,
+        Err(e) => Err(DbError::from(e)),
+    };
+    if let Err(e) = result {
+        tracing::warn!(error = %e, "could not dead-letter an unreadable parked row");
+    }
+}

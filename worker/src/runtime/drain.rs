@@ -1,0 +1,60 @@
+//! The test driver: process messages one at a time with `basic.get` until
+//! the work queue is empty, and report what happened to each. Tests and
+//! tools drive the runtime with it instead of sleeping.
+
+use lapin::options::BasicGetOptions;
+
+use super::{JobOutcome, Stop, Worker};
+use crate::context::RuntimeError;
+
+/// What [`Worker::drain`] did.
+#[derive(Clone, Debug, Default)]
+pub struct DrainReport {
+    /// Outcomes in the order the messages were processed.
+    pub outcomes: Vec<JobOutcome>,
+}
+
+impl DrainReport {
+    /// How many messages ended with `outcome`.
+    pub fn count(&self, outcome: JobOutcome) -> usize {
+        self.outcomes.iter().filter(|o| **o == outcome).count()
+    }
+}
+
+impl Worker {
+    /// Processes messages one at a time with `basic.get` until the work
+    /// queue is empty, and reports what happened to each. Tests and tools
+    /// use it to drive the runtime without sleeping.
+    pub async fn drain(&self) -> Result<DrainReport, RuntimeError> {
+        self.drain_at_most(usize::MAX).await
+    }
+
+    /// Processes at most one message; `None` when the queue was empty.
+    pub async fn drain_one(&self) -> Result<Option<JobOutcome>, RuntimeError> {
+        Ok(self.drain_at_most(1).await?.outcomes.pop())
+    }
+
+    async fn drain_at_most(&self, limit: usize) -> Result<DrainReport, RuntimeError> {
+        let (connection, channel) = self.open_channel("hookinbox-worker-drain").await?;
+        let stop = Stop::default();
+        let mut report = DrainReport::default();
+        while report.outcomes.len() < limit {
+            let Some(message) = channel
+                .basic_get(
+                    &self.inner.topology.work_queue(),
+                    BasicGetOptions::default(),
+                )
+                .await?
+            else {
+                break;
+            };
+            let delivery = message.delivery;
+            let outcome = self
+                .process(delivery.properties, delivery.data, delivery.acker, &stop)
+                .await;
+            report.outcomes.push(outcome);
+        }
+        let _ = connection.close(200, "drained").await;
+        Ok(report)
+    }
+}

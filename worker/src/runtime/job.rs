@@ -1,0 +1,388 @@
+//! One job, start to end: decode the message, take the delivery, run the
+//! handler under the lease, complete or fail under the token, then ack.
+//!
+//! The order of a job's steps is the whole correctness argument:
+//!
+//! 1. **Take** (one compare-and-set) installs this worker's token and counts
+//!    the attempt *before* the effect, so a job that crashes its worker every
+//!    time is stopped by `max_attempts`.
+//! 2. **Heartbeat** renews the lease about every third of it; a renewal that
+//!    finds the token gone cancels the handler.
+//! 3. **Fence before effect**: a database effect runs in a transaction that
+//!    first locks the row under the token ([`Effect::transaction`]), or (the
+//!    built-in `store`) is staged and written by the completing statement
+//!    itself, only for a row its token still holds
+//!    ([`deliveries::complete_batch`]).
+//! 4. **Complete in the same transaction** as the effect, guarded by the
+//!    token: a stale worker's write changes nothing and its effect rolls
+//!    back (*fenced*). Completions without a transaction of their own are
+//!    batched across jobs (group commit), each row fenced by its own token.
+//! 5. **Ack after commit**: a crash before the ack redelivers the message,
+//!    whose take then finds the delivery completed and acks it.
+//!
+//! With Postgres down a job keeps its message unacked and waits; prefetch
+//! bounds how many such messages a worker holds, so it stops consuming
+//! instead of spinning on requeue.
+
+use std::panic::AssertUnwindSafe;
+use std::time::Duration;
+
+use futures::FutureExt;
+use hookinbox::deliveries::{self, ErrorClass, ParkedBody, Status, Take};
+use hookinbox::job::Job;
+use hookinbox::key::ClaimToken;
+use hookinbox::postgres::DbError;
+use lapin::acker::Acker;
+use lapin::options::{BasicAckOptions, BasicNackOptions};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
+use tracing::{Instrument, field};
+
+use super::heartbeat::heartbeat;
+use super::{JobOutcome, Stop, Worker};
+use crate::handlers::{Completion, Effect, HandlerError};
+
+/// How a handler run ended.
+enum Ran {
+    Returned(Result<(), HandlerError>),
+    Panicked,
+    TimedOut,
+    LeaseLost,
+    Shutdown,
+}
+
+/// What one attempt left to do.
+enum Attempt {
+    Done(JobOutcome),
+    /// Postgres failed while recording the outcome: take again.
+    RetryTake,
+}
+
+impl Worker {
+    /// One message, start to end.
+    pub(super) async fn process(
+        &self,
+        properties: lapin::BasicProperties,
+        data: Vec<u8>,
+        acker: Acker,
+        stop: &Stop,
+    ) -> JobOutcome {
+        let job = match hookinbox::broker::decode(&properties, data) {
+            Ok(job) => job,
+            Err(e) => {
+                tracing::warn!(error = %e, "dead-lettering a malformed message");
+                // requeue = false: the work queue's dead-letter exchange
+                // takes it (at-least-once), so nothing is dropped.
+                let _ = acker
+                    .nack(BasicNackOptions {
+                        requeue: false,
+                        ..Default::default()
+                    })
+                    .await;
+                return JobOutcome::Malformed;
+            }
+        };
+        let span = tracing::info_span!(
+            "delivery",
+            delivery_id = %job.key.delivery_id,
+            source = %job.key.source,
+            hook_id = %job.key.hook_id,
+            event = %job.event,
+            action = job.action.as_deref().unwrap_or(""),
+            attempt = field::Empty,
+            outcome = field::Empty,
+        );
+        let started = std::time::Instant::now();
+        let outcome = self.run_job(&job, stop).instrument(span.clone()).await;
+        span.record("outcome", outcome.as_str());
+        let acked = match outcome {
+            JobOutcome::Left => Ok(()),
+            JobOutcome::Requeued => {
+                acker
+                    .nack(BasicNackOptions {
+                        requeue: true,
+                        ..Default::default()
+                    })
+                    .await
+            }
+            // Ack after commit: every other outcome is already recorded in
+            // Postgres (or needs nothing), so the message can go.
+            _ => acker.ack(BasicAckOptions::default()).await,
+        };
+        if let Err(e) = acked {
+            // The channel died; the broker redelivers the message and its
+            // take finds the delivery resolved.
+            tracing::debug!(parent: &span, error = %e, "ack failed");
+        }
+        span.in_scope(|| {
+            tracing::info!(
+                outcome = outcome.as_str(),
+                duration_ms = started.elapsed().as_secs_f64() * 1000.0,
+                "job done"
+            )
+        });
+        metrics::counter!(hookinbox::metrics::JOBS, "outcome" => outcome.as_str()).increment(1);
+        outcome
+    }
+
+    async fn run_job(&self, job: &Job, stop: &Stop) -> JobOutcome {
+        let inner = &self.inner;
+        // The token this message presents. After a take of ours whose
+        // outcome is unknown (Postgres failed), it becomes our own token so
+        // that the retry takes the delivery back at once.
+        let mut presented = job.token;
+        let mut deferred = false;
+        loop {
+            if stop.hard.is_cancelled() {
+                return JobOutcome::Left;
+            }
+            let taken = self.take(job, presented).await;
+            let take = match taken {
+                Ok(take) => take,
+                Err(error) => {
+                    tracing::warn!(%error, "Postgres unavailable; holding the message");
+                    if !self.wait_for_db(stop).await {
+                        return JobOutcome::Left;
+                    }
+                    continue;
+                }
+            };
+            match take {
+                Take::Resolved(Some(Status::Failed)) => {
+                    return self.ensure_dead_letter_copy(job, stop).await;
+                }
+                Take::Resolved(_) => return JobOutcome::Duplicate,
+                Take::Deferred { lease_left } => {
+                    if !deferred {
+                        deferred = true;
+                        metrics::counter!(hookinbox::metrics::JOBS, "outcome" => "deferred")
+                            .increment(1);
+                    }
+                    // Another holder's lease is live. Wait (without a handler
+                    // slot) until it resolves or expires; never run beside it.
+                    let wait = lease_left
+                        .min(inner.policy.lease / 3)
+                        .max(Duration::from_millis(50));
+                    tokio::select! {
+                        _ = stop.hard.cancelled() => return JobOutcome::Left,
+                        _ = tokio::time::sleep(wait) => continue,
+                    }
+                }
+                Take::Poisoned { .. } => {
+                    tracing::warn!("attempts exhausted; dead-lettering as poison");
+                    return self.ensure_dead_letter_copy(job, stop).await;
+                }
+                Take::Taken {
+                    token,
+                    attempts,
+                    takeover,
+                    created_at,
+                } => {
+                    tracing::Span::current().record("attempt", attempts);
+                    hookinbox::kill_point!("worker.after_take");
+                    if takeover {
+                        tracing::info!("took over an expired lease");
+                        metrics::counter!(hookinbox::metrics::TAKEOVERS).increment(1);
+                    }
+                    let Ok(_slot) = inner.slots.acquire().await else {
+                        return JobOutcome::Left;
+                    };
+                    match self.attempt(job, token, attempts, created_at, stop).await {
+                        // Fenced by the reaper rather than by another
+                        // worker (Postgres was out of reach past the lease):
+                        // nobody holds the delivery, so this message must
+                        // take it again instead of being acked away.
+                        Attempt::Done(JobOutcome::Fenced) if self.is_lost(job).await => {
+                            presented = token;
+                        }
+                        Attempt::Done(outcome) => return outcome,
+                        Attempt::RetryTake => {
+                            presented = token;
+                            if !self.wait_for_db(stop).await {
+                                return JobOutcome::Left;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Takes the delivery of `job`: the common case rides in a batch with
+    /// other messages' takes; what the batch did not take goes through the
+    /// full take, which decides poison, deferred and resolved.
+    async fn take(&self, job: &Job, presented: ClaimToken) -> Result<Take, DbError> {
+        let inner = &self.inner;
+        if inner.config.take_batch > 1
+            && let Some(taken) = inner.takes.submit((job.key.clone(), presented)).await?
+        {
+            return Ok(taken);
+        }
+        let client = inner.pool.get().await?;
+        deliveries::take(
+            &client,
+            &inner.policy,
+            &job.key,
+            presented,
+            ParkedBody::from(job),
+        )
+        .await
+    }
+
+    /// Runs the handler once under `token`, with the heartbeat and the time
+    /// limit, and records the result.
+    async fn attempt(
+        &self,
+        job: &Job,
+        token: ClaimToken,
+        attempts: i32,
+        created_at: chrono::DateTime<chrono::Utc>,
+        stop: &Stop,
+    ) -> Attempt {
+        let inner = &self.inner;
+        let lost = CancellationToken::new();
+        // Aborted on drop too: if this attempt's future is dropped (the
+        // worker is torn down), the lease must stop being renewed.
+        let heartbeat = AbortOnDropHandle::new(tokio::spawn(heartbeat(
+            inner.pool.clone(),
+            inner.policy,
+            job.key.clone(),
+            token,
+            lost.clone(),
+        )));
+        let mut effect = Effect::new(
+            inner.pool.clone(),
+            job.key.clone(),
+            token,
+            attempts,
+            created_at,
+        )
+        .with_completions(inner.completions.clone());
+        let started = std::time::Instant::now();
+        let ran = {
+            let handle = AssertUnwindSafe(inner.handler.handle(job, &mut effect)).catch_unwind();
+            tokio::select! {
+                r = tokio::time::timeout(inner.config.handler_timeout, handle) => match r {
+                    Ok(Ok(result)) => Ran::Returned(result),
+                    Ok(Err(_panic)) => Ran::Panicked,
+                    Err(_) => Ran::TimedOut,
+                },
+                _ = lost.cancelled() => Ran::LeaseLost,
+                _ = stop.hard.cancelled() => Ran::Shutdown,
+            }
+        };
+        heartbeat.abort();
+        metrics::histogram!(hookinbox::metrics::JOB_SECONDS).record(started.elapsed());
+
+        let failure = match ran {
+            Ran::Returned(Ok(())) => {
+                // A completion may wait on a lock or a full batch past the
+                // grace period. It is then left to Postgres: whichever way
+                // the statement ends, the token fences every later write,
+                // and the unacked message goes to another worker, whose take
+                // finds the delivery completed or takes it over once this
+                // statement has let go of the row.
+                let completed = tokio::select! {
+                    completed = effect.complete() => completed,
+                    _ = stop.hard.cancelled() => return Attempt::Done(JobOutcome::Left),
+                };
+                return match completed {
+                    Ok(Completion::Completed) => {
+                        hookinbox::kill_point!("worker.after_commit");
+                        let e2e = chrono::Utc::now() - created_at;
+                        tracing::debug!(e2e_ms = e2e.num_milliseconds(), "completed");
+                        metrics::histogram!(hookinbox::metrics::END_TO_END_SECONDS)
+                            .record(e2e.to_std().unwrap_or_default());
+                        Attempt::Done(JobOutcome::Completed)
+                    }
+                    Ok(Completion::Fenced) => {
+                        tracing::warn!("completion fenced: another worker holds the delivery");
+                        Attempt::Done(JobOutcome::Fenced)
+                    }
+                    // Unknown whether the commit landed: take again; the take
+                    // finds it completed, or ours to run again.
+                    Err(e) => {
+                        tracing::warn!(error = %e, "completion failed");
+                        Attempt::RetryTake
+                    }
+                };
+            }
+            Ran::Returned(Err(HandlerError::Fenced)) | Ran::LeaseLost => {
+                drop(effect);
+                tracing::warn!("fenced: the claim was taken over; effect rolled back");
+                return Attempt::Done(JobOutcome::Fenced);
+            }
+            Ran::Shutdown => {
+                drop(effect);
+                // Before the effect committed: end the lease so that the
+                // redelivered message is taken at once elsewhere.
+                if let Ok(client) = inner.pool.get().await {
+                    let _ = deliveries::release_lease(&client, &job.key, token).await;
+                }
+                return Attempt::Done(JobOutcome::Left);
+            }
+            Ran::Panicked => {
+                drop(effect);
+                tracing::error!("handler panicked; requeueing (attempts bound the retries)");
+                if let Ok(client) = inner.pool.get().await {
+                    let _ = deliveries::release_lease(&client, &job.key, token).await;
+                }
+                return Attempt::Done(JobOutcome::Requeued);
+            }
+            Ran::TimedOut => {
+                drop(effect);
+                inner.config.retry.decide(
+                    ErrorClass::Timeout,
+                    format!("handler ran past {:?}", inner.config.handler_timeout),
+                    None,
+                    attempts,
+                )
+            }
+            Ran::Returned(Err(error)) => {
+                effect.rollback().await;
+                drop(effect);
+                error.failure(&inner.config.retry, attempts)
+            }
+        };
+        tracing::warn!(
+            class = failure.class.as_str(),
+            retry_in_ms = failure.retry_in.map(|d| d.as_millis() as u64),
+            "handler failed"
+        );
+        let recorded = match inner.pool.get().await {
+            Ok(client) => {
+                deliveries::fail(&client, &job.key, token, &failure, ParkedBody::from(job)).await
+            }
+            Err(e) => Err(DbError::from(e)),
+        };
+        match recorded {
+            Ok(None) => Attempt::Done(JobOutcome::Fenced),
+            Ok(Some(_)) if failure.retry_in.is_some() => Attempt::Done(JobOutcome::Failed {
+                class: failure.class,
+                retryable: true,
+            }),
+            Ok(Some(_)) => match self.ensure_dead_letter_copy(job, stop).await {
+                JobOutcome::Left => Attempt::Done(JobOutcome::Left),
+                _ => Attempt::Done(JobOutcome::Failed {
+                    class: failure.class,
+                    retryable: false,
+                }),
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "recording the failure failed");
+                Attempt::RetryTake
+            }
+        }
+    }
+
+    /// Whether the delivery sits in `failed`, class `lost` (reaped).
+    async fn is_lost(&self, job: &Job) -> bool {
+        let Ok(client) = self.inner.pool.get().await else {
+            return false;
+        };
+        matches!(
+            deliveries::get(&client, &job.key).await,
+            Ok(Some(row)) if row.status == Status::Failed && row.last_error_class == Some(ErrorClass::Lost)
+        )
+    }
+}
