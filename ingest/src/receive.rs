@@ -3,12 +3,17 @@
 //! [`claim`] (step 4) and [`publish_or_park`] (step 5). Nothing touches
 //! Postgres before step 4.
 
+use std::sync::Arc;
+
 use actix_web::http::StatusCode;
 use actix_web::http::header::HeaderMap;
 use actix_web::{HttpRequest, HttpResponse, http::header, web};
 use bytes::Bytes;
-use hookinbox::config::Source;
-use hookinbox::deliveries::{self, Claim, ClaimRequest, ParkedBody, Status};
+use deadpool_postgres::Pool;
+use hookinbox::broker::Publisher;
+use hookinbox::config::{IngestConfig, Source};
+use hookinbox::deliveries::group_commit::ClaimBatcher;
+use hookinbox::deliveries::{self, Claim, ClaimRequest, ParkedBody, Policy, Status};
 use hookinbox::job::Job;
 use hookinbox::key::{DeliveryId, DeliveryKey, EventName, HookId, KeyError, SourceName};
 use hookinbox::payload::{self, ContentType};
@@ -19,7 +24,21 @@ use sha2::{Digest, Sha256};
 
 use crate::answer::{Answer, Outcome, Reject};
 use crate::body::{check_framing, content_type_header, github_headers, read_body, single};
-use crate::startup::State;
+use crate::rotation::SecretMatches;
+
+/// Shared by every request.
+pub(crate) struct State {
+    pub(crate) config: IngestConfig,
+    pub(crate) policy: Policy,
+    pub(crate) pool: Pool,
+    pub(crate) publisher: Arc<Publisher>,
+    pub(crate) secret_matches: Arc<SecretMatches>,
+    /// Bounds the requests in progress: past it, answer 429 at once
+    /// rather than queue work (and memory) without end.
+    pub(crate) in_flight: Arc<tokio::sync::Semaphore>,
+    /// Group commit of claims; `None` claims each request on its own.
+    pub(crate) batcher: Option<ClaimBatcher>,
+}
 
 pub(crate) async fn receive_default(
     req: HttpRequest,

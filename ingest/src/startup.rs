@@ -9,13 +9,12 @@ use actix_web::{App, HttpResponse, HttpServer, web};
 use deadpool_postgres::Pool;
 use hookinbox::broker::Publisher;
 use hookinbox::config::IngestConfig;
-use hookinbox::deliveries::Policy;
-use hookinbox::deliveries::group_commit::{self, ClaimBatcher};
+use hookinbox::deliveries::group_commit;
 use hookinbox::metrics::{Readiness, Ready};
 use hookinbox::postgres::{self, DbError};
 use serde_json::json;
 
-use crate::receive::{receive_default, receive_named};
+use crate::receive::{State, receive_default, receive_named};
 use crate::rotation::SecretMatches;
 
 /// Stops a running server (see [`IngestApp::handle`]).
@@ -30,20 +29,6 @@ pub enum StartError {
     /// The listener could not be bound.
     #[error("cannot listen: {0}")]
     Listen(#[from] std::io::Error),
-}
-
-/// Shared by every request.
-pub(crate) struct State {
-    pub(crate) config: IngestConfig,
-    pub(crate) policy: Policy,
-    pub(crate) pool: Pool,
-    pub(crate) publisher: Arc<Publisher>,
-    pub(crate) secret_matches: Arc<SecretMatches>,
-    /// Bounds the requests in progress: past it, answer 429 at once
-    /// rather than queue work (and memory) without end.
-    pub(crate) in_flight: Arc<tokio::sync::Semaphore>,
-    /// Group commit of claims; `None` claims each request on its own.
-    pub(crate) batcher: Option<ClaimBatcher>,
 }
 
 /// A built, bound, not yet running ingest server.
