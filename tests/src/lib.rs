@@ -7,6 +7,7 @@
 //! with sleeps.
 
 pub mod fixtures;
+pub mod handlers;
 pub mod proxy;
 pub mod receiver;
 
@@ -75,6 +76,30 @@ where
     }
 }
 
+/// Creates a database named `<prefix>_<uuid>` and migrates it; returns its
+/// name and URL. Drop it with [`drop_database`].
+pub async fn create_database(prefix: &str) -> (String, String) {
+    let name = format!("{prefix}_{}", uuid::Uuid::new_v4().simple());
+    let admin = connect(&format!("{}/postgres", postgres_base())).await;
+    admin
+        .batch_execute(&format!("create database {name}"))
+        .await
+        .expect("create test database");
+    let url = format!("{}/{name}", postgres_base());
+    let pool = hookinbox::postgres::pool(&url, 1, hookinbox::postgres::DEFAULT_REQUEST_TIMEOUT)
+        .expect("pool");
+    hookinbox::postgres::migrate(&pool).await.expect("migrate");
+    (name, url)
+}
+
+/// Drops a database made by [`create_database`], closing its sessions.
+pub async fn drop_database(name: &str) {
+    let admin = connect(&format!("{}/postgres", postgres_base())).await;
+    let _ = admin
+        .batch_execute(&format!("drop database if exists {name} with (force)"))
+        .await;
+}
+
 /// One test's private database and queue prefix.
 pub struct TestEnv {
     /// The database's name.
@@ -85,32 +110,23 @@ pub struct TestEnv {
     pub prefix: String,
     /// A direct connection for assertions.
     pub db: tokio_postgres::Client,
+    /// Processes [`TestEnv::spawn`] started: stopped before the queues are
+    /// deleted, or one of them could declare them again.
+    children: std::sync::Mutex<Vec<(u32, PathBuf)>>,
 }
 
 impl TestEnv {
     /// Creates a fresh database and a random queue prefix.
     pub async fn new() -> Self {
         let id = uuid::Uuid::new_v4().simple().to_string();
-        let db_name = format!("hookinbox_test_{id}");
-        let admin = connect(&format!("{}/postgres", postgres_base())).await;
-        admin
-            .batch_execute(&format!("create database {db_name}"))
-            .await
-            .expect("create test database");
-        let database_url = format!("{}/{db_name}", postgres_base());
-        let pool = hookinbox::postgres::pool(
-            &database_url,
-            1,
-            hookinbox::postgres::DEFAULT_REQUEST_TIMEOUT,
-        )
-        .expect("pool");
-        hookinbox::postgres::migrate(&pool).await.expect("migrate");
+        let (db_name, database_url) = create_database("hookinbox_test").await;
         let db = connect(&database_url).await;
         Self {
             db_name,
             database_url,
             prefix: format!("test-{id}"),
             db,
+            children: std::sync::Mutex::new(Vec::new()),
         }
     }
 
@@ -256,6 +272,18 @@ impl TestEnv {
     /// Drops the database and the queues. Call at the end of a test; a
     /// failed test leaves them behind for inspection.
     pub async fn cleanup(self) {
+        let children = std::mem::take(&mut *self.children.lock().expect("lock"));
+        for (pid, binary) in children {
+            // Only a process still running that binary: the test may have
+            // reaped it already, and its pid may belong to another now.
+            let running =
+                std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| exe == binary);
+            if running {
+                let _ = std::process::Command::new("kill")
+                    .args(["-9", &pid.to_string()])
+                    .status();
+            }
+        }
         if let Ok(connection) =
             lapin::Connection::connect(&amqp_url(), lapin::ConnectionProperties::default()).await
         {
@@ -274,13 +302,7 @@ impl TestEnv {
             let _ = connection.close(200, "").await;
         }
         drop(self.db);
-        let admin = connect(&format!("{}/postgres", postgres_base())).await;
-        let _ = admin
-            .batch_execute(&format!(
-                "drop database if exists {} with (force)",
-                self.db_name
-            ))
-            .await;
+        drop_database(&self.db_name).await;
     }
 }
 
@@ -565,6 +587,9 @@ impl TestEnv {
             .kill_on_drop(true)
             .spawn()
             .expect("binary starts");
+        if let Some(pid) = child.id() {
+            self.children.lock().expect("lock").push((pid, bin(binary)));
+        }
         Spawned {
             child,
             log,

@@ -30,6 +30,8 @@ const MAX_ATTEMPTS: i32 = 3;
 struct Shared {
     runtime: tokio::runtime::Runtime,
     pool: deadpool_postgres::Pool,
+    /// The database's name, to drop it once every case passed.
+    db_name: String,
 }
 
 fn shared() -> &'static Shared {
@@ -40,16 +42,11 @@ fn shared() -> &'static Shared {
             .enable_all()
             .build()
             .expect("runtime");
-        let pool = runtime.block_on(async {
-            let base = hookinbox_tests::postgres_base();
-            let name = format!("hookinbox_model_{}", uuid::Uuid::new_v4().simple());
-            let admin = hookinbox_tests::connect(&format!("{base}/postgres")).await;
-            admin
-                .batch_execute(&format!("create database {name}"))
-                .await
-                .expect("create database");
-            let pool = hookinbox::postgres::pool(&format!("{base}/{name}"), 4, hookinbox::postgres::DEFAULT_REQUEST_TIMEOUT).expect("pool");
-            hookinbox::postgres::migrate(&pool).await.expect("migrate");
+        let (db_name, pool) = runtime.block_on(async {
+            let (name, url) = hookinbox_tests::create_database("hookinbox_model").await;
+            let pool =
+                hookinbox::postgres::pool(&url, 4, hookinbox::postgres::DEFAULT_REQUEST_TIMEOUT)
+                    .expect("pool");
             pool.get()
                 .await
                 .expect("client")
@@ -58,9 +55,13 @@ fn shared() -> &'static Shared {
                 )
                 .await
                 .expect("effects table");
-            pool
+            (name, pool)
         });
-        Shared { runtime, pool }
+        Shared {
+            runtime,
+            pool,
+            db_name,
+        }
     })
 }
 
@@ -477,6 +478,16 @@ prop_state_machine! {
         .. Config::default()
     })]
 
-    #[test]
-    fn delivery_state_machine_keeps_its_invariants(sequential 1..40 => DeliveryStateMachine);
+    fn run_every_case(sequential 1..40 => DeliveryStateMachine);
+}
+
+#[test]
+fn delivery_state_machine_keeps_its_invariants() {
+    run_every_case();
+    // Every case passed: drop the database. A failing case panics above and
+    // leaves it for inspection, as the other tests do.
+    let shared = shared();
+    shared
+        .runtime
+        .block_on(hookinbox_tests::drop_database(&shared.db_name));
 }

@@ -1,35 +1,23 @@
 //! Integration tests against the real Postgres and RabbitMQ, one module per
-//! behaviour. Each test has its own database and queue prefix.
+//! behaviour, named after who is tested and what. Each test has its own
+//! database and queue prefix.
 
-mod answers;
-mod corpus;
-mod example;
-mod failures;
-mod fencing;
-mod forward;
-mod large;
-mod lifecycle;
-mod matrix;
+mod broker_restart_serial;
+mod custom_handler_example;
+mod github_corpus;
+mod ingest_dedup;
+mod ingest_large_body;
+mod ingest_refuses_bad_input;
+mod ingest_routes;
 mod observability;
+mod operator_cli;
 mod outages;
 mod plans;
-mod races;
 mod retention;
-mod retries;
-mod retries_support;
-mod serial;
 mod settings;
 mod sources;
-
-use hookinbox::Job;
-use hookinbox_worker::{Effect, Handler, HandlerError};
-
-/// A handler that always fails permanently.
-pub struct AlwaysPermanent;
-
-#[async_trait::async_trait]
-impl Handler for AlwaysPermanent {
-    async fn handle(&self, _job: &Job, _effect: &mut Effect) -> Result<(), HandlerError> {
-        Err(HandlerError::permanent("receiver refused the event"))
-    }
-}
+mod worker_failures;
+mod worker_fencing;
+mod worker_forward;
+mod worker_retries;
+mod worker_shutdown;

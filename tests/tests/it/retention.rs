@@ -7,7 +7,7 @@ use hookinbox_tests::{Hook, TestEnv, fixtures, settle, worker_cli};
 use hookinbox_worker::JobOutcome;
 use sha2::{Digest, Sha256};
 
-use crate::AlwaysPermanent;
+use hookinbox_tests::handlers::AlwaysPermanent;
 
 #[tokio::test]
 async fn the_sweeper_deletes_only_expired_rows_of_each_state_with_their_bodies() {

@@ -226,3 +226,37 @@ secrets = ["new-secret", "old-secret"]
     let _ = std::fs::remove_file(only_new);
     env.cleanup().await;
 }
+
+#[tokio::test]
+async fn rotation_any_secret_in_the_file_verifies() {
+    let env = TestEnv::new().await;
+    let dir = std::env::temp_dir().join(format!("hookinbox-secrets-{}", env.prefix));
+    std::fs::write(&dir, "new-secret\r\nIt's a Secret to Everybody\n").expect("write");
+    let mut args = env.ingest_args();
+    args.github_secret = None;
+    args.github_secret_file = Some(dir.clone());
+    let ingest = env.ingest_with(args.validate().expect("valid")).await;
+    assert_eq!(
+        ingest
+            .send(&Hook::new("push", fixtures::own("push")))
+            .await
+            .status,
+        202
+    );
+    assert_eq!(
+        ingest
+            .send(&Hook::new("push", fixtures::own("push")).signed_with("new-secret"))
+            .await
+            .status,
+        202
+    );
+    assert_eq!(
+        ingest
+            .send(&Hook::new("push", fixtures::own("push")).signed_with("retired"))
+            .await
+            .status,
+        401
+    );
+    let _ = std::fs::remove_file(dir);
+    env.cleanup().await;
+}

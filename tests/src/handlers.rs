@@ -1,4 +1,4 @@
-//! A scripted handler for failure tests.
+//! Handlers that script failures, for the worker tests.
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -13,6 +13,7 @@ pub struct Scripted {
 }
 
 impl Scripted {
+    /// Fails with `errors`, first to last, then stores.
     pub fn new(errors: Vec<HandlerError>) -> Arc<Self> {
         Arc::new(Self {
             errors: Mutex::new(errors.into_iter().rev().collect()),
@@ -20,6 +21,7 @@ impl Scripted {
         })
     }
 
+    /// When each call began.
     pub fn calls(&self) -> Vec<Instant> {
         self.calls.lock().expect("lock").clone()
     }
@@ -34,5 +36,15 @@ impl Handler for Scripted {
             Some(error) => Err(error),
             None => Store.handle(job, effect).await,
         }
+    }
+}
+
+/// A handler that always fails permanently.
+pub struct AlwaysPermanent;
+
+#[async_trait::async_trait]
+impl Handler for AlwaysPermanent {
+    async fn handle(&self, _job: &Job, _effect: &mut Effect) -> Result<(), HandlerError> {
+        Err(HandlerError::permanent("receiver refused the event"))
     }
 }

@@ -9,7 +9,7 @@ use hookinbox_tests::{Hook, TestEnv, fixtures, wait_until};
 use hookinbox_worker::HandlerError;
 use tokio_util::sync::CancellationToken;
 
-use crate::retries_support::Scripted;
+use hookinbox_tests::handlers::Scripted;
 
 fn rabbitmqctl(args: &[&str]) {
     let status = Command::new("rabbitmqctl")

@@ -1,8 +1,97 @@
-//! Concurrent copies of one delivery.
+//! Ingest deduplicates: the same key is claimed once, whatever races it,
+//! and a copy is answered by what the first one became.
+
+use std::sync::Arc;
 
 use futures::future::join_all;
-use hookinbox_tests::{Hook, TestEnv, fixtures};
+use hookinbox_tests::handlers::AlwaysPermanent;
+use hookinbox_tests::{Hook, SECRET, TestEnv, fixtures};
 use hookinbox_worker::JobOutcome;
+
+fn push() -> Hook {
+    Hook::new("push", fixtures::own("push"))
+}
+
+#[tokio::test]
+async fn same_key_with_another_body_is_a_conflict_and_never_processed() {
+    let env = TestEnv::new().await;
+    let ingest = env.ingest().await;
+    let worker = env.store_worker().await;
+    let first = push();
+    assert_eq!(ingest.send(&first).await.status, 202);
+    let mut other = first.clone();
+    other.body = fixtures::own("issues");
+    other = other.signed_with(SECRET);
+    let answer = ingest.send(&other).await;
+    assert_eq!((answer.status, answer.kind()), (409, "conflict"));
+    let report = worker.drain().await.expect("drain");
+    assert_eq!(
+        report.outcomes.len(),
+        1,
+        "only the first body was published"
+    );
+    let stored: String = env
+        .db
+        .query_one("select event from github_events", &[])
+        .await
+        .expect("one row")
+        .get(0);
+    assert_eq!(stored, "push");
+    // Still a conflict after completion.
+    assert_eq!(ingest.send(&other).await.status, 409);
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn duplicate_while_processing_is_accepted_without_a_second_job() {
+    let env = TestEnv::new().await;
+    let ingest = env.ingest().await;
+    let hook = push();
+    assert_eq!(ingest.send(&hook).await.status, 202);
+    let answer = ingest.send(&hook).await;
+    assert_eq!((answer.status, answer.kind()), (202, "duplicate"));
+    assert_eq!(answer.body["state"], "processing");
+    assert_eq!(env.work_depth().await, 1);
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn duplicate_of_a_dead_lettered_delivery_is_accepted_without_a_job() {
+    let env = TestEnv::new().await;
+    let ingest = env.ingest().await;
+    let worker = env.worker(Arc::new(AlwaysPermanent)).await;
+    let hook = push();
+    assert_eq!(ingest.send(&hook).await.status, 202);
+    let report = worker.drain().await.expect("drain");
+    assert_eq!(
+        report.outcomes,
+        vec![JobOutcome::Failed {
+            class: hookinbox::deliveries::ErrorClass::Permanent,
+            retryable: false
+        }]
+    );
+    let row = env
+        .db
+        .query_one(
+            "select status, retryable, last_error_class, last_error, dead_lettered_at is not null from deliveries",
+            &[],
+        )
+        .await
+        .expect("row");
+    assert_eq!(row.get::<_, String>(0), "failed");
+    assert!(!row.get::<_, bool>(1));
+    assert_eq!(row.get::<_, String>(2), "permanent");
+    assert_eq!(row.get::<_, String>(3), "receiver refused the event");
+    assert!(row.get::<_, bool>(4), "the dead-letter copy was confirmed");
+    assert_eq!(env.dead_depth().await, 1);
+
+    let answer = ingest.send(&hook).await;
+    assert_eq!((answer.status, answer.kind()), (202, "duplicate"));
+    assert_eq!(answer.body["state"], "failed");
+    assert_eq!(env.work_depth().await, 0);
+    assert_eq!(env.events().await, 0);
+    env.cleanup().await;
+}
 
 #[tokio::test]
 async fn fifty_concurrent_copies_give_one_claim_one_job_one_row() {
