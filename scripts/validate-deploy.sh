@@ -126,7 +126,7 @@ for g in rules["groups"]:
         for key in ("summary", "description", "runbook_url"):
             assert ann.get(key), f"{name}: annotation {key} missing"
         assert r.get("labels", {}).get("severity"), f"{name}: severity label missing"
-        want = "https://github.com/hookinbox/hookinbox/blob/main/README.md#runbook-" + name.lower()
+        want = "https://github.com/hookinbox/hookinbox/blob/main/docs/operations.md#runbook-" + name.lower()
         assert ann["runbook_url"] == want, f"{name}: runbook_url should be {want}"
 print(f"ok: {len(alerts)} alerts identical: {', '.join(alerts)}")
 PYEOF
