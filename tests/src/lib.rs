@@ -186,6 +186,24 @@ impl TestEnv {
         args
     }
 
+    /// A new environment and an ingest with the default settings: how most
+    /// tests begin.
+    pub async fn with_ingest() -> (Self, TestIngest) {
+        let env = Self::new().await;
+        let ingest = env.ingest().await;
+        (env, ingest)
+    }
+
+    /// A pool of `size` connections to this test's database.
+    pub fn pool(&self, size: usize) -> deadpool_postgres::Pool {
+        hookinbox::postgres::pool(
+            &self.database_url,
+            size,
+            hookinbox::postgres::DEFAULT_REQUEST_TIMEOUT,
+        )
+        .expect("pool")
+    }
+
     /// Starts ingest with the default settings.
     pub async fn ingest(&self) -> TestIngest {
         self.ingest_with(self.ingest_args().validate().expect("valid settings"))
@@ -420,6 +438,12 @@ impl Hook {
             extra: Vec::new(),
             body,
         }
+    }
+
+    /// A delivery of `event` with the repo's own payload for it
+    /// (`tests/fixtures/<event>/`).
+    pub fn fixture(event: &str) -> Self {
+        Self::new(event, fixtures::own(event))
     }
 
     /// Re-signs the body with `secret`.

@@ -9,7 +9,7 @@ use deadpool_postgres::GenericClient;
 
 use super::parked::{Parked, Unreadable};
 use super::row::{delivery, parked};
-use super::{ErrorClass, Policy, Status, params, redact, secs};
+use super::{ErrorClass, Policy, Status, execute, query_opt, redact, secs};
 use crate::key::{ClaimToken, DeliveryKey};
 use crate::postgres::DbError;
 
@@ -102,8 +102,7 @@ pub async fn get(
     client: &impl GenericClient,
     key: &DeliveryKey,
 ) -> Result<Option<Delivery>, DbError> {
-    let stmt = client.prepare_cached(GET).await?;
-    let row = client.query_opt(&stmt, &params(key, &[])).await?;
+    let row = query_opt(client, GET, key, &[]).await?;
     row.as_ref().map(delivery).transpose()
 }
 
@@ -135,10 +134,7 @@ pub async fn replay(
     policy: &Policy,
     key: &DeliveryKey,
 ) -> Result<Option<Result<Parked, Unreadable>>, DbError> {
-    let stmt = client.prepare_cached(REPLAY).await?;
-    let row = client
-        .query_opt(&stmt, &params(key, &[&secs(policy.lease)]))
-        .await?;
+    let row = query_opt(client, REPLAY, key, &[&secs(policy.lease)]).await?;
     Ok(row.as_ref().map(parked))
 }
 
@@ -162,10 +158,7 @@ pub async fn unreplay(
     token: ClaimToken,
     error: &str,
 ) -> Result<bool, DbError> {
-    let stmt = client.prepare_cached(UNREPLAY).await?;
-    let n = client
-        .execute(&stmt, &params(key, &[&token.0, &redact(error)]))
-        .await?;
+    let n = execute(client, UNREPLAY, key, &[&token.0, &redact(error)]).await?;
     Ok(n == 1)
 }
 

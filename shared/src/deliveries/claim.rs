@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 use super::parked::ParkedBody;
 use super::row::{KeyColumns, KeyTuple, firsts_by_key, key_tuple, status_of};
-use super::{Policy, Status, params, redact, secs};
+use super::{Policy, Status, execute, params, query_one, redact, secs};
 use crate::key::{ClaimToken, DeliveryKey};
 use crate::postgres::DbError;
 
@@ -230,18 +230,14 @@ pub async fn claim_batch(
     let rows = client
         .query(
             &stmt,
-            &[
-                &keys.provider,
-                &keys.source,
-                &keys.hook_id,
-                &keys.delivery_id,
+            &keys.params(&[
                 &events,
                 &actions,
                 &shas,
                 &uuids,
                 &secs(policy.lease),
                 &policy.max_attempts,
-            ],
+            ]),
         )
         .await?;
     let claimed: HashMap<KeyTuple, (bool, i32)> = rows
@@ -265,16 +261,7 @@ pub async fn claim_batch(
         let keys = KeyColumns::of(missing.iter().copied());
         let stmt = client.prepare_cached(CLAIM_BATCH_STATE).await?;
         for r in client
-            .query(
-                &stmt,
-                &[
-                    &keys.provider,
-                    &keys.source,
-                    &keys.hook_id,
-                    &keys.delivery_id,
-                    &secs(policy.publish_timeout),
-                ],
-            )
+            .query(&stmt, &keys.params(&[&secs(policy.publish_timeout)]))
             .await?
         {
             states.insert(
@@ -351,24 +338,21 @@ pub async fn park_due(
     attempts_at_claim: i32,
     parked: ParkedBody<'_>,
 ) -> Result<bool, DbError> {
-    let stmt = client.prepare_cached(PARK_DUE).await?;
     let headers = parked.headers_json();
-    let row = client
-        .query_one(
-            &stmt,
-            &params(
-                key,
-                &[
-                    &token.0,
-                    &redact(error),
-                    &attempts_at_claim,
-                    &parked.content_type,
-                    &headers,
-                    &parked.body,
-                ],
-            ),
-        )
-        .await?;
+    let row = query_one(
+        client,
+        PARK_DUE,
+        key,
+        &[
+            &token.0,
+            &redact(error),
+            &attempts_at_claim,
+            &parked.content_type,
+            &headers,
+            &parked.body,
+        ],
+    )
+    .await?;
     Ok(row.get::<_, i64>(0) == 1)
 }
 
@@ -394,13 +378,13 @@ pub async fn park_copy(
     key: &DeliveryKey,
     parked: ParkedBody<'_>,
 ) -> Result<(), DbError> {
-    let stmt = client.prepare_cached(PARK_COPY).await?;
     let headers = parked.headers_json();
-    client
-        .execute(
-            &stmt,
-            &params(key, &[&parked.content_type, &headers, &parked.body]),
-        )
-        .await?;
+    execute(
+        client,
+        PARK_COPY,
+        key,
+        &[&parked.content_type, &headers, &parked.body],
+    )
+    .await?;
     Ok(())
 }

@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use super::parked::ParkedBody;
 use super::row::{KeyColumns, KeyTuple, key_tuple};
-use super::{Failed, Failure, params, redact, secs};
+use super::{Failed, Failure, execute, query_one, query_opt, redact, secs};
 use crate::key::{ClaimToken, DeliveryKey};
 use crate::postgres::DbError;
 
@@ -75,8 +75,7 @@ pub async fn complete(
     key: &DeliveryKey,
     token: ClaimToken,
 ) -> Result<bool, DbError> {
-    let stmt = client.prepare_cached(COMPLETE).await?;
-    let row = client.query_one(&stmt, &params(key, &[&token.0])).await?;
+    let row = query_one(client, COMPLETE, key, &[&token.0]).await?;
     Ok(row.get::<_, i64>(0) == 1)
 }
 
@@ -106,25 +105,20 @@ pub async fn store_event(
     key: &DeliveryKey,
     event: &StoredEvent,
 ) -> Result<(), DbError> {
-    let stmt = client.prepare_cached(STORE_EVENT).await?;
-    client
-        .execute(
-            &stmt,
-            &params(
-                key,
-                &[
-                    &event.event,
-                    &event.action,
-                    &String::from_utf8_lossy(&event.payload),
-                    &event.received_at,
-                ],
-            ),
-        )
-        .await?;
+    execute(
+        client,
+        STORE_EVENT,
+        key,
+        &[
+            &event.event,
+            &event.action,
+            &String::from_utf8_lossy(&event.payload),
+            &event.received_at,
+        ],
+    )
+    .await?;
     #[cfg(feature = "failpoints")]
-    client
-        .execute(log_effect!("values ($1, $2, $3, $4)"), &params(key, &[]))
-        .await?;
+    execute(client, log_effect!("values ($1, $2, $3, $4)"), key, &[]).await?;
     Ok(())
 }
 
@@ -239,18 +233,7 @@ pub async fn complete_batch(
     let rows = client
         .query(
             &stmt,
-            &[
-                &keys.provider,
-                &keys.source,
-                &keys.hook_id,
-                &keys.delivery_id,
-                &tokens,
-                &store,
-                &events,
-                &actions,
-                &payloads,
-                &received,
-            ],
+            &keys.params(&[&tokens, &store, &events, &actions, &payloads, &received]),
         )
         .await?;
     let done: HashSet<(KeyTuple, Uuid)> = rows
@@ -300,28 +283,25 @@ pub async fn fail(
     failure: &Failure,
     parked: ParkedBody<'_>,
 ) -> Result<Option<Failed>, DbError> {
-    let stmt = client.prepare_cached(FAIL).await?;
     let retryable = failure.retry_in.is_some();
     let delay = failure.retry_in.map(secs).unwrap_or(0.0);
     let headers = parked.headers_json();
-    let row = client
-        .query_opt(
-            &stmt,
-            &params(
-                key,
-                &[
-                    &token.0,
-                    &retryable,
-                    &delay,
-                    &failure.class.as_str(),
-                    &redact(&failure.message),
-                    &parked.content_type,
-                    &headers,
-                    &parked.body,
-                ],
-            ),
-        )
-        .await?;
+    let row = query_opt(
+        client,
+        FAIL,
+        key,
+        &[
+            &token.0,
+            &retryable,
+            &delay,
+            &failure.class.as_str(),
+            &redact(&failure.message),
+            &parked.content_type,
+            &headers,
+            &parked.body,
+        ],
+    )
+    .await?;
     Ok(row.map(|row| Failed {
         attempts: row.get(0),
         first_failed_at: row.get(1),
@@ -345,7 +325,6 @@ pub async fn mark_dead_lettered(
     client: &impl GenericClient,
     key: &DeliveryKey,
 ) -> Result<(), DbError> {
-    let stmt = client.prepare_cached(MARK_DEAD_LETTERED).await?;
-    client.execute(&stmt, &params(key, &[])).await?;
+    execute(client, MARK_DEAD_LETTERED, key, &[]).await?;
     Ok(())
 }

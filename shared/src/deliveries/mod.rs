@@ -45,9 +45,11 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use deadpool_postgres::GenericClient;
 use tokio_postgres::types::ToSql;
 
 use crate::key::DeliveryKey;
+use crate::postgres::DbError;
 
 /// The key predicate: `$1`–`$4` of every keyed statement, optionally on a
 /// table alias (`key!("d")`).
@@ -208,6 +210,40 @@ fn params<'a>(key: &'a DeliveryKey, rest: &[Param<'a>]) -> Vec<Param<'a>> {
     all
 }
 
+/// Runs a keyed statement (prepared once per connection): `$1`–`$4` the
+/// key, then `rest`. Returns the rows it changed.
+async fn execute(
+    client: &impl GenericClient,
+    sql: &str,
+    key: &DeliveryKey,
+    rest: &[Param<'_>],
+) -> Result<u64, DbError> {
+    let stmt = client.prepare_cached(sql).await?;
+    Ok(client.execute(&stmt, &params(key, rest)).await?)
+}
+
+/// Like [`execute`], for a statement that returns at most one row.
+async fn query_opt(
+    client: &impl GenericClient,
+    sql: &str,
+    key: &DeliveryKey,
+    rest: &[Param<'_>],
+) -> Result<Option<tokio_postgres::Row>, DbError> {
+    let stmt = client.prepare_cached(sql).await?;
+    Ok(client.query_opt(&stmt, &params(key, rest)).await?)
+}
+
+/// Like [`execute`], for a statement that returns exactly one row.
+async fn query_one(
+    client: &impl GenericClient,
+    sql: &str,
+    key: &DeliveryKey,
+    rest: &[Param<'_>],
+) -> Result<tokio_postgres::Row, DbError> {
+    let stmt = client.prepare_cached(sql).await?;
+    Ok(client.query_one(&stmt, &params(key, rest)).await?)
+}
+
 /// Why a delivery failed. Stored in `last_error_class`; bounded, so it can
 /// label metrics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -267,20 +303,29 @@ pub struct UnknownName {
     allowed: String,
 }
 
-impl std::str::FromStr for ErrorClass {
-    type Err = UnknownName;
+/// `FromStr` for a stored name: one of `ALL` by its `as_str`, anything
+/// else an [`UnknownName`] that lists the names.
+macro_rules! from_stored_name {
+    ($t:ty, $what:literal) => {
+        impl std::str::FromStr for $t {
+            type Err = UnknownName;
 
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::ALL
-            .into_iter()
-            .find(|c| c.as_str() == s)
-            .ok_or_else(|| UnknownName {
-                what: "error class",
-                value: s.to_owned(),
-                allowed: Self::ALL.map(Self::as_str).join(", "),
-            })
-    }
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                Self::ALL
+                    .into_iter()
+                    .find(|c| c.as_str() == s)
+                    .ok_or_else(|| UnknownName {
+                        what: $what,
+                        value: s.to_owned(),
+                        allowed: Self::ALL.map(Self::as_str).join(", "),
+                    })
+            }
+        }
+    };
 }
+
+from_stored_name!(ErrorClass, "error class");
+from_stored_name!(Status, "status");
 
 /// Shortens an error message for `last_error` and drops control characters,
 /// so a handler's error text cannot forge log lines or grow a row.
@@ -323,21 +368,6 @@ impl Status {
             Self::Completed => "completed",
             Self::Failed => "failed",
         }
-    }
-}
-
-impl std::str::FromStr for Status {
-    type Err = UnknownName;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::ALL
-            .into_iter()
-            .find(|c| c.as_str() == s)
-            .ok_or_else(|| UnknownName {
-                what: "status",
-                value: s.to_owned(),
-                allowed: Self::ALL.map(Self::as_str).join(", "),
-            })
     }
 }
 

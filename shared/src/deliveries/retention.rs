@@ -9,21 +9,28 @@ use deadpool_postgres::GenericClient;
 use super::secs;
 use crate::postgres::DbError;
 
-const SWEEP_COMPLETED: &str = "
+/// Deletes up to `$2` rows of `status` whose `at` column is older than `$1`
+/// seconds.
+macro_rules! sweep {
+    ($status:literal, $at:literal) => {
+        concat!(
+            "
 delete from deliveries
 where ctid in (
     select ctid from deliveries
-    where status = 'completed' and completed_at < now() - make_interval(secs => $1)
+    where status = '",
+            $status,
+            "' and ",
+            $at,
+            " < now() - make_interval(secs => $1)
     limit $2
-)";
+)"
+        )
+    };
+}
 
-const SWEEP_FAILED: &str = "
-delete from deliveries
-where ctid in (
-    select ctid from deliveries
-    where status = 'failed' and failed_at < now() - make_interval(secs => $1)
-    limit $2
-)";
+const SWEEP_COMPLETED: &str = sweep!("completed", "completed_at");
+const SWEEP_FAILED: &str = sweep!("failed", "failed_at");
 
 /// What one sweep deleted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

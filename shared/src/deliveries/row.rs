@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::parked::{Parked, Unreadable, headers_from_json};
-use super::{Delivery, ErrorClass, Status};
+use super::{Delivery, ErrorClass, Param, Status};
 use crate::job::Job;
 use crate::key::{ClaimToken, DeliveryKey, EventName};
 use crate::postgres::DbError;
@@ -46,6 +46,18 @@ pub(super) struct KeyColumns<'a> {
 }
 
 impl<'a> KeyColumns<'a> {
+    /// The four columns as `$1`–`$4`, then `rest`.
+    pub(super) fn params<'p>(&'p self, rest: &[Param<'p>]) -> Vec<Param<'p>> {
+        let mut all: Vec<Param<'p>> = vec![
+            &self.provider,
+            &self.source,
+            &self.hook_id,
+            &self.delivery_id,
+        ];
+        all.extend_from_slice(rest);
+        all
+    }
+
     pub(super) fn of(keys: impl Iterator<Item = &'a DeliveryKey>) -> Self {
         let mut columns = Self {
             provider: Vec::new(),

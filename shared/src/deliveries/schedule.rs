@@ -9,7 +9,7 @@ use deadpool_postgres::GenericClient;
 
 use super::parked::{Parked, Unreadable};
 use super::row::parked;
-use super::{Policy, params, redact, secs};
+use super::{Policy, execute, redact, secs};
 use crate::key::{ClaimToken, DeliveryKey};
 use crate::postgres::DbError;
 
@@ -77,13 +77,13 @@ pub async fn reschedule(
     delay: Duration,
     error: &str,
 ) -> Result<bool, DbError> {
-    let stmt = client.prepare_cached(RESCHEDULE).await?;
-    let n = client
-        .execute(
-            &stmt,
-            &params(key, &[&token.0, &secs(delay), &redact(error)]),
-        )
-        .await?;
+    let n = execute(
+        client,
+        RESCHEDULE,
+        key,
+        &[&token.0, &secs(delay), &redact(error)],
+    )
+    .await?;
     Ok(n == 1)
 }
 

@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use super::parked::ParkedBody;
 use super::row::{KeyColumns, KeyTuple, firsts_by_key, key_tuple, status_of};
-use super::{Policy, Status, params, secs};
+use super::{Policy, Status, execute, params, query_opt, secs};
 use crate::key::{ClaimToken, DeliveryKey};
 use crate::postgres::DbError;
 
@@ -225,16 +225,12 @@ pub async fn take_batch(
     let rows = client
         .query(
             &stmt,
-            &[
-                &keys.provider,
-                &keys.source,
-                &keys.hook_id,
-                &keys.delivery_id,
+            &keys.params(&[
                 &presented,
                 &new_tokens,
                 &secs(policy.lease),
                 &policy.max_attempts,
-            ],
+            ]),
         )
         .await?;
     let mut taken: HashMap<KeyTuple, (i32, bool, DateTime<Utc>)> = rows
@@ -283,10 +279,7 @@ pub async fn renew(
     key: &DeliveryKey,
     token: ClaimToken,
 ) -> Result<bool, DbError> {
-    let stmt = client.prepare_cached(RENEW).await?;
-    let n = client
-        .execute(&stmt, &params(key, &[&token.0, &secs(policy.lease)]))
-        .await?;
+    let n = execute(client, RENEW, key, &[&token.0, &secs(policy.lease)]).await?;
     Ok(n == 1)
 }
 
@@ -310,8 +303,7 @@ pub async fn fence(
     key: &DeliveryKey,
     token: ClaimToken,
 ) -> Result<bool, DbError> {
-    let stmt = client.prepare_cached(FENCE).await?;
-    let row = client.query_opt(&stmt, &params(key, &[&token.0])).await?;
+    let row = query_opt(client, FENCE, key, &[&token.0]).await?;
     Ok(row.is_some())
 }
 
@@ -332,7 +324,6 @@ pub async fn release_lease(
     key: &DeliveryKey,
     token: ClaimToken,
 ) -> Result<bool, DbError> {
-    let stmt = client.prepare_cached(RELEASE_LEASE).await?;
-    let n = client.execute(&stmt, &params(key, &[&token.0])).await?;
+    let n = execute(client, RELEASE_LEASE, key, &[&token.0]).await?;
     Ok(n == 1)
 }

@@ -5,7 +5,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use hookinbox_tests::{Hook, TestEnv, fixtures, wait_until};
+use hookinbox_tests::{Hook, TestEnv, wait_until};
 use hookinbox_worker::HandlerError;
 use tokio_util::sync::CancellationToken;
 
@@ -22,8 +22,7 @@ fn rabbitmqctl(args: &[&str]) {
 #[tokio::test]
 #[ignore = "restarts the shared RabbitMQ; scripts/test.sh runs it alone after the suite"]
 async fn serial_broker_restarted_during_a_backoff_loses_nothing() {
-    let env = TestEnv::new().await;
-    let ingest = env.ingest().await;
+    let (env, ingest) = TestEnv::with_ingest().await;
     let mut args = env.worker_args();
     args.retry_base_ms = 3000;
     args.retry_max_ms = 3000;
@@ -36,13 +35,7 @@ async fn serial_broker_restarted_during_a_backoff_loses_nothing() {
         let shutdown = shutdown.clone();
         async move { worker.run(shutdown).await }
     });
-    assert_eq!(
-        ingest
-            .send(&Hook::new("push", fixtures::own("push")))
-            .await
-            .status,
-        202
-    );
+    assert_eq!(ingest.send(&Hook::fixture("push")).await.status, 202);
     wait_until(
         "the first attempt to fail",
         Duration::from_secs(30),

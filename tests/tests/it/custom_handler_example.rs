@@ -3,12 +3,11 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use hookinbox_tests::{Hook, TestEnv, fixtures, wait_until};
+use hookinbox_tests::{Hook, TestEnv, wait_until};
 
 #[tokio::test]
 async fn the_custom_handler_example_runs_end_to_end() {
-    let env = TestEnv::new().await;
-    let ingest = env.ingest().await;
+    let (env, ingest) = TestEnv::with_ingest().await;
     let exe = hookinbox_tests::bin("examples/custom_handler");
     let mut child = tokio::process::Command::new(exe)
         .env("DATABASE_URL", &env.database_url)
@@ -21,16 +20,10 @@ async fn the_custom_handler_example_runs_end_to_end() {
         .kill_on_drop(true)
         .spawn()
         .expect("example starts");
-    let push = Hook::new("push", fixtures::own("push"));
+    let push = Hook::fixture("push");
     assert_eq!(ingest.send(&push).await.status, 202);
     // Another event completes without an effect.
-    assert_eq!(
-        ingest
-            .send(&Hook::new("issues", fixtures::own("issues")))
-            .await
-            .status,
-        202
-    );
+    assert_eq!(ingest.send(&Hook::fixture("issues")).await.status, 202);
     wait_until(
         "both deliveries to complete",
         Duration::from_secs(30),

@@ -4,8 +4,7 @@ use hookinbox_tests::{Hook, TestEnv, fixtures};
 
 #[tokio::test]
 async fn every_fixture_is_accepted_stored_once_and_redelivery_adds_nothing() {
-    let env = TestEnv::new().await;
-    let ingest = env.ingest().await;
+    let (env, ingest) = TestEnv::with_ingest().await;
     let worker = env.store_worker().await;
     let fixtures = fixtures::all();
     let mut sent = Vec::new();
@@ -80,8 +79,7 @@ async fn every_fixture_is_accepted_stored_once_and_redelivery_adds_nothing() {
 
 #[tokio::test]
 async fn form_encoded_delivery_is_verified_and_stored() {
-    let env = TestEnv::new().await;
-    let ingest = env.ingest().await;
+    let (env, ingest) = TestEnv::with_ingest().await;
     let worker = env.store_worker().await;
     let json = fixtures::own("pull_request");
     let form: String = form_urlencoded::Serializer::new(String::new())
@@ -106,10 +104,9 @@ async fn form_encoded_delivery_is_verified_and_stored() {
 
 #[tokio::test]
 async fn same_guid_under_two_hook_ids_gives_two_effects() {
-    let env = TestEnv::new().await;
-    let ingest = env.ingest().await;
+    let (env, ingest) = TestEnv::with_ingest().await;
     let worker = env.store_worker().await;
-    let first = Hook::new("push", fixtures::own("push"));
+    let first = Hook::fixture("push");
     let mut second = first.clone();
     second.hook_id = Some("654321".to_owned());
     for hook in [&first, &second] {

@@ -9,13 +9,12 @@ use hookinbox_tests::{Hook, SECRET, TestEnv, fixtures};
 use hookinbox_worker::JobOutcome;
 
 fn push() -> Hook {
-    Hook::new("push", fixtures::own("push"))
+    Hook::fixture("push")
 }
 
 #[tokio::test]
 async fn same_key_with_another_body_is_a_conflict_and_never_processed() {
-    let env = TestEnv::new().await;
-    let ingest = env.ingest().await;
+    let (env, ingest) = TestEnv::with_ingest().await;
     let worker = env.store_worker().await;
     let first = push();
     assert_eq!(ingest.send(&first).await.status, 202);
@@ -44,8 +43,7 @@ async fn same_key_with_another_body_is_a_conflict_and_never_processed() {
 
 #[tokio::test]
 async fn duplicate_while_processing_is_accepted_without_a_second_job() {
-    let env = TestEnv::new().await;
-    let ingest = env.ingest().await;
+    let (env, ingest) = TestEnv::with_ingest().await;
     let hook = push();
     assert_eq!(ingest.send(&hook).await.status, 202);
     let answer = ingest.send(&hook).await;
@@ -57,8 +55,7 @@ async fn duplicate_while_processing_is_accepted_without_a_second_job() {
 
 #[tokio::test]
 async fn duplicate_of_a_dead_lettered_delivery_is_accepted_without_a_job() {
-    let env = TestEnv::new().await;
-    let ingest = env.ingest().await;
+    let (env, ingest) = TestEnv::with_ingest().await;
     let worker = env.worker(Arc::new(AlwaysPermanent)).await;
     let hook = push();
     assert_eq!(ingest.send(&hook).await.status, 202);
@@ -95,10 +92,9 @@ async fn duplicate_of_a_dead_lettered_delivery_is_accepted_without_a_job() {
 
 #[tokio::test]
 async fn fifty_concurrent_copies_give_one_claim_one_job_one_row() {
-    let env = TestEnv::new().await;
-    let ingest = env.ingest().await;
+    let (env, ingest) = TestEnv::with_ingest().await;
     let worker = env.store_worker().await;
-    let hook = Hook::new("push", fixtures::own("push"));
+    let hook = Hook::fixture("push");
     let answers = join_all((0..50).map(|_| ingest.send(&hook))).await;
     let accepted = answers.iter().filter(|a| a.kind() == "accepted").count();
     let duplicates = answers
@@ -121,12 +117,7 @@ async fn a_claim_batch_answers_each_request_like_a_single_claim() {
     use hookinbox::key::{DeliveryId, DeliveryKey, HookId, SourceName};
 
     let env = TestEnv::new().await;
-    let pool = hookinbox::postgres::pool(
-        &env.database_url,
-        1,
-        hookinbox::postgres::DEFAULT_REQUEST_TIMEOUT,
-    )
-    .expect("pool");
+    let pool = env.pool(1);
     let client = pool.get().await.expect("client");
     let policy = env.policy();
     let key = |id: &str| {

@@ -389,7 +389,7 @@ async fn slow_clients_time_out_and_do_not_hold_up_others() {
         .expect("write");
 
     // Meanwhile a real delivery is served at once.
-    let hook = hookinbox_tests::Hook::new("push", fixtures::own("push"));
+    let hook = hookinbox_tests::Hook::fixture("push");
     let answer = tokio::time::timeout(Duration::from_secs(5), ingest.send(&hook))
         .await
         .expect("served while slow clients hang");

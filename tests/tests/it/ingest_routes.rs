@@ -1,10 +1,10 @@
 //! What ingest answers without a claim: pings, events a source does not
 //! take, health and readiness, and routes it does not serve.
 
-use hookinbox_tests::{Hook, TestEnv, fixtures};
+use hookinbox_tests::{Hook, TestEnv};
 
 fn push() -> Hook {
-    Hook::new("push", fixtures::own("push"))
+    Hook::fixture("push")
 }
 
 #[tokio::test]
@@ -13,11 +13,9 @@ async fn ping_and_events_not_taken_answer_200_without_a_claim() {
     let mut args = env.ingest_args();
     args.allowed_events = "push,pull_request".to_owned();
     let ingest = env.ingest_with(args.validate().expect("valid")).await;
-    let answer = ingest.send(&Hook::new("ping", fixtures::own("ping"))).await;
+    let answer = ingest.send(&Hook::fixture("ping")).await;
     assert_eq!((answer.status, answer.kind()), (200, "pong"));
-    let answer = ingest
-        .send(&Hook::new("issues", fixtures::own("issues")))
-        .await;
+    let answer = ingest.send(&Hook::fixture("issues")).await;
     assert_eq!((answer.status, answer.kind()), (200, "ignored"));
     assert_eq!(env.deliveries().await, 0);
     let answer = ingest.send(&push()).await;
@@ -28,8 +26,7 @@ async fn ping_and_events_not_taken_answer_200_without_a_claim() {
 
 #[tokio::test]
 async fn health_and_readiness_answer_and_other_routes_are_refused() {
-    let env = TestEnv::new().await;
-    let ingest = env.ingest().await;
+    let (env, ingest) = TestEnv::with_ingest().await;
     assert_eq!(ingest.get("/healthz").await, 200);
     assert_eq!(ingest.get("/readyz").await, 200);
     assert_eq!(ingest.get("/webhooks/github").await, 405);

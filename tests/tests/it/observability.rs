@@ -61,10 +61,10 @@ async fn both_metrics_endpoints_show_every_series_moving_after_real_traffic() {
         }
     };
 
-    let normal = Hook::new("push", fixtures::own("push"));
-    let flaky = Hook::new("push", fixtures::own("push"));
-    let bad = Hook::new("push", fixtures::own("push"));
-    let slow = Hook::new("push", fixtures::own("push"));
+    let normal = Hook::fixture("push");
+    let flaky = Hook::fixture("push");
+    let bad = Hook::fixture("push");
+    let slow = Hook::fixture("push");
     let (flaky_id, bad_id, slow_id) = (
         flaky.id().to_owned(),
         bad.id().to_owned(),
@@ -97,7 +97,7 @@ async fn both_metrics_endpoints_show_every_series_moving_after_real_traffic() {
         "duplicate while processing"
     );
     assert_eq!(send(normal.clone().signed_with("wrong")).await, 401);
-    assert_eq!(send(Hook::new("ping", fixtures::own("ping"))).await, 200);
+    assert_eq!(send(Hook::fixture("ping")).await, 200);
     // The slow delivery's claim is older than the publish timeout and still
     // untaken: its redelivery republishes it (a second copy).
     wait_until("the slow claim to age", Duration::from_secs(10), || async {

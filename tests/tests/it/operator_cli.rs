@@ -5,15 +5,14 @@ use std::time::{Duration, Instant};
 
 use hookinbox::deliveries::ErrorClass;
 use hookinbox_tests::handlers::Scripted;
-use hookinbox_tests::{Hook, TestEnv, fixtures, settle, worker_cli};
+use hookinbox_tests::{Hook, TestEnv, settle, worker_cli};
 use hookinbox_worker::HandlerError;
 use hookinbox_worker::JobOutcome;
 
 #[tokio::test]
 async fn permanent_failure_is_listed_then_replayed_once_from_the_cli() {
-    let env = TestEnv::new().await;
-    let ingest = env.ingest().await;
-    let hook = Hook::new("push", fixtures::own("push"));
+    let (env, ingest) = TestEnv::with_ingest().await;
+    let hook = Hook::fixture("push");
     assert_eq!(ingest.send(&hook).await.status, 202);
     let broken = Scripted::new(vec![HandlerError::permanent("receiver said 422")]);
     let outcomes = settle(&env, &env.worker(broken.clone()).await).await;
@@ -60,16 +59,9 @@ async fn permanent_failure_is_listed_then_replayed_once_from_the_cli() {
 
 #[tokio::test]
 async fn replay_dry_run_changes_nothing_and_rate_is_honoured() {
-    let env = TestEnv::new().await;
-    let ingest = env.ingest().await;
+    let (env, ingest) = TestEnv::with_ingest().await;
     for _ in 0..5 {
-        assert_eq!(
-            ingest
-                .send(&Hook::new("push", fixtures::own("push")))
-                .await
-                .status,
-            202
-        );
+        assert_eq!(ingest.send(&Hook::fixture("push")).await.status, 202);
     }
     let broken = Scripted::new((0..5).map(|_| HandlerError::permanent("no")).collect());
     settle(&env, &env.worker(broken).await).await;
@@ -115,11 +107,10 @@ async fn usage_errors_exit_2() {
 
 #[tokio::test]
 async fn purge_deletes_old_dead_letters_with_their_bodies_and_queue_copies() {
-    let env = TestEnv::new().await;
-    let ingest = env.ingest().await;
+    let (env, ingest) = TestEnv::with_ingest().await;
     let mut ids = Vec::new();
     for _ in 0..2 {
-        let hook = Hook::new("push", fixtures::own("push"));
+        let hook = Hook::fixture("push");
         assert_eq!(ingest.send(&hook).await.status, 202);
         ids.push(hook.id().to_owned());
     }

@@ -5,7 +5,7 @@ use hookinbox::deliveries::{self, Claim, ClaimRequest};
 use hookinbox_worker::JobOutcome;
 use std::sync::Arc;
 
-use hookinbox_tests::{Hook, TestEnv, fixtures, proxy::Proxy, settle};
+use hookinbox_tests::{Hook, TestEnv, proxy::Proxy, settle};
 use hookinbox_worker::Store;
 use sha2::{Digest, Sha256};
 
@@ -25,9 +25,7 @@ async fn broker_down_at_ingest_parks_answers_202_and_everything_completes_once_i
         .await;
 
     proxy.close();
-    let hooks: Vec<Hook> = (0..3)
-        .map(|_| Hook::new("push", fixtures::own("push")))
-        .collect();
+    let hooks: Vec<Hook> = (0..3).map(|_| Hook::fixture("push")).collect();
     for hook in &hooks {
         let answer = ingest.send(hook).await;
         assert_eq!(
@@ -73,7 +71,7 @@ async fn postgres_unreachable_gives_503_and_publishes_nothing() {
     args.common.database_url = env.database_url_via(proxy.port());
     let ingest = env.ingest_with(args.validate().expect("valid")).await;
     proxy.close();
-    let hook = Hook::new("push", fixtures::own("push"));
+    let hook = Hook::fixture("push");
     let answer = ingest.send(&hook).await;
     assert_eq!((answer.status, answer.kind()), (503, "error"));
     assert_eq!(ingest.get("/readyz").await, 503);
@@ -87,18 +85,12 @@ async fn postgres_unreachable_gives_503_and_publishes_nothing() {
 
 #[tokio::test]
 async fn untaken_claim_is_rescued_by_a_redelivery_that_republishes_it() {
-    let env = TestEnv::new().await;
-    let ingest = env.ingest().await;
-    let hook = Hook::new("push", fixtures::own("push"));
+    let (env, ingest) = TestEnv::with_ingest().await;
+    let hook = Hook::fixture("push");
     // An ingest claimed this delivery and died before publishing.
     let key = hook.key();
     let sha: [u8; 32] = Sha256::digest(&hook.body).into();
-    let pool = hookinbox::postgres::pool(
-        &env.database_url,
-        1,
-        hookinbox::postgres::DEFAULT_REQUEST_TIMEOUT,
-    )
-    .expect("pool");
+    let pool = env.pool(1);
     let client = pool.get().await.expect("client");
     let claim = deliveries::claim(
         &client,
@@ -154,19 +146,13 @@ async fn untaken_claim_is_rescued_by_a_redelivery_that_republishes_it() {
 
 #[tokio::test]
 async fn a_copy_answered_while_the_first_ingest_died_before_publishing_is_not_lost() {
-    let env = TestEnv::new().await;
-    let ingest = env.ingest().await;
+    let (env, ingest) = TestEnv::with_ingest().await;
     let worker = env.store_worker().await;
-    let hook = Hook::new("push", fixtures::own("push"));
+    let hook = Hook::fixture("push");
     // An ingest claimed the delivery and died before publishing.
     let key = hook.key();
     let sha: [u8; 32] = Sha256::digest(&hook.body).into();
-    let pool = hookinbox::postgres::pool(
-        &env.database_url,
-        1,
-        hookinbox::postgres::DEFAULT_REQUEST_TIMEOUT,
-    )
-    .expect("pool");
+    let pool = env.pool(1);
     let client = pool.get().await.expect("client");
     deliveries::claim(
         &client,
@@ -205,8 +191,7 @@ async fn a_copy_answered_while_the_first_ingest_died_before_publishing_is_not_lo
 
 #[tokio::test]
 async fn a_half_open_postgres_connection_is_given_up_and_the_job_still_completes_once() {
-    let env = TestEnv::new().await;
-    let ingest = env.ingest().await;
+    let (env, ingest) = TestEnv::with_ingest().await;
     let proxy = Proxy::start("127.0.0.1:5432").await;
     let mut args = env.worker_args();
     args.common.database_url = env.database_url_via(proxy.port());
@@ -214,14 +199,14 @@ async fn a_half_open_postgres_connection_is_given_up_and_the_job_still_completes
     let worker = env
         .worker_with(args.validate().expect("valid"), Arc::new(Store))
         .await;
-    let first = Hook::new("push", fixtures::own("push"));
+    let first = Hook::fixture("push");
     assert_eq!(ingest.send(&first).await.status, 202);
     assert_eq!(settle(&env, &worker).await, vec![JobOutcome::Completed]);
 
     // Every pooled connection goes silent: the far end still accepts bytes
     // but never answers, which keepalives cannot see.
     proxy.stall();
-    let second = Hook::new("push", fixtures::own("push"));
+    let second = Hook::fixture("push");
     assert_eq!(ingest.send(&second).await.status, 202);
     let draining = tokio::spawn({
         let worker = worker.clone();
@@ -264,12 +249,12 @@ async fn a_half_open_broker_connection_at_ingest_parks_then_reconnects() {
             answer.body["parked"] == true
         }
     };
-    assert!(!send(Hook::new("push", fixtures::own("push"))).await);
+    assert!(!send(Hook::fixture("push")).await);
 
     proxy.stall();
     // No confirm comes back: the body is parked and the answer is still 202.
     let started = std::time::Instant::now();
-    assert!(send(Hook::new("push", fixtures::own("push"))).await);
+    assert!(send(Hook::fixture("push")).await);
     assert!(started.elapsed() < std::time::Duration::from_secs(10));
     proxy.open();
 
@@ -279,7 +264,7 @@ async fn a_half_open_broker_connection_at_ingest_parks_then_reconnects() {
     let mut sent = 2;
     loop {
         sent += 1;
-        if !send(Hook::new("push", fixtures::own("push"))).await {
+        if !send(Hook::fixture("push")).await {
             break;
         }
         assert!(

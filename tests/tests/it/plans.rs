@@ -96,12 +96,7 @@ async fn statements_planned_on_an_empty_table_do_not_scan_it_once_it_has_grown()
     // One session, so the statements it prepares while the table is nearly
     // empty are the ones it runs once the table is large. Postgres caches a
     // generic plan after the fifth execution.
-    let pool = hookinbox::postgres::pool(
-        &env.database_url,
-        1,
-        hookinbox::postgres::DEFAULT_REQUEST_TIMEOUT,
-    )
-    .expect("pool");
+    let pool = env.pool(1);
     let client = pool.get().await.expect("client");
     for i in 0..8 {
         one_round(&env, &client, &format!("early-{i}")).await;

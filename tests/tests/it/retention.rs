@@ -11,10 +11,9 @@ use hookinbox_tests::handlers::AlwaysPermanent;
 
 #[tokio::test]
 async fn the_sweeper_deletes_only_expired_rows_of_each_state_with_their_bodies() {
-    let env = TestEnv::new().await;
-    let ingest = env.ingest().await;
+    let (env, ingest) = TestEnv::with_ingest().await;
     for _ in 0..6 {
-        let hook = Hook::new("push", fixtures::own("push"));
+        let hook = Hook::fixture("push");
         assert_eq!(ingest.send(&hook).await.status, 202);
     }
     // Two completed, two dead letters (bodies parked), two left processing.
@@ -75,22 +74,16 @@ async fn ids_by_status(env: &TestEnv, status: &str) -> Vec<String> {
 
 #[tokio::test]
 async fn the_reaper_marks_only_abandoned_claims_lost_and_both_ways_out_complete() {
-    let env = TestEnv::new().await;
-    let ingest = env.ingest().await;
+    let (env, ingest) = TestEnv::with_ingest().await;
     let worker = env.store_worker().await;
-    let pool = hookinbox::postgres::pool(
-        &env.database_url,
-        1,
-        hookinbox::postgres::DEFAULT_REQUEST_TIMEOUT,
-    )
-    .expect("pool");
+    let pool = env.pool(1);
     let client = pool.get().await.expect("client");
 
     // A: its job message is still queued (it carries the token).
-    let a = Hook::new("push", fixtures::own("push"));
+    let a = Hook::fixture("push");
     assert_eq!(ingest.send(&a).await.status, 202);
     // B: its ingest died after the claim; no message exists.
-    let b = Hook::new("push", fixtures::own("push"));
+    let b = Hook::fixture("push");
     let sha: [u8; 32] = Sha256::digest(&b.body).into();
     let claim = deliveries::claim(
         &client,
@@ -106,14 +99,14 @@ async fn the_reaper_marks_only_abandoned_claims_lost_and_both_ways_out_complete(
     .expect("claim");
     assert!(matches!(claim, Claim::Claimed { .. }));
     // C: a live claim; D: expired only a moment ago.
-    let c = Hook::new("push", fixtures::own("push"));
-    let d = Hook::new("push", fixtures::own("push"));
+    let c = Hook::fixture("push");
+    let d = Hook::fixture("push");
     for h in [&c, &d] {
         assert_eq!(ingest.send(h).await.status, 202);
     }
     // E: a worker took it (installing its own token, which no message
     // carries) and died; its message went back to the queue.
-    let e = Hook::new("push", fixtures::own("push"));
+    let e = Hook::fixture("push");
     assert_eq!(ingest.send(&e).await.status, 202);
     let t0: uuid::Uuid = env
         .db

@@ -47,7 +47,7 @@ handler = {{ kind = "forward", url = "{}" }}
         .await;
 
     let to = |source: &str, secret: &str| {
-        let mut hook = Hook::new("push", fixtures::own("push")).signed_with(secret);
+        let mut hook = Hook::fixture("push").signed_with(secret);
         hook.path = format!("/webhooks/github/{source}");
         hook
     };
@@ -214,12 +214,12 @@ secrets = ["new-secret", "old-secret"]
     args.github_secret = None;
     args.config = Some(only_new.clone());
     let ingest = env.ingest_with(args.validate().expect("valid")).await;
-    let mut old = Hook::new("push", fixtures::own("push")).signed_with("old-secret");
+    let mut old = Hook::fixture("push").signed_with("old-secret");
     old.path = "/webhooks/github/main".to_owned();
     assert_eq!(ingest.send(&old).await.status, 401);
     let new = Hook {
         path: "/webhooks/github/main".to_owned(),
-        ..Hook::new("push", fixtures::own("push")).signed_with("new-secret")
+        ..Hook::fixture("push").signed_with("new-secret")
     };
     assert_eq!(ingest.send(&new).await.status, 202);
     let _ = std::fs::remove_file(both);
@@ -236,23 +236,17 @@ async fn rotation_any_secret_in_the_file_verifies() {
     args.github_secret = None;
     args.github_secret_file = Some(dir.clone());
     let ingest = env.ingest_with(args.validate().expect("valid")).await;
+    assert_eq!(ingest.send(&Hook::fixture("push")).await.status, 202);
     assert_eq!(
         ingest
-            .send(&Hook::new("push", fixtures::own("push")))
+            .send(&Hook::fixture("push").signed_with("new-secret"))
             .await
             .status,
         202
     );
     assert_eq!(
         ingest
-            .send(&Hook::new("push", fixtures::own("push")).signed_with("new-secret"))
-            .await
-            .status,
-        202
-    );
-    assert_eq!(
-        ingest
-            .send(&Hook::new("push", fixtures::own("push")).signed_with("retired"))
+            .send(&Hook::fixture("push").signed_with("retired"))
             .await
             .status,
         401

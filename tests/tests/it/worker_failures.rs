@@ -6,7 +6,7 @@ use std::time::Duration;
 use futures::StreamExt as _;
 use hookinbox::Job;
 use hookinbox::deliveries::ErrorClass;
-use hookinbox_tests::{Hook, TestEnv, fixtures};
+use hookinbox_tests::{Hook, TestEnv};
 use hookinbox_worker::JobOutcome;
 use hookinbox_worker::{Effect, Handler, HandlerError};
 
@@ -33,14 +33,13 @@ impl Handler for Hangs {
 
 #[tokio::test]
 async fn a_job_that_crashes_every_time_is_stopped_by_max_attempts_as_poison() {
-    let env = TestEnv::new().await;
-    let ingest = env.ingest().await;
+    let (env, ingest) = TestEnv::with_ingest().await;
     let mut args = env.worker_args();
     args.common.max_attempts = 3;
     let worker = env
         .worker_with(args.validate().expect("valid"), Arc::new(Panics))
         .await;
-    let hook = Hook::new("push", fixtures::own("push"));
+    let hook = Hook::fixture("push");
     assert_eq!(ingest.send(&hook).await.status, 202);
     let report = worker
         .drain()
@@ -74,14 +73,13 @@ async fn a_job_that_crashes_every_time_is_stopped_by_max_attempts_as_poison() {
 
 #[tokio::test]
 async fn a_handler_past_its_time_limit_is_cancelled_recorded_as_timeout_and_retried() {
-    let env = TestEnv::new().await;
-    let ingest = env.ingest().await;
+    let (env, ingest) = TestEnv::with_ingest().await;
     let mut args = env.worker_args();
     args.handler_timeout_ms = 300;
     let worker = env
         .worker_with(args.validate().expect("valid"), Arc::new(Hangs))
         .await;
-    let hook = Hook::new("push", fixtures::own("push"));
+    let hook = Hook::fixture("push");
     assert_eq!(ingest.send(&hook).await.status, 202);
     let report = tokio::time::timeout(Duration::from_secs(30), worker.drain())
         .await

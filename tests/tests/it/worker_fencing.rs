@@ -24,12 +24,7 @@ fn key(id: &str) -> DeliveryKey {
 #[tokio::test]
 async fn stale_worker_cannot_complete() {
     let env = TestEnv::new().await;
-    let pool = hookinbox::postgres::pool(
-        &env.database_url,
-        4,
-        hookinbox::postgres::DEFAULT_REQUEST_TIMEOUT,
-    )
-    .expect("pool");
+    let pool = env.pool(4);
     let policy = env.policy();
     let k = key("stale-1");
     let client = pool.get().await.expect("client");
@@ -139,15 +134,14 @@ impl Handler for Gated {
 
 #[tokio::test]
 async fn worker_whose_claim_was_taken_over_is_fenced_and_acks() {
-    let env = TestEnv::new().await;
-    let ingest = env.ingest().await;
+    let (env, ingest) = TestEnv::with_ingest().await;
     let gate = Arc::new(Gated {
         entered: Notify::new(),
         go: Notify::new(),
         first: std::sync::atomic::AtomicBool::new(true),
     });
     let worker = env.worker(gate.clone()).await;
-    let hook = Hook::new("push", fixtures::own("push"));
+    let hook = Hook::fixture("push");
     assert_eq!(ingest.send(&hook).await.status, 202);
     let draining = tokio::spawn(async move { worker.drain().await });
     gate.entered.notified().await;
@@ -209,7 +203,7 @@ async fn worker_killed_mid_job_is_finished_by_another_after_the_lease() {
         .spawn()
         .expect("worker starts");
 
-    let hook = Hook::new("push", fixtures::own("push"));
+    let hook = Hook::fixture("push");
     assert_eq!(ingest.send(&hook).await.status, 202);
     let db_name = env.db_name.clone();
     wait_until("the worker to block inside its effect", Duration::from_secs(20), || {
@@ -293,12 +287,7 @@ async fn taken(
 #[tokio::test]
 async fn a_batch_of_completions_fences_each_row_by_its_own_token() {
     let env = TestEnv::new().await;
-    let pool = hookinbox::postgres::pool(
-        &env.database_url,
-        2,
-        hookinbox::postgres::DEFAULT_REQUEST_TIMEOUT,
-    )
-    .expect("pool");
+    let pool = env.pool(2);
     let client = pool.get().await.expect("client");
     let event = || {
         Some(deliveries::StoredEvent {

@@ -23,8 +23,7 @@ async fn forward_worker(env: &TestEnv, url: &str, timeout_ms: u64) -> Worker {
 
 #[tokio::test]
 async fn every_fixture_is_forwarded_once_byte_identical_with_key_headers_and_signature() {
-    let env = TestEnv::new().await;
-    let ingest = env.ingest().await;
+    let (env, ingest) = TestEnv::with_ingest().await;
     let receiver = Receiver::ok().await;
     let worker = forward_worker(&env, &receiver.url, 5000).await;
     let mut sent = Vec::new();
@@ -69,8 +68,7 @@ async fn every_fixture_is_forwarded_once_byte_identical_with_key_headers_and_sig
 
 #[tokio::test]
 async fn each_answer_class_is_retried_or_dead_lettered_as_specified() {
-    let env = TestEnv::new().await;
-    let ingest = env.ingest().await;
+    let (env, ingest) = TestEnv::with_ingest().await;
     let date_in_3s = httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(3));
     // (scripted first answer, retried?)
     let cases: Vec<(Reply, bool)> = vec![
@@ -106,7 +104,7 @@ async fn each_answer_class_is_retried_or_dead_lettered_as_specified() {
     ];
     let mut hooks = Vec::new();
     for _ in &cases {
-        let hook = Hook::new("push", fixtures::own("push"));
+        let hook = Hook::fixture("push");
         assert_eq!(ingest.send(&hook).await.status, 202);
         hooks.push(hook);
     }
@@ -189,8 +187,7 @@ async fn each_answer_class_is_retried_or_dead_lettered_as_specified() {
 
 #[tokio::test]
 async fn a_refused_connection_is_transient() {
-    let env = TestEnv::new().await;
-    let ingest = env.ingest().await;
+    let (env, ingest) = TestEnv::with_ingest().await;
     let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let url = format!(
         "http://127.0.0.1:{}/hook",
@@ -198,13 +195,7 @@ async fn a_refused_connection_is_transient() {
     );
     drop(closed);
     let worker = forward_worker(&env, &url, 1000).await;
-    assert_eq!(
-        ingest
-            .send(&Hook::new("push", fixtures::own("push")))
-            .await
-            .status,
-        202
-    );
+    assert_eq!(ingest.send(&Hook::fixture("push")).await.status, 202);
     let report = worker.drain().await.expect("drain");
     assert_eq!(
         report.outcomes,

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use hookinbox::deliveries::ErrorClass;
 use hookinbox_tests::handlers::Scripted;
-use hookinbox_tests::{Hook, TestEnv, fixtures, settle};
+use hookinbox_tests::{Hook, TestEnv, settle};
 use hookinbox_worker::HandlerError;
 use hookinbox_worker::JobOutcome;
 
@@ -16,8 +16,7 @@ fn transient() -> HandlerError {
 
 #[tokio::test]
 async fn transient_three_times_then_ok_takes_four_attempts_with_growing_gaps_never_early() {
-    let env = TestEnv::new().await;
-    let ingest = env.ingest().await;
+    let (env, ingest) = TestEnv::with_ingest().await;
     let mut args = env.worker_args();
     args.retry_base_ms = 200;
     args.retry_max_ms = 5000;
@@ -25,13 +24,7 @@ async fn transient_three_times_then_ok_takes_four_attempts_with_growing_gaps_nev
     let worker = env
         .worker_with(args.validate().expect("valid"), handler.clone())
         .await;
-    assert_eq!(
-        ingest
-            .send(&Hook::new("push", fixtures::own("push")))
-            .await
-            .status,
-        202
-    );
+    assert_eq!(ingest.send(&Hook::fixture("push")).await.status, 202);
     let outcomes = settle(&env, &worker).await;
     let retried = JobOutcome::Failed {
         class: ErrorClass::Transient,
@@ -63,20 +56,13 @@ async fn transient_three_times_then_ok_takes_four_attempts_with_growing_gaps_nev
 
 #[tokio::test]
 async fn retry_after_from_the_handler_is_respected() {
-    let env = TestEnv::new().await;
-    let ingest = env.ingest().await;
+    let (env, ingest) = TestEnv::with_ingest().await;
     let handler = Scripted::new(vec![HandlerError::Transient {
         message: "429".into(),
         retry_after: Some(Duration::from_secs(2)),
     }]);
     let worker = env.worker(handler.clone()).await;
-    assert_eq!(
-        ingest
-            .send(&Hook::new("push", fixtures::own("push")))
-            .await
-            .status,
-        202
-    );
+    assert_eq!(ingest.send(&Hook::fixture("push")).await.status, 202);
     let outcomes = settle(&env, &worker).await;
     assert_eq!(outcomes.last(), Some(&JobOutcome::Completed));
     let calls = handler.calls();
@@ -91,21 +77,14 @@ async fn retry_after_from_the_handler_is_respected() {
 
 #[tokio::test]
 async fn exhausted_attempts_are_dead_lettered_as_max_attempts() {
-    let env = TestEnv::new().await;
-    let ingest = env.ingest().await;
+    let (env, ingest) = TestEnv::with_ingest().await;
     let mut args = env.worker_args();
     args.common.max_attempts = 3;
     let handler = Scripted::new((0..10).map(|_| transient()).collect());
     let worker = env
         .worker_with(args.validate().expect("valid"), handler.clone())
         .await;
-    assert_eq!(
-        ingest
-            .send(&Hook::new("push", fixtures::own("push")))
-            .await
-            .status,
-        202
-    );
+    assert_eq!(ingest.send(&Hook::fixture("push")).await.status, 202);
     let outcomes = settle(&env, &worker).await;
     assert_eq!(
         outcomes.last(),
@@ -130,8 +109,7 @@ async fn exhausted_attempts_are_dead_lettered_as_max_attempts() {
 
 #[tokio::test]
 async fn redelivery_during_a_backoff_is_a_duplicate_and_starts_no_job() {
-    let env = TestEnv::new().await;
-    let ingest = env.ingest().await;
+    let (env, ingest) = TestEnv::with_ingest().await;
     let mut args = env.worker_args();
     args.retry_base_ms = 60_000;
     args.retry_max_ms = 60_000;
@@ -141,7 +119,7 @@ async fn redelivery_during_a_backoff_is_a_duplicate_and_starts_no_job() {
             Scripted::new(vec![transient()]),
         )
         .await;
-    let hook = Hook::new("push", fixtures::own("push"));
+    let hook = Hook::fixture("push");
     assert_eq!(ingest.send(&hook).await.status, 202);
     worker.drain().await.expect("drain");
     let answer = ingest.send(&hook).await;
@@ -158,17 +136,10 @@ async fn redelivery_during_a_backoff_is_a_duplicate_and_starts_no_job() {
 
 #[tokio::test]
 async fn worker_killed_during_a_backoff_retries_once_after_restart() {
-    let env = TestEnv::new().await;
-    let ingest = env.ingest().await;
+    let (env, ingest) = TestEnv::with_ingest().await;
     let first = Scripted::new(vec![transient()]);
     let worker = env.worker(first.clone()).await;
-    assert_eq!(
-        ingest
-            .send(&Hook::new("push", fixtures::own("push")))
-            .await
-            .status,
-        202
-    );
+    assert_eq!(ingest.send(&Hook::fixture("push")).await.status, 202);
     worker.drain().await.expect("drain");
     drop(worker); // gone during the backoff; the retry lives in Postgres
     let restarted = Scripted::new(vec![]);

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hookinbox_tests::receiver::{Receiver, Reply};
-use hookinbox_tests::{Hook, TestEnv, bin, connect, fixtures, proxy::Proxy, settle, wait_until};
+use hookinbox_tests::{Hook, TestEnv, bin, connect, proxy::Proxy, settle, wait_until};
 use hookinbox_worker::JobOutcome;
 use hookinbox_worker::Store;
 use tokio_util::sync::CancellationToken;
@@ -56,8 +56,7 @@ async fn terminate(mut child: tokio::process::Child) {
 
 #[tokio::test]
 async fn sigterm_releases_unfinished_leases_and_leaves_messages_for_another_worker() {
-    let env = TestEnv::new().await;
-    let ingest = env.ingest().await;
+    let (env, ingest) = TestEnv::with_ingest().await;
     // A forward receiver that never answers in time: the job is stuck in
     // its handler, before any effect.
     let receiver = Receiver::start(|_, _| Reply {
@@ -72,7 +71,7 @@ async fn sigterm_releases_unfinished_leases_and_leaves_messages_for_another_work
             ("HOOKINBOX_FORWARD_URL", &receiver.url),
         ],
     );
-    let hook = Hook::new("push", fixtures::own("push"));
+    let hook = Hook::fixture("push");
     assert_eq!(ingest.send(&hook).await.status, 202);
     wait_until(
         "the job to wait in its handler",
@@ -107,8 +106,7 @@ async fn sigterm_releases_unfinished_leases_and_leaves_messages_for_another_work
 
 #[tokio::test]
 async fn sigterm_during_a_blocked_completion_exits_and_the_effect_still_happens_once() {
-    let env = TestEnv::new().await;
-    let ingest = env.ingest().await;
+    let (env, ingest) = TestEnv::with_ingest().await;
     let blocker = connect(&env.database_url).await;
     blocker
         .batch_execute("begin; lock table github_events in access exclusive mode")
@@ -117,7 +115,7 @@ async fn sigterm_during_a_blocked_completion_exits_and_the_effect_still_happens_
     // A short lease: the next worker waits it out if the abandoned
     // statement rolled back.
     let child = spawn_worker(&env, &[("HOOKINBOX_LEASE_SECS", "5")]);
-    let hook = Hook::new("push", fixtures::own("push"));
+    let hook = Hook::fixture("push");
     assert_eq!(ingest.send(&hook).await.status, 202);
     wait_until(
         "the completion to block on the lock",
@@ -148,8 +146,7 @@ async fn sigterm_during_a_blocked_completion_exits_and_the_effect_still_happens_
 
 #[tokio::test]
 async fn worker_holds_messages_while_postgres_is_unreachable_and_finishes_after() {
-    let env = TestEnv::new().await;
-    let ingest = env.ingest().await;
+    let (env, ingest) = TestEnv::with_ingest().await;
     let proxy = Proxy::start("127.0.0.1:5432").await;
     let mut args = env.worker_args();
     args.common.database_url = env.database_url_via(proxy.port());
@@ -163,7 +160,7 @@ async fn worker_holds_messages_while_postgres_is_unreachable_and_finishes_after(
         async move { worker.run(shutdown).await }
     });
     for _ in 0..3 {
-        let hook = Hook::new("push", fixtures::own("push"));
+        let hook = Hook::fixture("push");
         assert_eq!(ingest.send(&hook).await.status, 202);
     }
     // The worker takes the messages and holds them unacked.

@@ -126,6 +126,17 @@ impl FilterArgs {
     }
 }
 
+/// What the `list` commands take: the filters, and the output form.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ListArgs {
+    /// Filters.
+    #[command(flatten)]
+    pub filter: FilterArgs,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
 /// Operator subcommands of `hookinbox-worker`.
 #[derive(clap::Subcommand, Debug)]
 pub enum OpsCommand {
@@ -147,14 +158,7 @@ pub enum DeliveriesCommand {
     #[command(
         after_help = "Examples:\n  hookinbox-worker deliveries list --status failed --since 2h\n  hookinbox-worker deliveries list --event push --limit 20 --json"
     )]
-    List {
-        /// Filters.
-        #[command(flatten)]
-        filter: FilterArgs,
-        /// Print JSON instead of a table.
-        #[arg(long)]
-        json: bool,
-    },
+    List(ListArgs),
     /// Show every delivery with this X-GitHub-Delivery id.
     #[command(
         after_help = "Example:\n  hookinbox-worker deliveries show 72d3162e-cc78-11e3-81ab-4c9367dc0958"
@@ -175,14 +179,7 @@ pub enum DlqCommand {
     #[command(
         after_help = "Examples:\n  hookinbox-worker dlq list\n  hookinbox-worker dlq list --error-class permanent --since 1d --json"
     )]
-    List {
-        /// Filters.
-        #[command(flatten)]
-        filter: FilterArgs,
-        /// Print JSON instead of a table.
-        #[arg(long)]
-        json: bool,
-    },
+    List(ListArgs),
     /// Replay dead letters from their parked bodies: attempts back to 0,
     /// replays + 1. Atomic and idempotent: replaying one twice starts one job.
     #[command(
@@ -222,6 +219,19 @@ pub enum DlqCommand {
     },
 }
 
+/// `deliveries list` and (`dead`) `dlq list`.
+async fn list_rows(
+    pool: &deadpool_postgres::Pool,
+    list: &ListArgs,
+    dead: bool,
+    out: &mut impl Write,
+) -> Result<Found, OpsError> {
+    let client = pool.get().await.map_err(DbError::from)?;
+    let rows = deliveries::list(&client, &list.filter.filter(dead, None)).await?;
+    print_rows(out, &rows, list.json)?;
+    Ok(Found::from_count(rows.len()))
+}
+
 /// Runs one operator command, writing its report to `out`.
 pub async fn run(
     command: OpsCommand,
@@ -230,11 +240,8 @@ pub async fn run(
 ) -> Result<Found, OpsError> {
     let pool = config.common.pool_of(2)?;
     match command {
-        OpsCommand::Deliveries(DeliveriesCommand::List { filter, json }) => {
-            let client = pool.get().await.map_err(DbError::from)?;
-            let rows = deliveries::list(&client, &filter.filter(false, None)).await?;
-            print_rows(out, &rows, json)?;
-            Ok(Found::from_count(rows.len()))
+        OpsCommand::Deliveries(DeliveriesCommand::List(list)) => {
+            list_rows(&pool, &list, false, out).await
         }
         OpsCommand::Deliveries(DeliveriesCommand::Show { id, json }) => {
             let client = pool.get().await.map_err(DbError::from)?;
@@ -251,12 +258,7 @@ pub async fn run(
             }
             Ok(Found::from_count(rows.len()))
         }
-        OpsCommand::Dlq(DlqCommand::List { filter, json }) => {
-            let client = pool.get().await.map_err(DbError::from)?;
-            let rows = deliveries::list(&client, &filter.filter(true, None)).await?;
-            print_rows(out, &rows, json)?;
-            Ok(Found::from_count(rows.len()))
-        }
+        OpsCommand::Dlq(DlqCommand::List(list)) => list_rows(&pool, &list, true, out).await,
         OpsCommand::Dlq(DlqCommand::Replay {
             ids,
             all,
