@@ -37,11 +37,12 @@ ALLOWED = {
         "rotation": set(),
     },
     "worker": {
-        "cli": {"runtime", "ops", "handlers"},
-        "runtime": {"handlers", "maintenance", "context"},
+        "cli": {"runtime", "ops", "handlers", "reconcile"},
+        "runtime": {"handlers", "maintenance", "reconcile", "context"},
         "maintenance": {"context"},
         "ops": {"maintenance", "context"},
         "handlers": set(),
+        "reconcile": set(),
         "context": set(),
     },
 }

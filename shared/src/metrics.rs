@@ -53,6 +53,23 @@ pub const OLDEST_DUE_RETRY_SECONDS: &str = "hookinbox_oldest_due_retry_age_secon
 pub const QUEUE_MESSAGES: &str = "hookinbox_queue_messages";
 /// Consumers by `queue`.
 pub const QUEUE_CONSUMERS: &str = "hookinbox_queue_consumers";
+/// Reconciler passes by `source` and `outcome` (complete, incomplete,
+/// busy: another worker leads).
+pub const RECONCILE_RUNS: &str = "hookinbox_reconcile_runs_total";
+/// Redeliveries the reconciler asked for, by `source` and `result`
+/// (accepted, refused, failed).
+pub const RECONCILE_REDELIVERIES: &str = "hookinbox_reconcile_redeliveries_total";
+/// Deliveries GitHub saw fail that hookinbox completed or held (answered
+/// too late), by `source`.
+pub const RECONCILE_LATE_ANSWERS: &str = "hookinbox_reconcile_late_answers_total";
+/// Deliveries GitHub saw succeed that hookinbox holds no row of, by
+/// `source`: a data-loss alarm.
+pub const RECONCILE_UNEXPLAINED: &str = "hookinbox_reconcile_unexplained_total";
+/// When a reconciler pass of `source` last completed (Unix seconds).
+pub const RECONCILE_LAST_SUCCESS: &str = "hookinbox_reconcile_last_success_timestamp_seconds";
+/// GitHub's `x-ratelimit-remaining` as the reconciler last saw it, by
+/// `source`.
+pub const GITHUB_RATE_LIMIT_REMAINING: &str = "hookinbox_github_rate_limit_remaining";
 /// 1 on the worker that samples the gauges above, 0 elsewhere.
 pub const SAMPLER_LEADER: &str = "hookinbox_sampler_leader";
 
@@ -241,6 +258,28 @@ fn describe() {
     describe_gauge!(QUEUE_MESSAGES, "Ready messages by queue");
     describe_gauge!(QUEUE_CONSUMERS, "Consumers by queue");
     describe_gauge!(SAMPLER_LEADER, "1 on the worker sampling the state gauges");
+    describe_counter!(RECONCILE_RUNS, "Reconciler passes by source and outcome");
+    describe_counter!(
+        RECONCILE_REDELIVERIES,
+        "Redeliveries asked of GitHub by source and result"
+    );
+    describe_counter!(
+        RECONCILE_LATE_ANSWERS,
+        "Deliveries GitHub saw fail that hookinbox completed or held"
+    );
+    describe_counter!(
+        RECONCILE_UNEXPLAINED,
+        "Deliveries GitHub saw succeed that hookinbox holds no row of"
+    );
+    describe_gauge!(
+        RECONCILE_LAST_SUCCESS,
+        Unit::Seconds,
+        "When a reconciler pass last completed, by source"
+    );
+    describe_gauge!(
+        GITHUB_RATE_LIMIT_REMAINING,
+        "GitHub API requests left in the rate-limit window, by source"
+    );
 }
 
 /// What `/readyz` found: whether this process can do its work now, and

@@ -7,6 +7,7 @@
 //! with sleeps.
 
 pub mod fixtures;
+pub mod github;
 pub mod handlers;
 pub mod proxy;
 pub mod receiver;
@@ -362,19 +363,34 @@ pub async fn settle(env: &TestEnv, worker: &Worker) -> Vec<hookinbox_worker::Job
 /// Runs a `hookinbox-worker` subcommand against this test's database and
 /// queues; returns the exit code and standard output.
 pub fn worker_cli(env: &TestEnv, args: &[&str]) -> (i32, String) {
-    let out = std::process::Command::new(bin("hookinbox-worker"))
-        .args(args)
-        .env("DATABASE_URL", &env.database_url)
-        .env("AMQP_URL", amqp_url())
-        .env("HOOKINBOX_QUEUE_PREFIX", &env.prefix)
-        .env("HOOKINBOX_AUTO_MIGRATE", "false")
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("runs");
+    let out = worker_command(env, args, &[]).output().expect("runs");
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
     )
+}
+
+/// The command of a `hookinbox-worker` subcommand against this test's
+/// database and queues, with `extra` variables, and nothing else from the
+/// test's own environment.
+pub fn worker_command(
+    env: &TestEnv,
+    args: &[&str],
+    extra: &[(&str, &str)],
+) -> std::process::Command {
+    let mut cmd = std::process::Command::new(bin("hookinbox-worker"));
+    cmd.args(args)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("DATABASE_URL", &env.database_url)
+        .env("AMQP_URL", amqp_url())
+        .env("HOOKINBOX_QUEUE_PREFIX", &env.prefix)
+        .env("HOOKINBOX_AUTO_MIGRATE", "false")
+        .env("RUST_LOG", "warn");
+    for (k, v) in extra {
+        cmd.env(k, v);
+    }
+    cmd
 }
 
 /// Connects a plain client, driving its connection in the background.

@@ -4,15 +4,18 @@
 //!
 //! Exit codes: 0 done, 1 nothing matched, 2 usage or connection error.
 
+use std::io::Write;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use hookinbox::config::WorkerArgs;
+use hookinbox::config::{WorkerArgs, WorkerConfig, parse_duration_text};
 use hookinbox::telemetry::LogArgs;
 
 use crate::ops::OpsCommand;
+use crate::reconcile::{self, PassOptions};
 use crate::{Worker, handlers, ops};
 
 /// Runs hookinbox jobs (take the claim, run the effect, complete fenced),
@@ -42,8 +45,37 @@ enum Command {
     /// Exit 0 if this host's metrics listener answers /healthz (for
     /// container health checks).
     Healthcheck,
+    /// One reconciler pass per source that names a GitHub hook: read the
+    /// hook's delivery log and ask GitHub to redeliver what it saw fail
+    /// and hookinbox never took. Exits 0 when every pass completed.
+    #[command(
+        after_help = "Examples:\n  hookinbox-worker reconcile\n  hookinbox-worker reconcile --source main --dry-run --json\n  hookinbox-worker reconcile --since 6h"
+    )]
+    Reconcile(ReconcileArgs),
     #[command(flatten)]
     Ops(OpsCommand),
+}
+
+/// `reconcile …`
+#[derive(clap::Args)]
+struct ReconcileArgs {
+    /// Only this source.
+    #[arg(long)]
+    source: Option<String>,
+    /// List what would be redelivered; change nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// One JSON object per source.
+    #[arg(long)]
+    json: bool,
+    /// Walk back this far (e.g. 6h) instead of to the watermark; at most
+    /// GitHub's log (3 days, 7 on GitHub Enterprise Server).
+    #[arg(long, value_parser = parse_duration_text)]
+    since: Option<Duration>,
+    /// The longest wait for GitHub's rate limit, or for another worker's
+    /// pass of the same source, before giving up.
+    #[arg(long, value_parser = parse_duration_text, default_value = "2m")]
+    max_wait: Duration,
 }
 
 impl Cli {
@@ -90,6 +122,7 @@ impl Cli {
                 println!("applied {applied} migration(s)");
                 Ok(0)
             }
+            Command::Reconcile(args) => reconcile_once(&config, &args).await,
             Command::Ops(command) => {
                 let found = ops::run(command, &config, &mut std::io::stdout().lock())
                     .await
@@ -109,4 +142,72 @@ impl Cli {
             }
         }
     }
+}
+
+/// `reconcile`: one pass per selected source, each printed as it ends.
+/// 0 when every pass completed; otherwise 2, naming each failure.
+async fn reconcile_once(config: &WorkerConfig, args: &ReconcileArgs) -> anyhow::Result<u8> {
+    let targets: Vec<_> = config
+        .reconcile
+        .iter()
+        .filter(|t| {
+            args.source
+                .as_deref()
+                .is_none_or(|s| t.source.as_str() == s)
+        })
+        .collect();
+    if targets.is_empty() {
+        anyhow::bail!(match &args.source {
+            Some(source) => format!("source '{source}' names no GitHub hook to reconcile"),
+            None => "no source names a GitHub hook to reconcile: set HOOKINBOX_RECONCILE_HOOK \
+                     (or a [sources.github] table in HOOKINBOX_CONFIG)"
+                .to_owned(),
+        });
+    }
+    let pool = config.common.pool_of(4)?;
+    let options = PassOptions {
+        dry_run: args.dry_run,
+        since: args.since,
+        max_wait: args.max_wait,
+    };
+    let mut failures = Vec::new();
+    for target in targets {
+        match reconcile::run(&pool, target, config, &options, Some(args.max_wait)).await {
+            Ok(report) => print_report(&report, args.json)?,
+            Err(e) => failures.push(format!("source '{}': {e}", target.source)),
+        }
+    }
+    if failures.is_empty() {
+        return Ok(0);
+    }
+    for failure in &failures {
+        eprintln!("Error: reconcile did not complete for {failure}");
+    }
+    Ok(2)
+}
+
+fn print_report(report: &reconcile::Report, json: bool) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    if json {
+        writeln!(out, "{}", serde_json::to_string(report)?)?;
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "{} ({}): scanned {}, redelivered {}, late {}, unexplained {}, capped {}, skipped {}, refused {}{}",
+        report.source,
+        report.hook,
+        report.scanned,
+        report.redelivered,
+        report.late,
+        report.unexplained,
+        report.capped,
+        report.skipped,
+        report.refused,
+        if report.dry_run { " (dry run)" } else { "" },
+    )?;
+    for guid in &report.would_redeliver {
+        writeln!(out, "  would redeliver {guid}")?;
+    }
+    Ok(())
 }

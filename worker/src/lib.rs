@@ -27,17 +27,21 @@
 //! - `handlers`: [`Handler`], [`Effect`], [`Store`], [`Forward`], and the
 //!   per-source [`Router`].
 //! - `ops`: the operator commands (`deliveries`, `dlq`, `sweep`).
+//! - [`reconcile`]: the reconciler: GitHub's delivery log against what
+//!   hookinbox holds, and redeliveries of what it never took.
 //!
-//! Inside this crate: `cli` uses `runtime` and `ops`; `runtime` uses
-//! `handlers`, `maintenance` and `context`; `maintenance` uses `context`;
-//! `ops` uses `maintenance` and `context`; `handlers` uses nothing of this
-//! crate. It never uses `hookinbox-ingest`.
+//! Inside this crate: `cli` uses `runtime`, `ops`, `handlers` and
+//! `reconcile`; `runtime` uses `handlers`, `maintenance`, `reconcile` and
+//! `context`; `maintenance` uses `context`; `ops` uses `maintenance` and
+//! `context`; `handlers` and `reconcile` use nothing of this crate. It
+//! never uses `hookinbox-ingest`.
 
 mod cli;
 mod context;
 mod handlers;
 mod maintenance;
 pub mod ops;
+pub mod reconcile;
 mod runtime;
 
 pub use cli::Cli;

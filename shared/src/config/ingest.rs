@@ -162,8 +162,9 @@ impl IngestArgs {
                         .split(',')
                         .filter(|e| !e.trim().is_empty()),
                 )?,
-                // Ingest does not run handlers.
+                // Ingest does not run handlers nor reconcile.
                 handler: HandlerConfig::Store,
+                github: None,
             }],
         };
         Ok(IngestConfig {

@@ -18,18 +18,23 @@ use crate::broker::{DEFAULT_PUBLISH_WINDOW, Publisher, Topology};
 use crate::deliveries::Policy;
 use crate::postgres::{DEFAULT_REQUEST_TIMEOUT, DbError};
 
+mod github;
 mod ingest;
 mod secrets;
 mod sources;
 mod worker;
 
+pub use github::{
+    DEFAULT_API_URL, DEFAULT_INTERVAL_SECS, DEFAULT_MAX_REDELIVERIES, DEFAULT_MIN_AGE_SECS,
+    DEFAULT_PER_SECOND, GithubAuth, GithubSettings, HookKind, IdValue, Reconcile,
+};
 pub use ingest::{IngestArgs, IngestConfig};
 pub use secrets::{inline_secret, load_secrets, secrets_from_lines};
 pub use sources::{
     DEFAULT_FORWARD_TIMEOUT, EventFilter, ForwardConfig, HandlerConfig, Source, from_file,
     from_toml, parse_forward_url,
 };
-pub use worker::{HandlerKind, MIN_COMPLETED_RETENTION, WorkerArgs, WorkerConfig};
+pub use worker::{HandlerKind, MIN_COMPLETED_RETENTION, ReconcileTarget, WorkerArgs, WorkerConfig};
 
 /// A setting that makes a binary refuse to start. The message names the
 /// variable and never contains a secret.

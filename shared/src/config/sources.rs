@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::ConfigError;
 use super::secrets::{inline_secret, read, secrets_from_lines};
+use super::{ConfigError, GithubSettings};
 use crate::key::{EventName, HookId, SourceName};
 use crate::signature::{Secret, Secrets};
 
@@ -127,6 +127,10 @@ pub struct Source {
     pub events: EventFilter,
     /// Which handler runs its deliveries.
     pub handler: HandlerConfig,
+    /// The GitHub hook it receives from, for the reconciler, as given: the
+    /// worker validates it and reads its credentials
+    /// ([`GithubSettings::load`]); ingest has no use for it.
+    pub github: Option<GithubSettings>,
 }
 
 impl Source {
@@ -161,6 +165,7 @@ struct FileSource {
     events: Vec<String>,
     #[serde(default)]
     handler: FileHandler,
+    github: Option<GithubSettings>,
 }
 
 #[derive(Deserialize)]
@@ -311,6 +316,7 @@ pub fn from_toml(text: &str) -> Result<Vec<Source>, ConfigError> {
             hook_ids,
             events,
             handler,
+            github: raw.github,
         });
     }
     Ok(sources)

@@ -9,8 +9,9 @@ use std::time::Duration;
 use clap::builder::BoolishValueParser;
 
 use super::{
-    CommonArgs, CommonConfig, ConfigError, DEFAULT_FORWARD_TIMEOUT, ForwardConfig, HandlerConfig,
-    at_least_one, from_file, inline_secret, invalid, parse_duration, parse_forward_url,
+    CommonArgs, CommonConfig, ConfigError, DEFAULT_FORWARD_TIMEOUT, EventFilter, ForwardConfig,
+    GithubSettings, HandlerConfig, IdValue, Reconcile, at_least_one, from_file, inline_secret,
+    invalid, parse_duration, parse_forward_url,
 };
 use crate::key::SourceName;
 use crate::retry::RetryPolicy;
@@ -151,6 +152,100 @@ pub struct WorkerArgs {
     )]
     pub retry_max_ms: u64,
 
+    /// Comma-separated events the default source takes (as ingest's
+    /// setting of the same name); the reconciler leaves the others alone.
+    #[arg(
+        long,
+        env = "HOOKINBOX_ALLOWED_EVENTS",
+        value_name = "HOOKINBOX_ALLOWED_EVENTS",
+        default_value = ""
+    )]
+    pub allowed_events: String,
+
+    /// The default source's GitHub hook, for the reconciler:
+    /// `repo:OWNER/REPO/HOOK_ID`, `org:ORG/HOOK_ID` or `app`. Unset: no
+    /// reconciling.
+    #[arg(
+        long,
+        env = "HOOKINBOX_RECONCILE_HOOK",
+        value_name = "HOOKINBOX_RECONCILE_HOOK"
+    )]
+    pub reconcile_hook: Option<String>,
+
+    /// GitHub's API base URL (default `https://api.github.com`; GitHub
+    /// Enterprise Server: `https://HOST/api/v3`).
+    #[arg(
+        long,
+        env = "HOOKINBOX_GITHUB_API_URL",
+        value_name = "HOOKINBOX_GITHUB_API_URL"
+    )]
+    pub github_api_url: Option<String>,
+
+    /// A file holding the token that reads the hook's deliveries.
+    #[arg(
+        long,
+        env = "HOOKINBOX_GITHUB_TOKEN_FILE",
+        value_name = "HOOKINBOX_GITHUB_TOKEN_FILE"
+    )]
+    pub github_token_file: Option<PathBuf>,
+
+    /// A GitHub App's id, instead of a token.
+    #[arg(
+        long,
+        env = "HOOKINBOX_GITHUB_APP_ID",
+        value_name = "HOOKINBOX_GITHUB_APP_ID"
+    )]
+    pub github_app_id: Option<String>,
+
+    /// The App's private key (a PEM file).
+    #[arg(
+        long,
+        env = "HOOKINBOX_GITHUB_APP_KEY_FILE",
+        value_name = "HOOKINBOX_GITHUB_APP_KEY_FILE"
+    )]
+    pub github_app_key_file: Option<PathBuf>,
+
+    /// The App's installation that reads a repository or organization hook.
+    #[arg(
+        long,
+        env = "HOOKINBOX_GITHUB_INSTALLATION_ID",
+        value_name = "HOOKINBOX_GITHUB_INSTALLATION_ID"
+    )]
+    pub github_installation_id: Option<String>,
+
+    /// Seconds between reconciler passes (default 300).
+    #[arg(
+        long,
+        env = "HOOKINBOX_RECONCILE_INTERVAL_SECS",
+        value_name = "HOOKINBOX_RECONCILE_INTERVAL_SECS"
+    )]
+    pub reconcile_interval_secs: Option<u64>,
+
+    /// Redeliveries asked for one delivery across all passes (default 3).
+    #[arg(
+        long,
+        env = "HOOKINBOX_RECONCILE_MAX_REDELIVERIES",
+        value_name = "HOOKINBOX_RECONCILE_MAX_REDELIVERIES"
+    )]
+    pub reconcile_max_redeliveries: Option<u32>,
+
+    /// Seconds a delivery must be old before it is judged (default 300: it
+    /// may still be in flight).
+    #[arg(
+        long,
+        env = "HOOKINBOX_RECONCILE_MIN_AGE_SECS",
+        value_name = "HOOKINBOX_RECONCILE_MIN_AGE_SECS"
+    )]
+    pub reconcile_min_age_secs: Option<u64>,
+
+    /// Redeliveries asked per second at most (default 1).
+    #[arg(
+        long,
+        env = "HOOKINBOX_RECONCILE_PER_SECOND",
+        value_name = "HOOKINBOX_RECONCILE_PER_SECOND"
+    )]
+    pub reconcile_per_second: Option<f64>,
+
     /// How long completed deliveries are kept (e.g. `30d`). At least 7 days:
     /// GitHub redelivers for 3 days (7 on GHES).
     #[arg(
@@ -226,6 +321,19 @@ pub struct WorkerConfig {
     pub scheduler_interval: Duration,
     /// The handler of each configured source.
     pub handlers: Arc<BTreeMap<SourceName, HandlerConfig>>,
+    /// The sources that name a GitHub hook to reconcile.
+    pub reconcile: Arc<Vec<ReconcileTarget>>,
+}
+
+/// A source the reconciler reads GitHub's delivery log for.
+#[derive(Clone, Debug)]
+pub struct ReconcileTarget {
+    /// The source.
+    pub source: SourceName,
+    /// The events it takes: the reconciler leaves the others alone.
+    pub events: EventFilter,
+    /// The hook, the credentials and the pace.
+    pub settings: Reconcile,
 }
 
 /// The shortest completed retention accepted without consent: GitHub lets
@@ -234,8 +342,25 @@ pub struct WorkerConfig {
 pub const MIN_COMPLETED_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 
 impl WorkerArgs {
+    /// The default source's GitHub settings, from the variables.
+    fn github_settings(&self) -> GithubSettings {
+        GithubSettings {
+            reconcile_hook: self.reconcile_hook.clone(),
+            github_api_url: self.github_api_url.clone(),
+            github_token_file: self.github_token_file.clone(),
+            github_app_id: self.github_app_id.clone().map(IdValue::Text),
+            github_app_key_file: self.github_app_key_file.clone(),
+            github_installation_id: self.github_installation_id.clone().map(IdValue::Text),
+            reconcile_interval_secs: self.reconcile_interval_secs,
+            reconcile_max_redeliveries: self.reconcile_max_redeliveries,
+            reconcile_min_age_secs: self.reconcile_min_age_secs,
+            reconcile_per_second: self.reconcile_per_second,
+        }
+    }
+
     /// Checks every setting.
     pub fn validate(self) -> Result<WorkerConfig, ConfigError> {
+        let github = self.github_settings();
         let common = self.common.validate()?;
         if self.retry_max_ms < self.retry_base_ms {
             return Err(invalid(
@@ -254,11 +379,36 @@ impl WorkerArgs {
         }
         let retention_failed =
             parse_duration("HOOKINBOX_RETENTION_FAILED", &self.retention_failed)?;
-        let handlers: BTreeMap<SourceName, HandlerConfig> = match &self.config {
-            Some(path) => from_file(path)?
-                .into_iter()
-                .map(|s| (s.name, s.handler))
-                .collect(),
+        let (handlers, reconcile) = match &self.config {
+            Some(path) => {
+                if !github.is_empty() {
+                    return Err(invalid(
+                        "HOOKINBOX_CONFIG",
+                        "defines each source's GitHub hook in its [sources.github] table; unset \
+                         HOOKINBOX_RECONCILE_HOOK and the other HOOKINBOX_GITHUB_* settings",
+                    ));
+                }
+                let mut handlers = BTreeMap::new();
+                let mut reconcile = Vec::new();
+                for (i, source) in from_file(path)?.into_iter().enumerate() {
+                    let name = |key: &str| format!("sources[{i}].github.{key}");
+                    if let Some(settings) = source
+                        .github
+                        .as_ref()
+                        .map(|g| g.load(&name))
+                        .transpose()?
+                        .flatten()
+                    {
+                        reconcile.push(ReconcileTarget {
+                            source: source.name.clone(),
+                            events: source.events.clone(),
+                            settings,
+                        });
+                    }
+                    handlers.insert(source.name, source.handler);
+                }
+                (handlers, reconcile)
+            }
             None => {
                 let handler = match self.handler {
                     HandlerKind::Store => HandlerConfig::Store,
@@ -280,13 +430,29 @@ impl WorkerArgs {
                         })
                     }
                 };
-                [(SourceName::default_source(), handler)]
+                let name = |key: &str| format!("HOOKINBOX_{}", key.to_uppercase());
+                let reconcile = match github.load(&name)? {
+                    None => Vec::new(),
+                    Some(settings) => vec![ReconcileTarget {
+                        source: SourceName::default_source(),
+                        events: EventFilter::parse(
+                            "HOOKINBOX_ALLOWED_EVENTS",
+                            self.allowed_events
+                                .split(',')
+                                .filter(|e| !e.trim().is_empty()),
+                        )?,
+                        settings,
+                    }],
+                };
+                let handlers = [(SourceName::default_source(), handler)]
                     .into_iter()
-                    .collect()
+                    .collect();
+                (handlers, reconcile)
             }
         };
         Ok(WorkerConfig {
             handlers: Arc::new(handlers),
+            reconcile: Arc::new(reconcile),
             retry: RetryPolicy {
                 base: Duration::from_millis(self.retry_base_ms),
                 max: Duration::from_millis(self.retry_max_ms),

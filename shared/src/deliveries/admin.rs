@@ -169,6 +169,9 @@ pub struct Filter {
     pub status: Option<Status>,
     /// Only dead letters (failed and not retryable).
     pub dead: bool,
+    /// Only claims hookinbox cannot finish on its own: no body, no job
+    /// (see [`super::Held::AwaitingRedelivery`]).
+    pub awaiting_redelivery: bool,
     /// Only this source.
     pub source: Option<String>,
     /// Only this event.
@@ -200,6 +203,9 @@ where ($1::text is null or status = $1)
        or greatest(created_at, failed_at, completed_at) >= now() - make_interval(secs => $6))
   and ($7::text[] is null or delivery_id = any($7))
   and ($9::float8 is null or failed_at < now() - make_interval(secs => $9))
+  and (not $10 or ",
+    awaiting_redelivery!("deliveries"),
+    ")
 order by greatest(created_at, failed_at, completed_at) desc
 limit $8"
 );
@@ -223,6 +229,7 @@ pub async fn list(client: &impl GenericClient, filter: &Filter) -> Result<Vec<De
                 &filter.ids,
                 &filter.limit,
                 &filter.failed_before.map(secs),
+                &filter.awaiting_redelivery,
             ],
         )
         .await?;

@@ -10,6 +10,7 @@
 //! | [`schedule`](self::schedule) | scheduler, reaper | `schedule_due`, `reschedule`, `exhaust_due`, `needing_copy`, `dead_letter_unreadable`, `reap` |
 //! | [`retention`](self::retention) | sweeper, operators | `sweep`, `purge_dead` |
 //! | [`admin`](self::admin) | operators | `get`, `list`, `replay`, `unreplay` |
+//! | [`reconcile`](self::reconcile) | the reconciler | `held` (reads only) |
 //!
 //! `parked` holds the parked-body form of a job, `row` reads rows back into
 //! nouns, and `group_commit` starts the collectors that batch claims, takes
@@ -161,11 +162,42 @@ macro_rules! delivery_columns {
     };
 }
 
+/// A row hookinbox cannot finish on its own, so that only a redelivery from
+/// GitHub can: no body parked, and either reaped `lost` or an untaken claim
+/// whose lease expired (its ingest died between the claim and the publish).
+/// A boolean expression over the alias `$t`.
+macro_rules! awaiting_redelivery {
+    ($t:literal) => {
+        concat!(
+            "(not exists (select 1 from parked_bodies p where p.provider = ",
+            $t,
+            ".provider and p.source = ",
+            $t,
+            ".source and p.hook_id = ",
+            $t,
+            ".hook_id and p.delivery_id = ",
+            $t,
+            ".delivery_id) and ((",
+            $t,
+            ".status = 'failed' and ",
+            $t,
+            ".last_error_class = 'lost') or (",
+            $t,
+            ".status = 'processing' and ",
+            $t,
+            ".attempts = 0 and ",
+            $t,
+            ".lease_until < now())))"
+        )
+    };
+}
+
 mod admin;
 mod claim;
 mod complete;
 pub mod group_commit;
 mod parked;
+mod reconcile;
 mod retention;
 mod row;
 mod schedule;
@@ -177,6 +209,7 @@ pub use complete::{
     Completing, StoredEvent, complete, complete_batch, fail, mark_dead_lettered, store_event,
 };
 pub use parked::{Parked, ParkedBody, Unreadable};
+pub use reconcile::{Held, held};
 pub use retention::{Swept, purge_dead, sweep};
 pub use schedule::{
     dead_letter_unreadable, exhaust_due, needing_copy, reap, reschedule, schedule_due,

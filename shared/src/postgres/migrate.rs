@@ -33,6 +33,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "0003_lz4_payloads.sql",
         sql: include_str!("../../migrations/0003_lz4_payloads.sql"),
     },
+    Migration {
+        version: 4,
+        name: "0004_reconcile.sql",
+        sql: include_str!("../../migrations/0004_reconcile.sql"),
+    },
 ];
 
 /// Applies every pending migration and returns how many it applied.

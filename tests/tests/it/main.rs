@@ -13,6 +13,7 @@ mod observability;
 mod operator_cli;
 mod outages;
 mod plans;
+mod reconciler;
 mod retention;
 mod settings;
 mod sources;

@@ -75,12 +75,38 @@ impl Found {
     }
 }
 
+/// `--status`: a stored status, or the claims awaiting a redelivery from
+/// GitHub.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StatusFilter {
+    /// `processing`, `completed` or `failed`.
+    Is(Status),
+    /// `awaiting_redelivery`: claims with no body and no job, which only a
+    /// redelivery from GitHub finishes (the reconciler asks for it).
+    AwaitingRedelivery,
+}
+
+impl std::str::FromStr for StatusFilter {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s == "awaiting_redelivery" {
+            return Ok(Self::AwaitingRedelivery);
+        }
+        s.parse().map(Self::Is).map_err(|_| {
+            "status is one of processing, completed, failed, awaiting_redelivery".to_owned()
+        })
+    }
+}
+
 /// Filters shared by the listing commands.
 #[derive(clap::Args, Clone, Debug)]
 pub struct FilterArgs {
-    /// Only this status: processing, completed or failed.
+    /// Only this status: processing, completed, failed, or
+    /// awaiting_redelivery (claims with no body and no job, which only a
+    /// redelivery from GitHub can finish).
     #[arg(long)]
-    pub status: Option<Status>,
+    pub status: Option<StatusFilter>,
     /// Only this source.
     #[arg(long)]
     pub source: Option<String>,
@@ -101,7 +127,11 @@ pub struct FilterArgs {
 impl FilterArgs {
     fn filter(&self, dead: bool, ids: Option<Vec<String>>) -> Filter {
         Filter {
-            status: self.status,
+            status: match self.status {
+                Some(StatusFilter::Is(status)) => Some(status),
+                _ => None,
+            },
+            awaiting_redelivery: self.status == Some(StatusFilter::AwaitingRedelivery),
             dead,
             source: self.source.clone(),
             event: self.event.clone(),
@@ -227,8 +257,17 @@ async fn list_rows(
     out: &mut impl Write,
 ) -> Result<Found, OpsError> {
     let client = pool.get().await.map_err(DbError::from)?;
-    let rows = deliveries::list(&client, &list.filter.filter(dead, None)).await?;
+    let filter = list.filter.filter(dead, None);
+    let rows = deliveries::list(&client, &filter).await?;
     print_rows(out, &rows, list.json)?;
+    if filter.awaiting_redelivery && !list.json && !rows.is_empty() {
+        writeln!(
+            out,
+            "{} claim(s) with no body and no job here: awaiting redelivery from GitHub \
+             (the reconciler asks for it: hookinbox-worker reconcile)",
+            rows.len()
+        )?;
+    }
     Ok(Found::from_count(rows.len()))
 }
 

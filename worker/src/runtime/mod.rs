@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::context::{Context, RuntimeError};
 use crate::handlers::Handler;
-use crate::maintenance;
+use crate::{maintenance, reconcile};
 
 mod dead_letter;
 mod drain;
@@ -179,6 +179,13 @@ impl Worker {
             let stop = maintenance_stop.clone();
             async move { maintenance::maintain(&worker.inner, stop).await }
         });
+        // GitHub's delivery logs, read beside the jobs (nothing to do when
+        // no source names a hook).
+        let reconciler = tokio::spawn(reconcile::periodically(
+            self.inner.pool.clone(),
+            self.inner.config.clone(),
+            maintenance_stop.clone(),
+        ));
         let mut connections = Vec::new();
         while !shutdown.is_cancelled() {
             let (connection, channel, mut consumer) = match self.consume().await {
@@ -246,6 +253,7 @@ impl Worker {
         }
         maintenance_stop.cancel();
         let _ = maintenance.await;
+        let _ = reconciler.await;
         // Closing the connection returns every unacked message to the queue.
         for connection in connections {
             let _ = connection.close(200, "shutdown").await;

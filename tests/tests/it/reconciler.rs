@@ -1,0 +1,671 @@
+//! The reconciler against a local fake of GitHub's delivery API
+//! (`hookinbox_tests::github`): every delivery GitHub sent and hookinbox
+//! never durably took is brought back, once, with no human in the loop.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use chrono::Utc;
+use hookinbox_tests::github::{self, FakeGithub, Fault, HookPath};
+use hookinbox_tests::{
+    Hook, SECRET, TestEnv, TestIngest, fixtures, free_port, settle, worker_command,
+};
+use serde_json::Value;
+
+const TOKEN: &str = "ghp_reconciler_test_token";
+/// The hook id `Hook::new` sends, and the fake's repository hook.
+const HOOK_ID: u64 = 123456;
+
+/// A test's fake GitHub, with one repository hook pointed at `target`.
+struct Github {
+    fake: FakeGithub,
+    hook: usize,
+    token_file: PathBuf,
+}
+
+impl Github {
+    fn start(env: &TestEnv, target: String) -> Self {
+        let fake = FakeGithub::start(TOKEN);
+        let hook = fake.add_hook(github::Hook {
+            path: HookPath::Repo {
+                owner: "acme".into(),
+                repo: "widgets".into(),
+                id: HOOK_ID,
+            },
+            hook_id: HOOK_ID.to_string(),
+            target,
+            secret: SECRET.to_owned(),
+        });
+        let token_file = std::env::temp_dir().join(format!("{}-github-token", env.prefix));
+        std::fs::write(&token_file, format!("{TOKEN}\n")).expect("token file");
+        Self {
+            fake,
+            hook,
+            token_file,
+        }
+    }
+
+    /// The variables that point the default source's reconciler at the fake.
+    fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            (
+                "HOOKINBOX_RECONCILE_HOOK",
+                format!("repo:acme/widgets/{HOOK_ID}"),
+            ),
+            ("HOOKINBOX_GITHUB_API_URL", self.fake.base.clone()),
+            (
+                "HOOKINBOX_GITHUB_TOKEN_FILE",
+                self.token_file.to_string_lossy().into_owned(),
+            ),
+            ("HOOKINBOX_RECONCILE_MIN_AGE_SECS", "0".into()),
+            ("HOOKINBOX_RECONCILE_PER_SECOND", "200".into()),
+        ]
+    }
+
+    /// Runs `hookinbox-worker reconcile --json` with `args`; returns the
+    /// exit code, the one report (source `default`) and standard error.
+    async fn reconcile(
+        &self,
+        env: &TestEnv,
+        args: &[&str],
+        extra: &[(&str, &str)],
+    ) -> (i32, Value, String) {
+        let vars = self.env();
+        let mut all: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        all.extend_from_slice(extra);
+        let mut argv = vec!["reconcile", "--json"];
+        argv.extend_from_slice(args);
+        let out = tokio::process::Command::from(worker_command(env, &argv, &all))
+            .output()
+            .await
+            .expect("runs");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let report = stdout
+            .lines()
+            .next()
+            .and_then(|l| serde_json::from_str(l).ok())
+            .unwrap_or(Value::Null);
+        (
+            out.status.code().unwrap_or(-1),
+            report,
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+}
+
+/// A `hookinbox-worker` subcommand, without blocking the test's runtime
+/// (the fake GitHub serves from it).
+async fn cli(env: &TestEnv, args: &[&str]) -> (i32, String) {
+    let out = tokio::process::Command::from(worker_command(env, args, &[]))
+        .output()
+        .await
+        .expect("runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+fn count(report: &Value, key: &str) -> u64 {
+    report[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{key} is not an integer in {report}"))
+}
+
+/// Effects per GUID in `github_events`.
+async fn effects(env: &TestEnv) -> BTreeMap<String, i64> {
+    env.db
+        .query(
+            "select delivery_id, count(*) from github_events group by delivery_id",
+            &[],
+        )
+        .await
+        .expect("effects")
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
+/// Ingest on a port chosen before it starts, so that GitHub can be sending
+/// to it while it is down.
+async fn ingest_on(env: &TestEnv, port: u16) -> TestIngest {
+    let mut args = env.ingest_args();
+    args.listen = format!("127.0.0.1:{port}").parse().expect("address");
+    env.ingest_with(args.validate().expect("valid")).await
+}
+
+#[tokio::test]
+async fn deliveries_sent_while_ingest_was_down_are_redelivered_once_each_and_complete_once() {
+    let env = TestEnv::new().await;
+    let port = free_port();
+    let gh = Github::start(&env, format!("http://127.0.0.1:{port}/webhooks/github"));
+    let body = fixtures::own("push");
+    // Ingest is down: GitHub logs every attempt as failed, and forgets it.
+    let mut failed = Vec::new();
+    for _ in 0..200 {
+        let (guid, status) = gh.fake.deliver(gh.hook, "push", &body).await;
+        assert_eq!(status, 0, "nobody answered");
+        failed.push(guid);
+    }
+    let ingest = ingest_on(&env, port).await;
+    let mut answered = Vec::new();
+    for _ in 0..5 {
+        let (guid, status) = gh.fake.deliver(gh.hook, "push", &body).await;
+        assert_eq!(status, 202);
+        answered.push(guid);
+    }
+
+    let (code, report, stderr) = gh.reconcile(&env, &[], &[]).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(count(&report, "scanned"), 205);
+    assert_eq!(count(&report, "redelivered"), 200, "{report}");
+    assert_eq!(count(&report, "late") + count(&report, "unexplained"), 0);
+
+    let worker = env.store_worker().await;
+    settle(&env, &worker).await;
+    let effects = effects(&env).await;
+    for guid in &failed {
+        assert_eq!(gh.fake.resent(guid), 1, "{guid} redelivered once");
+        assert_eq!(effects.get(guid), Some(&1), "{guid} has one effect");
+    }
+    for guid in &answered {
+        assert_eq!(gh.fake.resent(guid), 0, "{guid} needed nothing");
+        assert_eq!(effects.get(guid), Some(&1));
+    }
+    assert_eq!(
+        effects.len(),
+        205,
+        "no effect for anything GitHub did not send"
+    );
+    assert!(
+        gh.fake.guids().values().all(|ok| *ok),
+        "every GUID got a 2xx in the end"
+    );
+
+    // A second pass has nothing left to do.
+    let (code, report, _) = gh.reconcile(&env, &[], &[]).await;
+    assert_eq!((code, count(&report, "redelivered")), (0, 0));
+    assert_eq!(gh.fake.redeliveries_total(), 200);
+    drop(ingest);
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_claim_whose_ingest_died_before_publishing_is_listed_then_redelivered_and_completed_once()
+{
+    use hookinbox::deliveries::{self, ClaimRequest};
+    use sha2::{Digest, Sha256};
+
+    let (env, ingest) = TestEnv::with_ingest().await;
+    let gh = Github::start(&env, format!("{}/webhooks/github", ingest.base));
+    // GitHub sent it; ingest claimed it and died before the publish and
+    // the answer: GitHub logged no answer, and nothing carries the claim.
+    let hook = Hook::fixture("push");
+    let sha: [u8; 32] = Sha256::digest(&hook.body).into();
+    let mut policy = env.policy();
+    policy.lease = Duration::ZERO;
+    let pool = env.pool(1);
+    let client = pool.get().await.expect("client");
+    deliveries::claim(
+        &client,
+        &policy,
+        &ClaimRequest {
+            key: hook.key(),
+            event: "push".into(),
+            action: None,
+            body_sha256: sha,
+        },
+    )
+    .await
+    .expect("claim");
+    gh.fake.record(
+        gh.hook,
+        hook.id(),
+        "push",
+        &hook.body,
+        0,
+        "timed out",
+        false,
+        Utc::now() - chrono::Duration::minutes(10),
+        true,
+    );
+    // Operators see it, with what will bring it back.
+    let (code, listed) = cli(
+        &env,
+        &["deliveries", "list", "--status", "awaiting_redelivery"],
+    )
+    .await;
+    assert_eq!(code, 0, "{listed}");
+    assert!(listed.contains(hook.id()), "{listed}");
+    assert!(
+        listed.contains("awaiting redelivery from GitHub"),
+        "{listed}"
+    );
+
+    let (code, report, stderr) = gh.reconcile(&env, &[], &[]).await;
+    assert_eq!(
+        (code, count(&report, "redelivered")),
+        (0, 1),
+        "{stderr} {report}"
+    );
+    let worker = env.store_worker().await;
+    settle(&env, &worker).await;
+    assert_eq!(effects(&env).await.get(hook.id()), Some(&1));
+    assert_eq!(gh.fake.resent(hook.id()), 1);
+    let (code, _) = cli(
+        &env,
+        &["deliveries", "list", "--status", "awaiting_redelivery"],
+    )
+    .await;
+    assert_eq!(code, 1, "nothing awaits a redelivery any more");
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn deliveries_completed_here_but_failed_at_github_are_counted_late_and_not_redelivered() {
+    let (env, ingest) = TestEnv::with_ingest().await;
+    let gh = Github::start(&env, format!("{}/webhooks/github", ingest.base));
+    let worker = env.store_worker().await;
+    let body = fixtures::own("push");
+    let mut late = Vec::new();
+    for _ in 0..4 {
+        let (guid, status) = gh.fake.deliver(gh.hook, "push", &body).await;
+        assert_eq!(status, 202);
+        // Ingest answered after GitHub's 10 seconds: GitHub logs a failure.
+        gh.fake.mark_timed_out(&guid);
+        late.push(guid);
+    }
+    settle(&env, &worker).await;
+    let (code, report, stderr) = gh.reconcile(&env, &[], &[]).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(count(&report, "late"), 4, "{report}");
+    assert_eq!(count(&report, "redelivered"), 0);
+    for guid in &late {
+        assert_eq!(gh.fake.redeliveries_asked(guid), 0);
+    }
+    assert!(effects(&env).await.values().all(|n| *n == 1));
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_delivery_that_fails_every_time_is_redelivered_at_most_the_cap_across_passes() {
+    let (env, ingest) = TestEnv::with_ingest().await;
+    // A hook pointed at a source ingest does not serve: every attempt 404.
+    let gh = Github::start(&env, format!("{}/webhooks/github/nowhere", ingest.base));
+    let (guid, status) = gh
+        .fake
+        .deliver(gh.hook, "push", &fixtures::own("push"))
+        .await;
+    assert_eq!(status, 404);
+    let mut capped = 0;
+    for _ in 0..6 {
+        let (code, report, stderr) = gh
+            .reconcile(&env, &[], &[("HOOKINBOX_RECONCILE_MAX_REDELIVERIES", "3")])
+            .await;
+        assert_eq!(code, 0, "{stderr}");
+        capped = count(&report, "capped");
+    }
+    assert_eq!(
+        gh.fake.redeliveries_asked(&guid),
+        3,
+        "at most three, across six passes"
+    );
+    assert_eq!(capped, 1, "the last passes report it capped");
+    let asked: i32 = env
+        .db
+        .query_one(
+            "select asked from reconcile_redeliveries where guid = $1",
+            &[&guid],
+        )
+        .await
+        .expect("counted in Postgres")
+        .get(0);
+    assert_eq!(asked, 3);
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_long_log_is_walked_to_the_watermark_nothing_is_missed_and_nothing_redelivered_twice() {
+    let (env, ingest) = TestEnv::with_ingest().await;
+    let gh = Github::start(&env, format!("{}/webhooks/github", ingest.base));
+    let body = fixtures::own("push");
+    // 520 failed deliveries over the last two hours: six pages of 100.
+    let mut guids = Vec::new();
+    for i in 0..520 {
+        let guid = uuid::Uuid::new_v4().to_string();
+        let at = Utc::now() - chrono::Duration::seconds(7200 - i * 13);
+        gh.fake.record(
+            gh.hook,
+            &guid,
+            "push",
+            &body,
+            0,
+            "failed to connect to host",
+            false,
+            at,
+            true,
+        );
+        guids.push(guid);
+    }
+    // The first pass is killed after asking for 200 redeliveries.
+    gh.fake.hang_after(200);
+    let vars = gh.env();
+    let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut first = tokio::process::Command::from(worker_command(&env, &["reconcile"], &vars))
+        .kill_on_drop(true)
+        .spawn()
+        .expect("starts");
+    hookinbox_tests::wait_until(
+        "201 redelivery requests",
+        Duration::from_secs(60),
+        || async { gh.fake.redeliveries_total() > 200 },
+    )
+    .await;
+    first.kill().await.expect("kill");
+    gh.fake.unhang();
+
+    // The next pass finishes the job: every GUID sent again exactly once.
+    let (code, report, stderr) = gh.reconcile(&env, &[], &[]).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(count(&report, "pages") >= 6, "{report}");
+    assert_eq!(count(&report, "scanned"), 520);
+    for guid in &guids {
+        assert_eq!(gh.fake.resent(guid), 1, "{guid}");
+    }
+
+    // A delivery that shows up in the log late, dated inside the overlap
+    // behind the watermark, is still found; the walk stops near the
+    // watermark instead of reading the whole log again.
+    let late = uuid::Uuid::new_v4().to_string();
+    gh.fake.record(
+        gh.hook,
+        &late,
+        "push",
+        &body,
+        0,
+        "failed to connect to host",
+        false,
+        Utc::now() - chrono::Duration::minutes(5),
+        false,
+    );
+    let (code, report, _) = gh.reconcile(&env, &[], &[]).await;
+    assert_eq!(
+        (code, count(&report, "redelivered")),
+        (0, 0),
+        "not in the log yet"
+    );
+    gh.fake.reveal();
+    let (code, report, _) = gh.reconcile(&env, &[], &[]).await;
+    assert_eq!((code, count(&report, "redelivered")), (0, 1), "{report}");
+    assert_eq!(gh.fake.resent(&late), 1);
+    // The log now holds 1,041 attempts (11 pages); the walk reads only
+    // those logged within the overlap behind the watermark.
+    let whole_log = (gh.fake.log().len() as u64).div_ceil(100);
+    assert!(
+        count(&report, "pages") < whole_log,
+        "walked back to the watermark only: {report}, {whole_log} pages in all"
+    );
+
+    let worker = env.store_worker().await;
+    settle(&env, &worker).await;
+    let effects = effects(&env).await;
+    assert_eq!(effects.len(), 521);
+    assert!(effects.values().all(|n| *n == 1), "one effect each");
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn rate_limits_are_waited_out_and_a_422_is_recorded() {
+    let env = TestEnv::new().await;
+    let port = free_port();
+    let gh = Github::start(&env, format!("http://127.0.0.1:{port}/webhooks/github"));
+    let body = fixtures::own("push");
+    let (refused, _) = gh.fake.deliver(gh.hook, "push", &body).await;
+    let (other, _) = gh.fake.deliver(gh.hook, "push", &body).await;
+    let _ingest = ingest_on(&env, port).await;
+    gh.fake.refuse(&refused);
+    gh.fake
+        .push_fault(Fault::RateLimited403 { reset_in_secs: 1 });
+    gh.fake.push_fault(Fault::TooMany429 {
+        retry_after_secs: 1,
+    });
+    let started = std::time::Instant::now();
+    let (code, report, stderr) = gh.reconcile(&env, &[], &[]).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "both limits waited out"
+    );
+    assert_eq!(count(&report, "refused"), 1, "{report}");
+    assert_eq!(
+        gh.fake.redeliveries_asked(&refused),
+        1,
+        "not retried in the pass"
+    );
+    let result: String = env
+        .db
+        .query_one(
+            "select last_result from reconcile_redeliveries where guid = $1",
+            &[&refused],
+        )
+        .await
+        .expect("recorded")
+        .get(0);
+    assert_eq!(result, "refused");
+    assert_eq!(gh.fake.resent(&other), 1, "the pass went on past the 422");
+
+    // A limit longer than --max-wait ends the pass with a clear error.
+    gh.fake
+        .push_fault(Fault::RateLimited403 { reset_in_secs: 600 });
+    let (code, _, stderr) = gh.reconcile(&env, &["--max-wait", "1s"], &[]).await;
+    assert_eq!(code, 2);
+    assert!(stderr.contains("rate limit"), "{stderr}");
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn two_reconcilers_at_once_take_turns_and_redeliver_nothing_twice() {
+    let env = TestEnv::new().await;
+    let port = free_port();
+    let gh = Github::start(&env, format!("http://127.0.0.1:{port}/webhooks/github"));
+    let body = fixtures::own("push");
+    let mut guids = Vec::new();
+    for _ in 0..40 {
+        guids.push(gh.fake.deliver(gh.hook, "push", &body).await.0);
+    }
+    let _ingest = ingest_on(&env, port).await;
+    let vars = gh.env();
+    let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let spawn = || {
+        tokio::process::Command::from(worker_command(
+            &env,
+            &["reconcile", "--json"],
+            &[&vars[..], &[("HOOKINBOX_RECONCILE_PER_SECOND", "20")]].concat(),
+        ))
+        .kill_on_drop(true)
+        .output()
+    };
+    let (a, b) = tokio::join!(spawn(), spawn());
+    let (a, b) = (a.expect("a"), b.expect("b"));
+    assert!(a.status.success() && b.status.success());
+    let redelivered: u64 = [a, b]
+        .iter()
+        .map(|o| {
+            let r: Value = serde_json::from_slice(&o.stdout).expect("json");
+            count(&r, "redelivered")
+        })
+        .sum();
+    assert_eq!(
+        redelivered, 40,
+        "one pass redelivered them, the other found them answered"
+    );
+    for guid in &guids {
+        assert_eq!(gh.fake.redeliveries_asked(guid), 1);
+    }
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_dry_run_lists_what_it_would_redeliver_and_changes_nothing() {
+    let env = TestEnv::new().await;
+    let gh = Github::start(
+        &env,
+        format!("http://127.0.0.1:{}/webhooks/github", free_port()),
+    );
+    let (guid, _) = gh
+        .fake
+        .deliver(gh.hook, "push", &fixtures::own("push"))
+        .await;
+    let (code, report, stderr) = gh.reconcile(&env, &["--dry-run"], &[]).await;
+    assert_eq!(code, 0, "{stderr}");
+    for key in [
+        "scanned",
+        "redelivered",
+        "late",
+        "unexplained",
+        "capped",
+        "skipped",
+    ] {
+        count(&report, key);
+    }
+    assert_eq!(report["would_redeliver"], serde_json::json!([guid]));
+    assert_eq!(report["dry_run"], true);
+    assert_eq!(count(&report, "redelivered"), 0);
+    assert_eq!(gh.fake.redeliveries_total(), 0);
+    assert_eq!(env.count("select count(*) from reconcile_state").await, 0);
+    assert_eq!(
+        env.count("select count(*) from reconcile_redeliveries")
+            .await,
+        0
+    );
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_app_hook_is_read_with_the_apps_jwt_and_its_hook_id_learned() {
+    let env = TestEnv::new().await;
+    let port = free_port();
+    let (private, public) = github::app_keys();
+    let fake = FakeGithub::start(TOKEN).with_app("4242", &public, 77);
+    let hook = fake.add_hook(github::Hook {
+        path: HookPath::App,
+        hook_id: "31337".into(),
+        target: format!("http://127.0.0.1:{port}/webhooks/github"),
+        secret: SECRET.into(),
+    });
+    let (guid, status) = fake.deliver(hook, "push", &fixtures::own("push")).await;
+    assert_eq!(status, 0);
+    let key_file = std::env::temp_dir().join(format!("{}-app.pem", env.prefix));
+    std::fs::write(&key_file, &private).expect("key file");
+    let key_path = key_file.to_string_lossy().into_owned();
+    let vars = [
+        ("HOOKINBOX_RECONCILE_HOOK", "app"),
+        ("HOOKINBOX_GITHUB_API_URL", fake.base.as_str()),
+        ("HOOKINBOX_GITHUB_APP_ID", "4242"),
+        ("HOOKINBOX_GITHUB_APP_KEY_FILE", key_path.as_str()),
+        ("HOOKINBOX_RECONCILE_MIN_AGE_SECS", "0"),
+    ];
+    let _ingest = ingest_on(&env, port).await;
+    let out = tokio::process::Command::from(worker_command(&env, &["reconcile", "--json"], &vars))
+        .output()
+        .await
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(count(&report, "redelivered"), 1, "{report}");
+    assert_eq!(fake.resent(&guid), 1);
+    let hook_id: String = env
+        .db
+        .query_one("select hook_id from reconcile_state", &[])
+        .await
+        .expect("state")
+        .get(0);
+    assert_eq!(hook_id, "31337", "learned from the delivery's request");
+    env.cleanup().await;
+}
+
+#[test]
+fn bad_reconciler_settings_refuse_to_start_naming_the_field() {
+    let dir = std::env::temp_dir().join(format!(
+        "hookinbox-reconcile-settings-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let garbage = dir.join("garbage.pem");
+    std::fs::write(&garbage, "not a key").expect("write");
+    let garbage = garbage.to_string_lossy().into_owned();
+    let token = dir.join("token");
+    std::fs::write(&token, "t0ken\n").expect("write");
+    let token = token.to_string_lossy().into_owned();
+    let cases: Vec<(Vec<(&str, &str)>, &str)> = vec![
+        (
+            vec![
+                ("HOOKINBOX_RECONCILE_HOOK", "user:acme/1"),
+                ("HOOKINBOX_GITHUB_TOKEN_FILE", &token),
+            ],
+            "HOOKINBOX_RECONCILE_HOOK",
+        ),
+        (
+            vec![("HOOKINBOX_RECONCILE_HOOK", "repo:acme/widgets/1")],
+            "HOOKINBOX_GITHUB_TOKEN_FILE",
+        ),
+        (
+            vec![
+                ("HOOKINBOX_RECONCILE_HOOK", "app"),
+                ("HOOKINBOX_GITHUB_APP_ID", "1"),
+                ("HOOKINBOX_GITHUB_APP_KEY_FILE", "/nonexistent/app.pem"),
+            ],
+            "HOOKINBOX_GITHUB_APP_KEY_FILE",
+        ),
+        (
+            vec![
+                ("HOOKINBOX_RECONCILE_HOOK", "app"),
+                ("HOOKINBOX_GITHUB_APP_ID", "1"),
+                ("HOOKINBOX_GITHUB_APP_KEY_FILE", &garbage),
+            ],
+            "HOOKINBOX_GITHUB_APP_KEY_FILE: is not an RSA private key",
+        ),
+        (
+            vec![
+                ("HOOKINBOX_RECONCILE_HOOK", "app"),
+                ("HOOKINBOX_GITHUB_TOKEN_FILE", &token),
+            ],
+            "HOOKINBOX_RECONCILE_HOOK",
+        ),
+        (
+            vec![("HOOKINBOX_GITHUB_TOKEN_FILE", &token)],
+            "HOOKINBOX_RECONCILE_HOOK: is required",
+        ),
+        (
+            vec![
+                ("HOOKINBOX_RECONCILE_HOOK", "repo:acme/widgets/1"),
+                ("HOOKINBOX_GITHUB_TOKEN_FILE", &token),
+                ("HOOKINBOX_RECONCILE_PER_SECOND", "0"),
+            ],
+            "HOOKINBOX_RECONCILE_PER_SECOND",
+        ),
+    ];
+    for (env, expected) in cases {
+        let out = std::process::Command::new(hookinbox_tests::bin("hookinbox-worker"))
+            .arg("reconcile")
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("DATABASE_URL", "postgres://postgres@127.0.0.1:1/none")
+            .envs(env.iter().copied())
+            .output()
+            .expect("runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{env:?} must refuse");
+        assert!(
+            stderr.contains(expected),
+            "{env:?}: expected '{expected}' in {stderr}"
+        );
+        assert!(!stderr.contains("t0ken"), "never prints a credential");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

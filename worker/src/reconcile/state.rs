@@ -1,0 +1,231 @@
+//! The reconciler's own tables (migration 0004): each source's watermark,
+//! and the redeliveries asked per hook and GUID.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use deadpool_postgres::GenericClient;
+use hookinbox::deliveries::redact;
+use hookinbox::postgres::DbError;
+
+use super::judge::Asked;
+
+/// A source's progress.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Progress {
+    /// The hook the watermark belongs to.
+    pub(crate) hook: String,
+    /// The `X-GitHub-Hook-ID` its deliveries carry, once known.
+    pub(crate) hook_id: Option<String>,
+    /// Every delivery logged before this was judged.
+    pub(crate) watermark: Option<DateTime<Utc>>,
+}
+
+const PROGRESS: &str = "select hook, hook_id, watermark from reconcile_state where source = $1";
+
+/// `source`'s progress, if it has any.
+pub(crate) async fn progress(
+    client: &impl GenericClient,
+    source: &str,
+) -> Result<Option<Progress>, DbError> {
+    let stmt = client.prepare_cached(PROGRESS).await?;
+    Ok(client
+        .query_opt(&stmt, &[&source])
+        .await?
+        .map(|row| Progress {
+            hook: row.get(0),
+            hook_id: row.get(1),
+            watermark: row.get(2),
+        }))
+}
+
+const REMEMBER_HOOK_ID: &str = "
+insert into reconcile_state (source, hook, hook_id) values ($1, $2, $3)
+on conflict (source) do update
+    set hook_id = excluded.hook_id,
+        watermark = case when reconcile_state.hook = excluded.hook
+                         then reconcile_state.watermark end,
+        hook = excluded.hook";
+
+/// Records the hook id a hook's deliveries carry (learned for an App).
+pub(crate) async fn remember_hook_id(
+    client: &impl GenericClient,
+    source: &str,
+    hook: &str,
+    hook_id: &str,
+) -> Result<(), DbError> {
+    let stmt = client.prepare_cached(REMEMBER_HOOK_ID).await?;
+    client.execute(&stmt, &[&source, &hook, &hook_id]).await?;
+    Ok(())
+}
+
+const COMPLETED: &str = "
+insert into reconcile_state (source, hook, hook_id, watermark, last_pass_at, last_attempt_at,
+                             last_error, last_counts)
+values ($1, $2, $3, $4, now(), now(), null, $5)
+on conflict (source) do update
+    set hook_id = coalesce(excluded.hook_id, reconcile_state.hook_id),
+        watermark = case
+            when reconcile_state.hook <> excluded.hook then excluded.watermark
+            else greatest(reconcile_state.watermark, excluded.watermark) end,
+        hook = excluded.hook,
+        last_pass_at = now(), last_attempt_at = now(), last_error = null,
+        last_counts = excluded.last_counts";
+
+/// Records a complete pass: the watermark moves forward (never back), and
+/// the counts are kept for the operators.
+pub(crate) async fn completed(
+    client: &impl GenericClient,
+    source: &str,
+    hook: &str,
+    hook_id: Option<&str>,
+    watermark: Option<DateTime<Utc>>,
+    counts: &serde_json::Value,
+) -> Result<(), DbError> {
+    let stmt = client.prepare_cached(COMPLETED).await?;
+    client
+        .execute(&stmt, &[&source, &hook, &hook_id, &watermark, counts])
+        .await?;
+    Ok(())
+}
+
+const FAILED: &str = "
+insert into reconcile_state (source, hook, last_attempt_at, last_error)
+values ($1, $2, now(), $3)
+on conflict (source) do update
+    set last_attempt_at = now(), last_error = excluded.last_error";
+
+/// Records a pass that did not complete; the watermark stays.
+pub(crate) async fn failed(
+    client: &impl GenericClient,
+    source: &str,
+    hook: &str,
+    error: &str,
+) -> Result<(), DbError> {
+    let stmt = client.prepare_cached(FAILED).await?;
+    client
+        .execute(&stmt, &[&source, &hook, &redact(error)])
+        .await?;
+    Ok(())
+}
+
+const ASKED: &str = "
+select guid, asked, last_asked_at from reconcile_redeliveries
+where hook = $1 and guid = any($2)";
+
+/// The redeliveries already asked for each of `guids`.
+pub(crate) async fn asked(
+    client: &impl GenericClient,
+    hook: &str,
+    guids: &[&str],
+) -> Result<HashMap<String, Asked>, DbError> {
+    let stmt = client.prepare_cached(ASKED).await?;
+    Ok(client
+        .query(&stmt, &[&hook, &guids])
+        .await?
+        .iter()
+        .map(|row| {
+            (
+                row.get(0),
+                Asked {
+                    asked: row.get(1),
+                    last_asked_at: row.get(2),
+                },
+            )
+        })
+        .collect())
+}
+
+const ASK: &str = "
+insert into reconcile_redeliveries (hook, guid, source, asked, last_result)
+values ($1, $2, $3, 1, 'asked')
+on conflict (hook, guid) do update
+    set asked = reconcile_redeliveries.asked + 1, last_asked_at = now(), last_result = 'asked'";
+
+/// Counts a redelivery as asked, before the request to GitHub: a crash
+/// between the two still counts against the cap, and a pass that follows
+/// does not ask again within the minimum age.
+pub(crate) async fn ask(
+    client: &impl GenericClient,
+    hook: &str,
+    guid: &str,
+    source: &str,
+) -> Result<(), DbError> {
+    let stmt = client.prepare_cached(ASK).await?;
+    client.execute(&stmt, &[&hook, &guid, &source]).await?;
+    Ok(())
+}
+
+const ANSWERED: &str =
+    "update reconcile_redeliveries set last_result = $3 where hook = $1 and guid = $2";
+
+/// Records what GitHub answered to the redelivery request.
+pub(crate) async fn answered(
+    client: &impl GenericClient,
+    hook: &str,
+    guid: &str,
+    result: &str,
+) -> Result<(), DbError> {
+    let stmt = client.prepare_cached(ANSWERED).await?;
+    client.execute(&stmt, &[&hook, &guid, &result]).await?;
+    Ok(())
+}
+
+const FORGET: &str = "
+delete from reconcile_redeliveries where ctid in (
+    select ctid from reconcile_redeliveries
+    where last_asked_at < now() - make_interval(secs => $1)
+    limit 1000
+)";
+
+/// Forgets redeliveries asked longer ago than `older_than` (past GitHub's
+/// log, they can never be asked again).
+pub(crate) async fn forget(
+    client: &impl GenericClient,
+    older_than: std::time::Duration,
+) -> Result<u64, DbError> {
+    let stmt = client.prepare_cached(FORGET).await?;
+    Ok(client.execute(&stmt, &[&older_than.as_secs_f64()]).await?)
+}
+
+/// One source's row, as operators see it.
+#[derive(Clone, Debug)]
+pub struct SourceState {
+    /// The source.
+    pub source: String,
+    /// The hook.
+    pub hook: String,
+    /// Every delivery logged before this was judged.
+    pub watermark: Option<DateTime<Utc>>,
+    /// The last complete pass.
+    pub last_pass_at: Option<DateTime<Utc>>,
+    /// The last pass, complete or not.
+    pub last_attempt_at: Option<DateTime<Utc>>,
+    /// Why the last pass did not complete, if it did not.
+    pub last_error: Option<String>,
+    /// The last complete pass's counts.
+    pub last_counts: Option<serde_json::Value>,
+}
+
+const STATES: &str = "
+select source, hook, watermark, last_pass_at, last_attempt_at, last_error, last_counts
+from reconcile_state order by source";
+
+/// Every source's reconciler state.
+pub async fn states(client: &impl GenericClient) -> Result<Vec<SourceState>, DbError> {
+    let stmt = client.prepare_cached(STATES).await?;
+    Ok(client
+        .query(&stmt, &[])
+        .await?
+        .iter()
+        .map(|row| SourceState {
+            source: row.get(0),
+            hook: row.get(1),
+            watermark: row.get(2),
+            last_pass_at: row.get(3),
+            last_attempt_at: row.get(4),
+            last_error: row.get(5),
+            last_counts: row.get(6),
+        })
+        .collect())
+}
