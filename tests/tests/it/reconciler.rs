@@ -669,3 +669,182 @@ fn bad_reconciler_settings_refuse_to_start_naming_the_field() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[tokio::test]
+async fn workers_reconcile_on_their_own_one_leader_at_a_time() {
+    let env = TestEnv::new().await;
+    let port = free_port();
+    let gh = Github::start(&env, format!("http://127.0.0.1:{port}/webhooks/github"));
+    let body = fixtures::own("push");
+    let mut guids = Vec::new();
+    for _ in 0..20 {
+        guids.push(gh.fake.deliver(gh.hook, "push", &body).await.0);
+    }
+    let _ingest = ingest_on(&env, port).await;
+    let vars = gh.env();
+    let mut vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    vars.push(("HOOKINBOX_RECONCILE_INTERVAL_SECS", "1"));
+    let workers = [
+        env.spawn("hookinbox-worker", &vars),
+        env.spawn("hookinbox-worker", &vars),
+    ];
+    hookinbox_tests::wait_until(
+        "every delivery completed",
+        Duration::from_secs(60),
+        || async { env.events().await == 20 },
+    )
+    .await;
+    for guid in &guids {
+        assert_eq!(
+            gh.fake.redeliveries_asked(guid),
+            1,
+            "one leader asked, once"
+        );
+    }
+    // Both workers keep passing over the log; nothing is asked again.
+    let lists = gh.fake.list_requests();
+    hookinbox_tests::wait_until("more passes", Duration::from_secs(30), || async {
+        gh.fake.list_requests() >= lists + 3
+    })
+    .await;
+    assert_eq!(gh.fake.redeliveries_total(), 20);
+    let mut seen = false;
+    for worker in &workers {
+        let (_, metrics) = worker.scrape("/metrics").await;
+        if metrics
+            .contains("hookinbox_reconcile_last_success_timestamp_seconds{source=\"default\"}")
+        {
+            seen = true;
+            assert!(metrics.contains(
+                "hookinbox_reconcile_redeliveries_total{source=\"default\",result=\"accepted\"}"
+            ));
+            assert!(metrics.contains("hookinbox_github_rate_limit_remaining{source=\"default\"}"));
+        }
+    }
+    assert!(seen, "a leader reports its passes");
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_toml_source_names_its_hook_in_a_github_table() {
+    let env = TestEnv::new().await;
+    let port = free_port();
+    let gh = Github::start(
+        &env,
+        format!("http://127.0.0.1:{port}/webhooks/github/main"),
+    );
+    let (guid, _) = gh
+        .fake
+        .deliver(gh.hook, "push", &fixtures::own("push"))
+        .await;
+    let config = std::env::temp_dir().join(format!("{}-sources.toml", env.prefix));
+    std::fs::write(
+        &config,
+        format!(
+            "[[sources]]\nname = \"main\"\nsecrets = [\"{SECRET}\"]\n\n[sources.github]\n\
+             reconcile_hook = \"repo:acme/widgets/{HOOK_ID}\"\napi_url = \"{}\"\n\
+             token_file = \"{}\"\nmin_age_secs = 0\n",
+            gh.fake.base,
+            gh.token_file.display()
+        ),
+    )
+    .expect("config");
+    let mut args = env.ingest_args();
+    args.listen = format!("127.0.0.1:{port}").parse().expect("address");
+    args.github_secret = None;
+    args.config = Some(config.clone());
+    let _ingest = env.ingest_with(args.validate().expect("valid")).await;
+    let path = config.to_string_lossy().into_owned();
+    let out = tokio::process::Command::from(worker_command(
+        &env,
+        &["reconcile", "--json", "--source", "main"],
+        &[("HOOKINBOX_CONFIG", &path)],
+    ))
+    .output()
+    .await
+    .expect("runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(report["source"], "main");
+    assert_eq!(count(&report, "redelivered"), 1);
+    assert_eq!(gh.fake.resent(&guid), 1);
+
+    // A bad table stops the worker, naming the field.
+    std::fs::write(
+        &config,
+        "[[sources]]\nname = \"main\"\nsecrets = [\"s\"]\n[sources.github]\nreconcile_hook = \"repo:acme\"\ntoken_file = \"/x\"\n",
+    )
+    .expect("config");
+    let out = tokio::process::Command::from(worker_command(
+        &env,
+        &["reconcile"],
+        &[("HOOKINBOX_CONFIG", &path)],
+    ))
+    .output()
+    .await
+    .expect("runs");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("sources[0].github.reconcile_hook"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_file(config);
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_repository_hook_read_as_an_app_uses_an_installation_token() {
+    let env = TestEnv::new().await;
+    let port = free_port();
+    let (private, public) = github::app_keys();
+    let gh = Github::start(&env, format!("http://127.0.0.1:{port}/webhooks/github"));
+    let fake = gh.fake.clone().with_app("4242", &public, 77);
+    let (guid, _) = fake.deliver(gh.hook, "push", &fixtures::own("push")).await;
+    let _ingest = ingest_on(&env, port).await;
+    let key_file = std::env::temp_dir().join(format!("{}-app.pem", env.prefix));
+    std::fs::write(&key_file, &private).expect("key file");
+    let key_path = key_file.to_string_lossy().into_owned();
+    let hook = format!("repo:acme/widgets/{HOOK_ID}");
+    let vars = [
+        ("HOOKINBOX_RECONCILE_HOOK", hook.as_str()),
+        ("HOOKINBOX_GITHUB_API_URL", fake.base.as_str()),
+        ("HOOKINBOX_GITHUB_APP_ID", "4242"),
+        ("HOOKINBOX_GITHUB_APP_KEY_FILE", key_path.as_str()),
+        ("HOOKINBOX_GITHUB_INSTALLATION_ID", "77"),
+        ("HOOKINBOX_RECONCILE_MIN_AGE_SECS", "0"),
+    ];
+    let out = tokio::process::Command::from(worker_command(&env, &["reconcile", "--json"], &vars))
+        .output()
+        .await
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(fake.resent(&guid), 1);
+    // The wrong App id: its JWT is refused, and the pass says so.
+    let vars = [
+        ("HOOKINBOX_RECONCILE_HOOK", hook.as_str()),
+        ("HOOKINBOX_GITHUB_API_URL", fake.base.as_str()),
+        ("HOOKINBOX_GITHUB_APP_ID", "9999"),
+        ("HOOKINBOX_GITHUB_APP_KEY_FILE", key_path.as_str()),
+        ("HOOKINBOX_GITHUB_INSTALLATION_ID", "77"),
+    ];
+    let out = tokio::process::Command::from(worker_command(&env, &["reconcile"], &vars))
+        .output()
+        .await
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("refused the credentials"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    env.cleanup().await;
+}
