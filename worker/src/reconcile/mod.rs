@@ -104,6 +104,13 @@ pub(crate) async fn periodically(pool: Pool, config: WorkerConfig, stop: Cancell
     if targets.is_empty() {
         return;
     }
+    // Starts the "last complete pass" clock at the worker's start, so that
+    // a reconciler that never completes is alerted on too (the alert takes
+    // the newest value across workers: the leader's).
+    for target in targets.iter() {
+        metrics::gauge!(hookinbox::metrics::RECONCILE_LAST_SUCCESS, "source" => target.source.as_str().to_owned())
+            .set(chrono::Utc::now().timestamp() as f64);
+    }
     // The first pass waits a little: a fleet starting together need not
     // all try the lock at once, and a worker that restarts in a loop does
     // not hammer GitHub.
