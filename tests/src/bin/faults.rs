@@ -11,6 +11,12 @@
 //! is a row written in the completing transaction) and `relay` (`forward`
 //! to a local receiver): every relayed key must arrive, and a key may
 //! arrive twice only around a fault, always with the same key and body.
+//!
+//! GitHub is the local fake of `hookinbox_tests::github`: it sends every
+//! delivery and logs each attempt, as GitHub does, and never retries. The
+//! workers reconcile against it while the faults hit, and at the end the
+//! reconciler (`hookinbox-worker reconcile`) must have brought back every
+//! delivery that never got a 2xx: none is left unanswered.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -19,9 +25,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use hookinbox_tests::github::{self, FakeGithub, HookPath};
 use hookinbox_tests::proxy::Proxy;
 use hookinbox_tests::receiver::Receiver;
-use hookinbox_tests::{SECRET, fixtures, free_port, sign};
+use hookinbox_tests::{SECRET, fixtures, free_port};
 use tokio::process::{Child, Command};
 
 /// A private Postgres: its own data directory and port.
@@ -258,7 +265,22 @@ struct Suite {
     /// When each fault began and ended.
     windows: Vec<(Instant, Instant)>,
     config: PathBuf,
-    http: reqwest::Client,
+    /// The fake GitHub that sends every delivery.
+    github: Github,
+}
+
+/// The fake GitHub and its two hooks.
+#[derive(Clone)]
+struct Github {
+    fake: FakeGithub,
+    store: usize,
+    relay: usize,
+}
+
+impl Github {
+    fn hook(&self, source: &str) -> usize {
+        if source == "relay" { self.relay } else { self.store }
+    }
 }
 
 /// How long after a fault ends a relayed key may still arrive again: a
@@ -269,6 +291,9 @@ const REPEAT_GRACE: Duration = Duration::from_secs(10);
 const STALL: Duration = Duration::from_secs(5);
 
 const LEASE_SECS: &str = "3";
+
+/// The token the fake GitHub takes.
+const GITHUB_TOKEN: &str = "ghp_fault_suite";
 
 impl Suite {
     fn log(&self, name: &str) -> std::fs::File {
@@ -465,30 +490,35 @@ fn signal(sig: &str, pid: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Sends one delivery and records the answer.
+/// The delivery ids hookinbox completed.
+async fn completed_ids(db: &tokio_postgres::Client) -> anyhow::Result<HashSet<String>> {
+    Ok(db
+        .query("select delivery_id from deliveries where status = 'completed'", &[])
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect())
+}
+
+/// GitHub sends one delivery (or redelivers it) and logs the attempt; the
+/// suite records the answer.
+#[allow(clippy::too_many_arguments)]
 async fn deliver(
-    http: &reqwest::Client,
-    port: u16,
+    github: &Github,
     ledger: &Mutex<Ledger>,
     source: &'static str,
     id: &str,
     event: &str,
     body: &[u8],
+    redelivery: bool,
 ) {
-    let answer = http
-        .post(format!("http://127.0.0.1:{port}/webhooks/github/{source}"))
-        .timeout(Duration::from_secs(10))
-        .header("content-type", "application/json")
-        .header("x-github-event", event)
-        .header("x-github-delivery", id)
-        .header("x-github-hook-id", "4242")
-        .header("x-hub-signature-256", sign(SECRET, body))
-        .body(body.to_vec())
-        .send()
+    let status = github
+        .fake
+        .send(github.hook(source), id, event, body, redelivery)
         .await;
-    let ok = matches!(&answer, Ok(r) if r.status().is_success());
+    let ok = (200..300).contains(&status);
     let mut ledger = ledger.lock().expect("ledger");
-    if answer.is_err() || !ok {
+    if !ok {
         ledger.failed_requests += 1;
     }
     let entry = ledger.sent.entry(id.to_owned()).or_insert_with(|| Sent {
@@ -509,8 +539,7 @@ async fn deliver(
 /// The steady stream: new deliveries at `rate` per second, one in ten a
 /// redelivery of an earlier one, one in three to the `relay` source.
 async fn traffic(
-    http: reqwest::Client,
-    port: u16,
+    github: Github,
     ledger: Arc<Mutex<Ledger>>,
     stop: tokio_util::sync::CancellationToken,
     rate: u32,
@@ -538,6 +567,7 @@ async fn traffic(
             l.redeliveries += 1;
             Some((id, s.source, s.event, s.body))
         });
+        let again = redelivery.is_some();
         let (id, source, event, body) = match redelivery {
             Some(found) => found,
             None => {
@@ -564,10 +594,10 @@ async fn traffic(
                 (id, source, f.event.clone(), f.body.clone())
             }
         };
-        let (http, ledger) = (http.clone(), ledger.clone());
-        tokio::spawn(
-            async move { deliver(&http, port, &ledger, source, &id, &event, &body).await },
-        );
+        let (github, ledger) = (github.clone(), ledger.clone());
+        tokio::spawn(async move {
+            deliver(&github, &ledger, source, &id, &event, &body, again).await
+        });
     }
 }
 
@@ -605,14 +635,47 @@ async fn main() -> anyhow::Result<()> {
         )
         .await?;
     let receiver = Receiver::ok().await;
+    let ingest_port = free_port();
+    // GitHub: one repository hook per source, both pointed at ingest.
+    let fake = FakeGithub::start(GITHUB_TOKEN);
+    let hook = |repo: &str| github::Hook {
+        path: HookPath::Repo {
+            owner: "acme".into(),
+            repo: repo.into(),
+            id: 4242,
+        },
+        hook_id: "4242".into(),
+        target: format!("http://127.0.0.1:{ingest_port}/webhooks/github/{repo}"),
+        secret: SECRET.into(),
+    };
+    let github = Github {
+        store: fake.add_hook(hook("store")),
+        relay: fake.add_hook(hook("relay")),
+        fake,
+    };
+    let token_file = root.join("github-token");
+    std::fs::write(&token_file, GITHUB_TOKEN)?;
+    // Each source names its hook: the workers reconcile every 15 s while
+    // the faults hit, and the suite's end runs a pass of its own.
+    let reconcile = |repo: &str| {
+        format!(
+            "[sources.github]\nreconcile_hook = \"repo:acme/{repo}/4242\"\napi_url = \"{}\"\n\
+             token_file = \"{}\"\ninterval_secs = 15\nmin_age_secs = 3\nper_second = 100\n\
+             max_redeliveries = 20\n",
+            github.fake.base,
+            token_file.display()
+        )
+    };
     let config = root.join("sources.toml");
     std::fs::write(
         &config,
         format!(
-            "[[sources]]\nname = \"store\"\nsecrets = [\"{SECRET}\"]\nhandler = {{ kind = \"store\" }}\n\n\
+            "[[sources]]\nname = \"store\"\nsecrets = [\"{SECRET}\"]\nhandler = {{ kind = \"store\" }}\n{}\n\
              [[sources]]\nname = \"relay\"\nsecrets = [\"{SECRET}\"]\n\
-             handler = {{ kind = \"forward\", url = \"{}\", timeout_ms = 2000 }}\n",
-            receiver.url
+             handler = {{ kind = \"forward\", url = \"{}\", timeout_ms = 2000 }}\n{}",
+            reconcile("store"),
+            receiver.url,
+            reconcile("relay"),
         ),
     )?;
     let pg_proxy = Proxy::start(&format!("127.0.0.1:{}", pg.port)).await;
@@ -626,13 +689,13 @@ async fn main() -> anyhow::Result<()> {
         db,
         pg_proxy,
         amqp_proxy,
-        ingest_port: free_port(),
+        ingest_port,
         ingest: None,
         workers: vec![None, None, None],
         counts: HashMap::new(),
         windows: Vec::new(),
         config,
-        http: reqwest::Client::new(),
+        github,
     };
     suite.spawn_ingest(None)?;
     for i in 0..3 {
@@ -641,8 +704,7 @@ async fn main() -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let stop = tokio_util::sync::CancellationToken::new();
     let stream = tokio::spawn(traffic(
-        suite.http.clone(),
-        suite.ingest_port,
+        suite.github.clone(),
         ledger.clone(),
         stop.clone(),
         40,
@@ -730,29 +792,38 @@ async fn main() -> anyhow::Result<()> {
     let _ = stream.await;
     tokio::time::sleep(Duration::from_secs(2)).await;
 
-    // Like an operator after an outage: redeliver what never got a 2xx.
+    // GitHub never retries: what never got a 2xx is brought back by the
+    // reconciler alone, the workers' own passes and then passes run here as
+    // an operator's cron would.
     let check = hookinbox_tests::connect(&suite.pg.url(suite.pg.port, &suite.db)).await;
+    let failed_at_github: HashSet<String> = ledger
+        .lock()
+        .expect("ledger")
+        .sent
+        .iter()
+        .filter(|(_, s)| !s.ok)
+        .map(|(id, _)| id.clone())
+        .collect();
+    let asked_during_the_run = suite.github.fake.redeliveries_total();
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
-        let pending: Vec<(String, &'static str, String, Vec<u8>)> = ledger
-            .lock()
-            .expect("ledger")
-            .sent
-            .iter()
-            .filter(|(_, s)| !s.ok)
-            .map(|(id, s)| (id.clone(), s.source, s.event.clone(), s.body.clone()))
-            .collect();
-        for (id, source, event, body) in &pending {
-            deliver(
-                &suite.http,
-                suite.ingest_port,
-                &ledger,
-                source,
-                id,
-                event,
-                body,
-            )
-            .await;
+        let pass = Command::new(suite.bins.join("hookinbox-worker"))
+            .args(["reconcile", "--json", "--max-wait", "30s"])
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("DATABASE_URL", suite.pg.url(suite.pg.port, &suite.db))
+            .env("AMQP_URL", suite.rabbit.url(suite.rabbit.port))
+            .env("HOOKINBOX_CONFIG", &suite.config)
+            .env("HOOKINBOX_AUTO_MIGRATE", "false")
+            .env("HOOKINBOX_QUEUE_PREFIX", "faults")
+            .env("RUST_LOG", "warn")
+            .output()
+            .await?;
+        if !pass.status.success() {
+            eprintln!(
+                "faults: reconcile pass did not complete: {}",
+                String::from_utf8_lossy(&pass.stderr).trim()
+            );
         }
         let open: i64 = check
             .query_one(
@@ -761,21 +832,44 @@ async fn main() -> anyhow::Result<()> {
             )
             .await?
             .get(0);
-        let unanswered = ledger
-            .lock()
-            .expect("ledger")
-            .sent
-            .values()
-            .filter(|s| !s.ok)
+        // Left over: GitHub saw no 2xx and hookinbox did not complete it.
+        // One GitHub saw fail but hookinbox completed (it answered too late)
+        // needs nothing, and the reconciler rightly leaves it alone.
+        let completed = completed_ids(&check).await?;
+        let unanswered = suite
+            .github
+            .fake
+            .guids()
+            .iter()
+            .filter(|(id, ok)| !**ok && !completed.contains(*id))
             .count();
         if open == 0 && unanswered == 0 {
             break;
         }
         if Instant::now() > deadline {
-            bail!("did not settle: {open} open deliveries, {unanswered} never answered 2xx");
+            bail!(
+                "did not settle: {open} open deliveries, {unanswered} never answered 2xx at GitHub"
+            );
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
+    // A delivery is answered once any attempt at it got a 2xx: the
+    // suite's own, or a redelivery the reconciler asked for.
+    let answered = suite.github.fake.guids();
+    for (id, sent) in ledger.lock().expect("ledger").sent.iter_mut() {
+        sent.ok = answered.get(id).copied().unwrap_or(false);
+    }
+    let completed = completed_ids(&check).await?;
+    let brought_back = failed_at_github
+        .iter()
+        .filter(|id| answered.get(*id).copied().unwrap_or(false))
+        .count();
+    let late_answers = failed_at_github
+        .iter()
+        .filter(|id| !answered.get(*id).copied().unwrap_or(false) && completed.contains(*id))
+        .count();
+    let never_brought_back = failed_at_github.len() - brought_back - late_answers;
+    let reconciler_asked = suite.github.fake.redeliveries_total();
 
     // The ledger against the effects.
     let effects: HashMap<String, i64> = check
@@ -901,7 +995,12 @@ async fn main() -> anyhow::Result<()> {
         "\n| ledger | count |\n|---|---|\n| deliveries sent | {} |\n| redeliveries sent | {} |\n| requests that failed (no 2xx) | {} |\n| answered 2xx | {} |\n| effects | {} |\n| dead letters | {} |\n| **lost** (2xx, no effect, not dead-lettered) | **{}** |\n| **duplicate effects** | **{}** |\n| effects for never-sent ids | {} |\n| effects of deliveries that had a failed request (allowed) | {} |\n| fenced completions logged | {fenced} |\n\
         | relayed (`forward`) deliveries answered 2xx | {} |\n| relayed keys that arrived | {} |\n\
         | repeated arrivals (same key, same body) | {repeats} |\n\
-        | **repeats outside a fault window** (+{}s grace) | **{}** |\n| arrivals with a wrong key, delivery id or body | {wrong} |\n",
+        | **repeats outside a fault window** (+{}s grace) | **{}** |\n| arrivals with a wrong key, delivery id or body | {wrong} |\n\
+        | deliveries that got no 2xx when sent (failed at GitHub) | {} |\n\
+        | redeliveries the reconciler asked GitHub for (during the run / in all) | {asked_during_the_run} / {reconciler_asked} |\n\
+        | failed at GitHub, brought back by the reconciler | {brought_back} |\n\
+        | failed at GitHub, completed here all the same (answered too late) | {late_answers} |\n\
+        | **failed at GitHub and never brought back** | **{never_brought_back}** |\n",
         l.sent.len(),
         l.redeliveries,
         l.failed_requests,
@@ -922,14 +1021,16 @@ async fn main() -> anyhow::Result<()> {
         by_key.len(),
         REPEAT_GRACE.as_secs(),
         stray.len(),
+        failed_at_github.len(),
     ));
         let failed = !lost.is_empty()
+            || never_brought_back > 0
             || !duplicates.is_empty()
             || !unknown.is_empty()
             || !stray.is_empty()
             || wrong > 0;
         let summary = format!(
-            "lost {lost:?}, duplicated {duplicates:?}, unknown {unknown:?}, stray repeats {stray:?}, wrong arrivals {wrong}"
+            "lost {lost:?}, never brought back {never_brought_back}, duplicated {duplicates:?}, unknown {unknown:?}, stray repeats {stray:?}, wrong arrivals {wrong}"
         );
         (report, failed, summary)
     };
