@@ -279,7 +279,11 @@ struct Github {
 
 impl Github {
     fn hook(&self, source: &str) -> usize {
-        if source == "relay" { self.relay } else { self.store }
+        if source == "relay" {
+            self.relay
+        } else {
+            self.store
+        }
     }
 }
 
@@ -493,7 +497,10 @@ fn signal(sig: &str, pid: &str) -> anyhow::Result<()> {
 /// The delivery ids hookinbox completed.
 async fn completed_ids(db: &tokio_postgres::Client) -> anyhow::Result<HashSet<String>> {
     Ok(db
-        .query("select delivery_id from deliveries where status = 'completed'", &[])
+        .query(
+            "select delivery_id from deliveries where status = 'completed'",
+            &[],
+        )
         .await?
         .iter()
         .map(|r| r.get(0))
@@ -595,9 +602,9 @@ async fn traffic(
             }
         };
         let (github, ledger) = (github.clone(), ledger.clone());
-        tokio::spawn(async move {
-            deliver(&github, &ledger, source, &id, &event, &body, again).await
-        });
+        tokio::spawn(
+            async move { deliver(&github, &ledger, source, &id, &event, &body, again).await },
+        );
     }
 }
 
