@@ -94,17 +94,32 @@ impl Github {
     }
 }
 
-/// A `hookinbox-worker` subcommand, without blocking the test's runtime
-/// (the fake GitHub serves from it).
-async fn cli(env: &TestEnv, args: &[&str]) -> (i32, String) {
-    let out = tokio::process::Command::from(worker_command(env, args, &[]))
+/// A `hookinbox-worker` subcommand with `extra` variables, without
+/// blocking the test's runtime (the fake GitHub serves from it).
+async fn run(env: &TestEnv, args: &[&str], extra: &[(&str, &str)]) -> std::process::Output {
+    tokio::process::Command::from(worker_command(env, args, extra))
         .output()
         .await
-        .expect("runs");
+        .expect("runs")
+}
+
+/// [`run`]'s exit code and standard output.
+async fn cli(env: &TestEnv, args: &[&str]) -> (i32, String) {
+    let out = run(env, args, &[]).await;
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
     )
+}
+
+/// The one JSON report of a `reconcile --json` that succeeded.
+fn report_of(out: &std::process::Output) -> Value {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("one JSON report")
 }
 
 fn count(report: &Value, key: &str) -> u64 {
@@ -127,6 +142,23 @@ async fn effects(env: &TestEnv) -> BTreeMap<String, i64> {
         .collect()
 }
 
+/// GitHub sends `n` pushes while ingest is down (each logged failed), then
+/// ingest starts: the test's environment, GitHub, the GUIDs and ingest.
+async fn sent_while_down(n: usize) -> (TestEnv, Github, Vec<String>, TestIngest) {
+    let env = TestEnv::new().await;
+    let port = free_port();
+    let gh = Github::start(&env, format!("http://127.0.0.1:{port}/webhooks/github"));
+    let body = fixtures::own("push");
+    let mut guids = Vec::new();
+    for _ in 0..n {
+        let (guid, status) = gh.fake.deliver(gh.hook, "push", &body).await;
+        assert_eq!(status, 0, "nobody answered");
+        guids.push(guid);
+    }
+    let ingest = ingest_on(&env, port).await;
+    (env, gh, guids, ingest)
+}
+
 /// Ingest on a port chosen before it starts, so that GitHub can be sending
 /// to it while it is down.
 async fn ingest_on(env: &TestEnv, port: u16) -> TestIngest {
@@ -137,18 +169,9 @@ async fn ingest_on(env: &TestEnv, port: u16) -> TestIngest {
 
 #[tokio::test]
 async fn deliveries_sent_while_ingest_was_down_are_redelivered_once_each_and_complete_once() {
-    let env = TestEnv::new().await;
-    let port = free_port();
-    let gh = Github::start(&env, format!("http://127.0.0.1:{port}/webhooks/github"));
-    let body = fixtures::own("push");
     // Ingest is down: GitHub logs every attempt as failed, and forgets it.
-    let mut failed = Vec::new();
-    for _ in 0..200 {
-        let (guid, status) = gh.fake.deliver(gh.hook, "push", &body).await;
-        assert_eq!(status, 0, "nobody answered");
-        failed.push(guid);
-    }
-    let ingest = ingest_on(&env, port).await;
+    let (env, gh, failed, ingest) = sent_while_down(200).await;
+    let body = fixtures::own("push");
     let mut answered = Vec::new();
     for _ in 0..5 {
         let (guid, status) = gh.fake.deliver(gh.hook, "push", &body).await;
@@ -466,15 +489,7 @@ async fn rate_limits_are_waited_out_and_a_422_is_recorded() {
 
 #[tokio::test]
 async fn two_reconcilers_at_once_take_turns_and_redeliver_nothing_twice() {
-    let env = TestEnv::new().await;
-    let port = free_port();
-    let gh = Github::start(&env, format!("http://127.0.0.1:{port}/webhooks/github"));
-    let body = fixtures::own("push");
-    let mut guids = Vec::new();
-    for _ in 0..40 {
-        guids.push(gh.fake.deliver(gh.hook, "push", &body).await.0);
-    }
-    let _ingest = ingest_on(&env, port).await;
+    let (env, gh, guids, _ingest) = sent_while_down(40).await;
     let vars = gh.env();
     let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let spawn = || {
@@ -567,16 +582,7 @@ async fn an_app_hook_is_read_with_the_apps_jwt_and_its_hook_id_learned() {
         ("HOOKINBOX_RECONCILE_MIN_AGE_SECS", "0"),
     ];
     let _ingest = ingest_on(&env, port).await;
-    let out = tokio::process::Command::from(worker_command(&env, &["reconcile", "--json"], &vars))
-        .output()
-        .await
-        .expect("runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: Value = serde_json::from_slice(&out.stdout).expect("json");
+    let report = report_of(&run(&env, &["reconcile", "--json"], &vars).await);
     assert_eq!(count(&report, "redelivered"), 1, "{report}");
     assert_eq!(fake.resent(&guid), 1);
     let hook_id: String = env
@@ -672,15 +678,7 @@ fn bad_reconciler_settings_refuse_to_start_naming_the_field() {
 
 #[tokio::test]
 async fn workers_reconcile_on_their_own_one_leader_at_a_time() {
-    let env = TestEnv::new().await;
-    let port = free_port();
-    let gh = Github::start(&env, format!("http://127.0.0.1:{port}/webhooks/github"));
-    let body = fixtures::own("push");
-    let mut guids = Vec::new();
-    for _ in 0..20 {
-        guids.push(gh.fake.deliver(gh.hook, "push", &body).await.0);
-    }
-    let _ingest = ingest_on(&env, port).await;
+    let (env, gh, guids, _ingest) = sent_while_down(20).await;
     let vars = gh.env();
     let mut vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
     vars.push(("HOOKINBOX_RECONCILE_INTERVAL_SECS", "1"));
@@ -820,10 +818,7 @@ async fn a_repository_hook_read_as_an_app_uses_an_installation_token() {
         ("HOOKINBOX_GITHUB_INSTALLATION_ID", "77"),
         ("HOOKINBOX_RECONCILE_MIN_AGE_SECS", "0"),
     ];
-    let out = tokio::process::Command::from(worker_command(&env, &["reconcile", "--json"], &vars))
-        .output()
-        .await
-        .expect("runs");
+    let out = run(&env, &["reconcile", "--json"], &vars).await;
     assert!(
         out.status.success(),
         "{}",
@@ -838,10 +833,7 @@ async fn a_repository_hook_read_as_an_app_uses_an_installation_token() {
         ("HOOKINBOX_GITHUB_APP_KEY_FILE", key_path.as_str()),
         ("HOOKINBOX_GITHUB_INSTALLATION_ID", "77"),
     ];
-    let out = tokio::process::Command::from(worker_command(&env, &["reconcile"], &vars))
-        .output()
-        .await
-        .expect("runs");
+    let out = run(&env, &["reconcile"], &vars).await;
     assert_eq!(out.status.code(), Some(2));
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("refused the credentials"),
