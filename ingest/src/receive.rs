@@ -277,15 +277,35 @@ async fn claim(state: &State, delivery: &Delivery, body: &[u8]) -> Result<Claim,
     let claimed = match &state.batcher {
         Some(batcher) => batcher.submit(request).await.map_err(DbError::from),
         None => match state.pool.get().await {
-            Ok(client) => deliveries::claim(&client, &state.policy, &request).await,
+            Ok(client) => match deliveries::claim(&client, &state.policy, &request).await {
+                Ok(claim) => Ok(Ok(claim)),
+                Err(e) => e.refusal().map(Err).ok_or(e),
+            },
             Err(e) => Err(DbError::from(e)),
         },
     };
     metrics::histogram!(hookinbox::metrics::CLAIM_SECONDS).record(started.elapsed());
-    let claimed = claimed.map_err(|e| {
-        tracing::warn!(error = %e, "claim failed");
-        Reject::unavailable("database")
-    })?;
+    let claimed = match claimed {
+        Ok(Ok(claim)) => claim,
+        // Postgres refused this claim alone: about its input when the
+        // error is a data or constraint one.
+        Ok(Err(refusal)) if refusal.is_row_level() => {
+            tracing::warn!(error = %refusal, "claim refused");
+            return Err(Reject::new(
+                StatusCode::BAD_REQUEST,
+                Outcome::BadPayload,
+                "the delivery cannot be stored",
+            ));
+        }
+        Ok(Err(refusal)) => {
+            tracing::warn!(error = %refusal, "claim refused");
+            return Err(Reject::unavailable("database"));
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "claim failed");
+            return Err(Reject::unavailable("database"));
+        }
+    };
     hookinbox::kill_point!("ingest.after_claim");
     Ok(claimed)
 }

@@ -75,3 +75,18 @@ pub fn own(event: &str) -> Vec<u8> {
     files.sort();
     std::fs::read(&files[0]).expect("own fixture")
 }
+
+/// `body`, a JSON object, made unique: a `hookinbox_nonce` member goes in
+/// first. GitHub never sends one body under two delivery ids, and ingest's
+/// replay guard refuses a body seen before under another id; tests that
+/// send a payload many times send it made unique each time.
+pub fn unique(body: &[u8]) -> Vec<u8> {
+    let start = body.iter().position(|b| *b == b'{').expect("a JSON object");
+    let mut out = Vec::with_capacity(body.len() + 64);
+    out.extend_from_slice(&body[..=start]);
+    out.extend_from_slice(
+        format!("\"hookinbox_nonce\":\"{}\",", uuid::Uuid::new_v4().simple()).as_bytes(),
+    );
+    out.extend_from_slice(&body[start + 1..]);
+    out
+}

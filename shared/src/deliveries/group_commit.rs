@@ -3,15 +3,24 @@
 //! ([`takes`], [`super::take_batch`]) and completions ([`completions`],
 //! [`super::complete_batch`]). The mechanism is
 //! [`crate::postgres::Batcher`].
+//!
+//! One row must not fail its neighbours. A batched statement is one
+//! statement: a row Postgres refuses (a payload `jsonb` cannot hold, say)
+//! fails all of it. Postgres answered, so nothing committed, and the rows
+//! are tried again apart: completions in halves until the refused rows
+//! stand alone, claims and takes one by one. A statement with no answer
+//! (the connection broke) may have committed; that stays an error for the
+//! whole batch, and its callers take again.
 
-use deadpool_postgres::Pool;
+use deadpool_postgres::{GenericClient, Pool};
 
 use super::{Claim, ClaimRequest, Completing, Policy, Take};
 use crate::key::{ClaimToken, DeliveryKey};
-use crate::postgres::Batcher;
+use crate::postgres::{Batcher, DbError, Refusal};
 
-/// Ingest's claims, `HOOKINBOX_CLAIM_BATCH` per statement.
-pub type ClaimBatcher = Batcher<ClaimRequest, Claim>;
+/// Ingest's claims, `HOOKINBOX_CLAIM_BATCH` per statement; a claim Postgres
+/// refused on its own answers its refusal.
+pub type ClaimBatcher = Batcher<ClaimRequest, Result<Claim, Refusal>>;
 
 /// Starts the claim collector.
 pub fn claims(pool: Pool, policy: Policy, max_batch: usize) -> ClaimBatcher {
@@ -19,13 +28,27 @@ pub fn claims(pool: Pool, policy: Policy, max_batch: usize) -> ClaimBatcher {
         let pool = pool.clone();
         async move {
             let client = pool.get().await?;
-            super::claim_batch(&client, &policy, &claims).await
+            match super::claim_batch(&client, &policy, &claims).await {
+                Ok(answers) => Ok(answers.into_iter().map(Ok).collect()),
+                Err(e) if e.refusal().is_some() => {
+                    let mut answers = Vec::with_capacity(claims.len());
+                    for request in &claims {
+                        answers.push(refused_alone(
+                            super::claim(&client, &policy, request).await,
+                        )?);
+                    }
+                    Ok(answers)
+                }
+                Err(e) => Err(e),
+            }
         }
     })
 }
 
 /// The worker's takes, `HOOKINBOX_TAKE_BATCH` per statement; `None` means
-/// the fast path did not take it (see [`super::take_batch`]).
+/// the fast path did not take it (see [`super::take_batch`]), and the
+/// caller takes it on its own. A batch Postgres refused answers `None` for
+/// every message, so each finds its own answer.
 pub type TakeBatcher = Batcher<(DeliveryKey, ClaimToken), Option<Take>>;
 
 /// Starts the take collector.
@@ -34,14 +57,18 @@ pub fn takes(pool: Pool, policy: Policy, max_batch: usize) -> TakeBatcher {
         let pool = pool.clone();
         async move {
             let client = pool.get().await?;
-            super::take_batch(&client, &policy, &items).await
+            match super::take_batch(&client, &policy, &items).await {
+                Err(e) if e.refusal().is_some() => Ok(vec![None; items.len()]),
+                other => other,
+            }
         }
     })
 }
 
-/// The worker's completions, `HOOKINBOX_COMPLETE_BATCH` per statement; the
-/// answer says whether that row's token still held it (false: fenced).
-pub type CompletionBatcher = Batcher<Completing, bool>;
+/// The worker's completions, `HOOKINBOX_COMPLETE_BATCH` per statement: for
+/// each, whether that row's token still held it (false: fenced), or
+/// Postgres's refusal of that row.
+pub type CompletionBatcher = Batcher<Completing, Result<bool, Refusal>>;
 
 /// Starts the completion collector.
 pub fn completions(pool: Pool, max_batch: usize) -> CompletionBatcher {
@@ -49,7 +76,7 @@ pub fn completions(pool: Pool, max_batch: usize) -> CompletionBatcher {
         let pool = pool.clone();
         async move {
             let client = pool.get().await?;
-            let result = super::complete_batch(&client, &items).await;
+            let result = complete_apart(&client, &items).await;
             if result.is_err() {
                 // Whether the statement committed is unknown; never hand
                 // this session out again.
@@ -58,4 +85,51 @@ pub fn completions(pool: Pool, max_batch: usize) -> CompletionBatcher {
             result
         }
     })
+}
+
+/// Completes `items` in one statement; when Postgres refuses it, in halves
+/// until each refused row stands alone. Every good row completes in this
+/// same call.
+pub async fn complete_apart(
+    client: &impl GenericClient,
+    items: &[Completing],
+) -> Result<Vec<Result<bool, Refusal>>, DbError> {
+    let mut answers: Vec<Option<Result<bool, Refusal>>> = vec![None; items.len()];
+    // The ranges still to try: first the whole batch.
+    let mut ranges: Vec<std::ops::Range<usize>> = Vec::new();
+    ranges.push(0..items.len());
+    while let Some(range) = ranges.pop() {
+        match super::complete_batch(client, &items[range.clone()]).await {
+            Ok(done) => {
+                for (i, completed) in range.zip(done) {
+                    answers[i] = Some(Ok(completed));
+                }
+            }
+            Err(e) => match e.refusal() {
+                Some(refusal) if range.len() == 1 => answers[range.start] = Some(Err(refusal)),
+                Some(_) => {
+                    let middle = range.start + range.len() / 2;
+                    ranges.push(range.start..middle);
+                    ranges.push(middle..range.end);
+                }
+                None => return Err(e),
+            },
+        }
+    }
+    Ok(answers
+        .into_iter()
+        .map(|a| a.unwrap_or(Ok(false)))
+        .collect())
+}
+
+/// A statement's own answer: Postgres's refusal becomes the row's answer,
+/// an unknown outcome stays an error.
+fn refused_alone<T>(result: Result<T, DbError>) -> Result<Result<T, Refusal>, DbError> {
+    match result {
+        Ok(answer) => Ok(Ok(answer)),
+        Err(e) => match e.refusal() {
+            Some(refusal) => Ok(Err(refusal)),
+            None => Err(e),
+        },
+    }
 }

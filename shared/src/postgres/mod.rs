@@ -11,10 +11,12 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 pub mod advisory;
 mod batcher;
 mod migrate;
+mod refusal;
 mod watchdog;
 
 pub use batcher::{BatchError, Batcher};
 pub use migrate::migrate;
+pub use refusal::{Refusal, describe};
 
 /// A pooled Postgres client.
 pub type Client = deadpool_postgres::Object;
@@ -28,8 +30,9 @@ pub enum DbError {
     /// No connection could be had from the pool.
     #[error("Postgres unavailable: {0}")]
     Pool(#[from] deadpool_postgres::PoolError),
-    /// A statement failed.
-    #[error("Postgres error: {0}")]
+    /// A statement failed: refused by Postgres (see [`DbError::refusal`]),
+    /// or unanswered.
+    #[error("Postgres: {}", refusal::describe(.0))]
     Query(#[from] tokio_postgres::Error),
     /// The pool could not be built.
     #[error("cannot build the Postgres pool: {0}")]
@@ -48,6 +51,19 @@ pub enum DbError {
         /// Its file name.
         name: &'static str,
     },
+}
+
+impl DbError {
+    /// Postgres's answer, when it refused the statement: then the
+    /// statement certainly did not commit. `None`: no answer (the outcome
+    /// is unknown) or not a statement's error.
+    pub fn refusal(&self) -> Option<Refusal> {
+        match self {
+            Self::Query(e) => Refusal::of(e),
+            Self::Batch(BatchError::Failed(inner)) => inner.refusal(),
+            _ => None,
+        }
+    }
 }
 
 /// Parses `DATABASE_URL`, adding a connect timeout when the URL has none so

@@ -17,6 +17,7 @@ mod reconciler;
 mod retention;
 mod settings;
 mod sources;
+mod worker_bad_bodies;
 mod worker_failures;
 mod worker_fencing;
 mod worker_forward;

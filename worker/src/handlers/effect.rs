@@ -3,20 +3,23 @@
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::Pool;
-use hookinbox::deliveries::group_commit::CompletionBatcher;
+use hookinbox::deliveries::group_commit::{self, CompletionBatcher};
 use hookinbox::deliveries::{self, Completing, StoredEvent};
 use hookinbox::key::{ClaimToken, DeliveryKey};
-use hookinbox::postgres::{Client, DbError};
+use hookinbox::postgres::{Client, DbError, Refusal};
 
 use super::HandlerError;
 
 /// What the runtime found when it tried to complete.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Completion {
     /// The delivery is completed (and the effect committed with it).
     Completed,
     /// The token no longer held the delivery; the effect was rolled back.
     Fenced,
+    /// Postgres refused the completion (a payload `jsonb` cannot hold, say):
+    /// nothing committed, and the runtime records the failure.
+    Refused(Refusal),
 }
 
 /// The handler's access to the completing transaction, and facts about the
@@ -122,21 +125,31 @@ impl Effect {
     pub async fn complete(mut self) -> Result<Completion, DbError> {
         match self.tx.take() {
             Some(client) => {
-                let result = async {
-                    if deliveries::complete(&client, &self.key, self.token).await? {
-                        client.batch_execute("commit").await?;
-                        Ok(Completion::Completed)
-                    } else {
-                        client.batch_execute("rollback").await?;
-                        Ok(Completion::Fenced)
-                    }
+                let completed = async {
+                    let completed = deliveries::complete(&client, &self.key, self.token).await?;
+                    client
+                        .batch_execute(if completed { "commit" } else { "rollback" })
+                        .await?;
+                    Ok::<_, DbError>(completed)
                 }
                 .await;
-                if result.is_err() {
-                    // The commit's fate is unknown; never reuse this session.
-                    drop(deadpool_postgres::Object::take(client));
+                match completed {
+                    Ok(true) => Ok(Completion::Completed),
+                    Ok(false) => Ok(Completion::Fenced),
+                    // Postgres answered: nothing committed. End the
+                    // transaction and report the refusal.
+                    Err(e) if e.refusal().is_some() => {
+                        if client.batch_execute("rollback").await.is_err() {
+                            drop(deadpool_postgres::Object::take(client));
+                        }
+                        Ok(e.refusal().map_or(Completion::Fenced, Completion::Refused))
+                    }
+                    Err(e) => {
+                        // The commit's fate is unknown; never reuse this session.
+                        drop(deadpool_postgres::Object::take(client));
+                        Err(e)
+                    }
                 }
-                result
             }
             None => {
                 let item = Completing {
@@ -148,17 +161,16 @@ impl Effect {
                     Some(batcher) => batcher.submit(item).await?,
                     None => {
                         let client = self.pool.get().await?;
-                        deliveries::complete_batch(&client, std::slice::from_ref(&item))
+                        group_commit::complete_apart(&client, std::slice::from_ref(&item))
                             .await?
-                            .first()
-                            .copied()
-                            .unwrap_or(false)
+                            .pop()
+                            .unwrap_or(Ok(false))
                     }
                 };
-                Ok(if completed {
-                    Completion::Completed
-                } else {
-                    Completion::Fenced
+                Ok(match completed {
+                    Ok(true) => Completion::Completed,
+                    Ok(false) => Completion::Fenced,
+                    Err(refusal) => Completion::Refused(refusal),
                 })
             }
         }

@@ -36,7 +36,7 @@ use hookinbox::config::HandlerConfig;
 use hookinbox::deliveries::{ErrorClass, Failure};
 use hookinbox::job::Job;
 use hookinbox::key::SourceName;
-use hookinbox::postgres::DbError;
+use hookinbox::postgres::{DbError, Refusal, describe};
 use hookinbox::retry::RetryPolicy;
 
 mod effect;
@@ -68,7 +68,7 @@ pub enum HandlerError {
     },
     /// A database error under the effect. Data and constraint errors are
     /// treated as permanent; the rest as transient.
-    #[error("database: {0}")]
+    #[error("database: {}", describe(.0))]
     Db(#[from] tokio_postgres::Error),
     /// The delivery is held by someone else now: stop, change nothing.
     #[error("fenced: the claim token no longer holds the delivery")]
@@ -99,7 +99,9 @@ impl HandlerError {
         match self {
             Self::Transient { .. } => ErrorClass::Transient,
             Self::Permanent { .. } => ErrorClass::Permanent,
-            Self::Db(e) if is_data_error(e) => ErrorClass::Permanent,
+            Self::Db(e) if Refusal::of(e).is_some_and(|r| r.is_row_level()) => {
+                ErrorClass::Permanent
+            }
             Self::Db(_) | Self::Unavailable(_) | Self::Fenced => ErrorClass::Db,
         }
     }
@@ -122,13 +124,6 @@ impl HandlerError {
     pub fn failure(&self, policy: &RetryPolicy, attempts: i32) -> Failure {
         policy.decide(self.class(), self.to_string(), self.retry_after(), attempts)
     }
-}
-
-/// SQLSTATE classes 22 (data exception) and 23 (integrity violation): the
-/// same statement on the same payload fails again, so retrying is useless.
-fn is_data_error(e: &tokio_postgres::Error) -> bool {
-    e.code()
-        .is_some_and(|c| c.code().starts_with("22") || c.code().starts_with("23"))
 }
 
 impl From<DbError> for HandlerError {

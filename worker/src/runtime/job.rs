@@ -286,26 +286,44 @@ impl Worker {
                     completed = effect.complete() => completed,
                     _ = stop.hard.cancelled() => return Attempt::Done(JobOutcome::Left),
                 };
-                return match completed {
+                match completed {
                     Ok(Completion::Completed) => {
                         hookinbox::kill_point!("worker.after_commit");
                         let e2e = chrono::Utc::now() - created_at;
                         tracing::debug!(e2e_ms = e2e.num_milliseconds(), "completed");
                         metrics::histogram!(hookinbox::metrics::END_TO_END_SECONDS)
                             .record(e2e.to_std().unwrap_or_default());
-                        Attempt::Done(JobOutcome::Completed)
+                        return Attempt::Done(JobOutcome::Completed);
                     }
                     Ok(Completion::Fenced) => {
                         tracing::warn!("completion fenced: another worker holds the delivery");
-                        Attempt::Done(JobOutcome::Fenced)
+                        return Attempt::Done(JobOutcome::Fenced);
                     }
-                    // Unknown whether the commit landed: take again; the take
-                    // finds it completed, or ours to run again.
+                    // Postgres refused the completion, so nothing committed.
+                    // A row it can never take (a data or constraint error:
+                    // a payload jsonb cannot hold) is dead-lettered at once,
+                    // naming the cause; any other refusal is retried with
+                    // backoff like a failed effect.
+                    Ok(Completion::Refused(refusal)) => {
+                        tracing::warn!(error = %refusal, "Postgres refused the completion");
+                        let class = if refusal.is_row_level() {
+                            ErrorClass::Permanent
+                        } else {
+                            ErrorClass::Db
+                        };
+                        inner
+                            .config
+                            .retry
+                            .decide(class, refusal.to_string(), None, attempts)
+                    }
+                    // No answer: whether the commit landed is unknown. Take
+                    // again; the take finds it completed, or ours to run
+                    // again.
                     Err(e) => {
-                        tracing::warn!(error = %e, "completion failed");
-                        Attempt::RetryTake
+                        tracing::warn!(error = %e, "completion got no answer");
+                        return Attempt::RetryTake;
                     }
-                };
+                }
             }
             Ran::Returned(Err(HandlerError::Fenced)) | Ran::LeaseLost => {
                 drop(effect);
