@@ -30,8 +30,9 @@ ALLOWED = {
         "config": NOUNS | {"job", "postgres", "deliveries", "retry", "broker"},  # 4 settings
     },
     "ingest": {
-        "startup": {"receive", "rotation"},
-        "receive": {"answer", "body", "rotation"},
+        "startup": {"receive", "rotation", "limits"},
+        "receive": {"answer", "body", "rotation", "limits"},
+        "limits": {"answer"},
         "answer": set(),
         "body": {"answer"},
         "rotation": set(),

@@ -3,6 +3,7 @@
 
 use actix_web::HttpResponse;
 use actix_web::http::StatusCode;
+use actix_web::http::header;
 use hookinbox::key::KeyError;
 use hookinbox::signature::SignatureError;
 use serde_json::json;
@@ -49,6 +50,11 @@ pub(crate) enum Outcome {
     Unavailable,
     /// The in-flight limit was reached (429).
     Overloaded,
+    /// The source's rate limit was reached (429).
+    RateLimited,
+    /// The body was received before under another delivery id or hook id:
+    /// a replayed capture (409).
+    ReplayedBody,
 }
 
 impl Outcome {
@@ -74,6 +80,8 @@ impl Outcome {
             Self::UnknownHook => "unknown_hook",
             Self::Unavailable => "unavailable",
             Self::Overloaded => "overloaded",
+            Self::RateLimited => "rate_limited",
+            Self::ReplayedBody => "replayed_body",
         }
     }
 }
@@ -87,6 +95,8 @@ pub(crate) struct Answer {
     pub(crate) outcome: Outcome,
     /// The JSON body.
     pub(crate) body: serde_json::Value,
+    /// Seconds for `Retry-After`, on a 429.
+    pub(crate) retry_after: Option<u64>,
 }
 
 impl Answer {
@@ -95,6 +105,7 @@ impl Answer {
             status,
             outcome,
             body,
+            retry_after: None,
         }
     }
 
@@ -113,7 +124,11 @@ impl Answer {
     }
 
     pub(crate) fn into_response(self) -> HttpResponse {
-        HttpResponse::build(self.status).json(self.body)
+        let mut response = HttpResponse::build(self.status);
+        if let Some(seconds) = self.retry_after {
+            response.insert_header((header::RETRY_AFTER, seconds.to_string()));
+        }
+        response.json(self.body)
     }
 }
 
@@ -124,6 +139,7 @@ pub(crate) struct Reject {
     pub(crate) status: StatusCode,
     pub(crate) outcome: Outcome,
     pub(crate) message: String,
+    pub(crate) retry_after: Option<u64>,
 }
 
 impl Reject {
@@ -132,7 +148,14 @@ impl Reject {
             status,
             message: message.into(),
             outcome,
+            retry_after: None,
         }
+    }
+
+    /// With `Retry-After: seconds`.
+    pub(crate) fn retry_after(mut self, seconds: u64) -> Self {
+        self.retry_after = Some(seconds);
+        self
     }
 
     /// 503: `what` is unavailable, retry later.
@@ -147,11 +170,14 @@ impl Reject {
 
 impl From<Reject> for Answer {
     fn from(reject: Reject) -> Self {
-        Answer::new(
-            reject.status,
-            reject.outcome,
-            json!({"status": "error", "error": reject.message}),
-        )
+        Answer {
+            retry_after: reject.retry_after,
+            ..Answer::new(
+                reject.status,
+                reject.outcome,
+                json!({"status": "error", "error": reject.message}),
+            )
+        }
     }
 }
 

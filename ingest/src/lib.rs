@@ -22,6 +22,7 @@
 
 mod answer;
 mod body;
+mod limits;
 mod receive;
 mod rotation;
 mod startup;

@@ -24,6 +24,7 @@ use sha2::{Digest, Sha256};
 
 use crate::answer::{Answer, Outcome, Reject};
 use crate::body::{check_framing, content_type_header, github_headers, read_body, single};
+use crate::limits::RateLimits;
 use crate::rotation::SecretMatches;
 
 /// Shared by every request.
@@ -38,6 +39,8 @@ pub(crate) struct State {
     pub(crate) in_flight: Arc<tokio::sync::Semaphore>,
     /// Group commit of claims; `None` claims each request on its own.
     pub(crate) batcher: Option<ClaimBatcher>,
+    /// The sources' token buckets.
+    pub(crate) rate_limits: RateLimits,
 }
 
 pub(crate) async fn receive_default(
@@ -163,7 +166,10 @@ async fn handle(
         Checked::Answered(answer) => return Ok(answer),
         Checked::Delivery(delivery) => delivery,
     };
-    let claimed = claim(state, &delivery, &body).await?;
+    // After the signature (an unsigned request never spends the bucket)
+    // and before anything is written.
+    state.rate_limits.admit(&source.name)?;
+    let claimed = claim(state, source, &delivery, &body).await?;
     publish_or_park(state, headers, delivery, body, claimed).await
 }
 
@@ -266,12 +272,19 @@ fn check_headers(
 
 /// Step 4: the claim, one statement (batched with other requests' claims
 /// when they arrive together).
-async fn claim(state: &State, delivery: &Delivery, body: &[u8]) -> Result<Claim, Reject> {
+async fn claim(
+    state: &State,
+    source: &Source,
+    delivery: &Delivery,
+    body: &[u8],
+) -> Result<Claim, Reject> {
     let request = ClaimRequest {
         key: delivery.key.clone(),
         event: delivery.event.as_str().to_owned(),
         action: delivery.action.clone(),
         body_sha256: Sha256::digest(body).into(),
+        guarded: source.replay_guard,
+        pinned: source.hook_ids.is_some(),
     };
     let started = std::time::Instant::now();
     let claimed = match &state.batcher {
@@ -330,6 +343,13 @@ async fn publish_or_park(
                 StatusCode::CONFLICT,
                 Outcome::Conflict,
                 json!({"status": "conflict", "error": "this delivery was received before with a different body"}),
+            ));
+        }
+        Claim::ReplayedBody => {
+            return Ok(Answer::new(
+                StatusCode::CONFLICT,
+                Outcome::ReplayedBody,
+                json!({"status": "conflict", "error": "this body was received before under another delivery id or hook id"}),
             ));
         }
         Claim::Duplicate(Status::Processing) => {

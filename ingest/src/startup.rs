@@ -14,6 +14,7 @@ use hookinbox::metrics::{Readiness, Ready};
 use hookinbox::postgres::{self, DbError};
 use serde_json::json;
 
+use crate::limits::RateLimits;
 use crate::receive::{State, receive_default, receive_named};
 use crate::rotation::SecretMatches;
 
@@ -74,6 +75,7 @@ impl IngestApp {
         let batcher = (config.claim_batch > 1)
             .then(|| group_commit::claims(pool.clone(), common.policy(), config.claim_batch));
         let state = web::Data::new(State {
+            rate_limits: RateLimits::new(config.sources.values()),
             batcher,
             in_flight,
             policy: common.policy(),

@@ -81,12 +81,17 @@ pub fn own(event: &str) -> Vec<u8> {
 /// replay guard refuses a body seen before under another id; tests that
 /// send a payload many times send it made unique each time.
 pub fn unique(body: &[u8]) -> Vec<u8> {
+    with_nonce(body, &uuid::Uuid::new_v4().simple().to_string())
+}
+
+/// `body`, a JSON object, with `"hookinbox_nonce": nonce` as its first
+/// member: the same nonce gives the same bytes (a redelivery), another
+/// nonce another body. `nonce` must need no JSON escaping.
+pub fn with_nonce(body: &[u8], nonce: &str) -> Vec<u8> {
     let start = body.iter().position(|b| *b == b'{').expect("a JSON object");
-    let mut out = Vec::with_capacity(body.len() + 64);
+    let mut out = Vec::with_capacity(body.len() + 32 + nonce.len());
     out.extend_from_slice(&body[..=start]);
-    out.extend_from_slice(
-        format!("\"hookinbox_nonce\":\"{}\",", uuid::Uuid::new_v4().simple()).as_bytes(),
-    );
+    out.extend_from_slice(format!("\"hookinbox_nonce\":\"{nonce}\",").as_bytes());
     out.extend_from_slice(&body[start + 1..]);
     out
 }

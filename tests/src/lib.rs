@@ -457,9 +457,10 @@ impl Hook {
     }
 
     /// A delivery of `event` with the repo's own payload for it
-    /// (`tests/fixtures/<event>/`).
+    /// (`tests/fixtures/<event>/`), made unique ([`fixtures::unique`]) so
+    /// that the replay guard takes each one.
     pub fn fixture(event: &str) -> Self {
-        Self::new(event, fixtures::own(event))
+        Self::new(event, fixtures::unique(&fixtures::own(event)))
     }
 
     /// Re-signs the body with `secret`.
@@ -482,30 +483,12 @@ impl Hook {
     pub fn id(&self) -> &str {
         self.delivery.as_deref().expect("delivery id")
     }
-}
 
-/// An answer: status and JSON body.
-#[derive(Debug)]
-pub struct Answer {
-    /// HTTP status.
-    pub status: u16,
-    /// The JSON body (`Null` if not JSON).
-    pub body: serde_json::Value,
-}
-
-impl Answer {
-    /// `body.status`.
-    pub fn kind(&self) -> &str {
-        self.body["status"].as_str().unwrap_or("")
-    }
-}
-
-impl TestIngest {
-    /// Sends `hook` and returns the answer.
-    pub async fn send(&self, hook: &Hook) -> Answer {
-        let mut req = self
-            .http
-            .post(format!("{}{}", self.base, hook.path))
+    /// Sends this request to the ingest at `base` and returns the answer.
+    pub async fn post(&self, http: &reqwest::Client, base: &str) -> Answer {
+        let hook = self;
+        let mut req = http
+            .post(format!("{base}{}", hook.path))
             .header("content-type", &hook.content_type)
             .header("user-agent", "GitHub-Hookshot/test")
             .body(hook.body.clone());
@@ -526,11 +509,42 @@ impl TestIngest {
         }
         let resp = req.send().await.expect("ingest answers");
         let status = resp.status().as_u16();
+        let retry_after = resp
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         let text = resp.text().await.unwrap_or_default();
         Answer {
             status,
             body: serde_json::from_str(&text).unwrap_or(serde_json::Value::Null),
+            retry_after,
         }
+    }
+}
+
+/// An answer: status and JSON body.
+#[derive(Debug)]
+pub struct Answer {
+    /// HTTP status.
+    pub status: u16,
+    /// The JSON body (`Null` if not JSON).
+    pub body: serde_json::Value,
+    /// `Retry-After`, if sent.
+    pub retry_after: Option<String>,
+}
+
+impl Answer {
+    /// `body.status`.
+    pub fn kind(&self) -> &str {
+        self.body["status"].as_str().unwrap_or("")
+    }
+}
+
+impl TestIngest {
+    /// Sends `hook` and returns the answer.
+    pub async fn send(&self, hook: &Hook) -> Answer {
+        hook.post(&self.http, &self.base).await
     }
 
     /// GETs a path and returns the status.

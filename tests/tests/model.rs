@@ -145,6 +145,9 @@ struct Sut {
     completed_seen: bool,
     /// The body hash the first claim stored.
     body: Option<[u8; 32]>,
+    /// This case's two bodies (its own, so that the replay guard, which
+    /// remembers bodies across keys, sees each only under this key).
+    bodies: [[u8; 32]; 2],
 }
 
 const BODY: &[u8] = b"{\"action\":\"opened\"}";
@@ -222,7 +225,7 @@ impl Sut {
         let client = pool.get().await.expect("client");
         match op {
             Op::Claim { other_body } => {
-                let sha = if other_body { [2u8; 32] } else { [1u8; 32] };
+                let sha = self.bodies[usize::from(other_body)];
                 let claim = deliveries::claim(
                     &client,
                     &self.policy,
@@ -231,6 +234,10 @@ impl Sut {
                         event: "push".into(),
                         action: None,
                         body_sha256: sha,
+                        // One key: the guard never refuses it, whatever
+                        // happened to the row before.
+                        guarded: true,
+                        pinned: false,
                     },
                 )
                 .await
@@ -250,6 +257,9 @@ impl Sut {
                         assert_ne!(self.body, Some(sha), "the same body reported as a conflict")
                     }
                     deliveries::Claim::Duplicate(_) => {}
+                    deliveries::Claim::ReplayedBody => {
+                        panic!("the replay guard refused the key its body came with")
+                    }
                 }
             }
             Op::Take(n) => {
@@ -382,14 +392,14 @@ impl Sut {
             }
             Op::Sweep => {
                 // Realistic retention: fresh rows are never swept.
-                deliveries::sweep(
-                    &client,
-                    Duration::from_secs(30 * 86400),
-                    Duration::from_secs(28 * 86400),
-                    500,
-                )
-                .await
-                .expect("sweep");
+                let retention = deliveries::Retention {
+                    completed: Duration::from_secs(30 * 86400),
+                    failed: Duration::from_secs(28 * 86400),
+                    events: Some(Duration::from_secs(30 * 86400)),
+                };
+                deliveries::sweep(&client, &retention, 500)
+                    .await
+                    .expect("sweep");
             }
             Op::Reap => {
                 deliveries::reap(&client, Duration::ZERO, 100)
@@ -452,6 +462,11 @@ impl StateMachineTest for DeliveryStateMachine {
             tokens: Vec::new(),
             completed_seen: false,
             body: None,
+            bodies: [0, 1].map(|_| {
+                let mut sha = [0u8; 32];
+                sha[..16].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
+                sha
+            }),
         }
     }
 

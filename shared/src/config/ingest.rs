@@ -6,9 +6,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use clap::builder::BoolishValueParser;
+
 use super::{
-    CommonArgs, CommonConfig, ConfigError, EventFilter, HandlerConfig, Source, at_least_one,
-    from_file, invalid, load_secrets,
+    CommonArgs, CommonConfig, ConfigError, EventFilter, HandlerConfig, RateLimit, Source,
+    at_least_one, from_file, invalid, load_secrets,
 };
 use crate::key::SourceName;
 
@@ -106,6 +108,31 @@ pub struct IngestArgs {
         default_value_t = 10_000
     )]
     pub body_timeout_ms: u64,
+
+    /// Refuse a body the `default` source received before under another
+    /// delivery id or hook id (a replayed capture). Default true; turn it
+    /// off only for a sender that legitimately repeats bodies.
+    #[arg(long, env = "HOOKINBOX_REPLAY_GUARD", value_name = "HOOKINBOX_REPLAY_GUARD",
+          value_parser = BoolishValueParser::new(), action = clap::ArgAction::Set)]
+    pub replay_guard: Option<bool>,
+
+    /// Signed deliveries per second the `default` source admits; past it,
+    /// 429 with Retry-After. Unset: no limit.
+    #[arg(
+        long,
+        env = "HOOKINBOX_RATE_LIMIT_PER_SECOND",
+        value_name = "HOOKINBOX_RATE_LIMIT_PER_SECOND"
+    )]
+    pub rate_limit_per_second: Option<u32>,
+
+    /// Deliveries the `default` source admits at once after a quiet
+    /// spell. Default: the per-second rate.
+    #[arg(
+        long,
+        env = "HOOKINBOX_RATE_LIMIT_BURST",
+        value_name = "HOOKINBOX_RATE_LIMIT_BURST"
+    )]
+    pub rate_limit_burst: Option<u32>,
 }
 
 /// Validated settings of `hookinbox-ingest`.
@@ -147,6 +174,16 @@ impl IngestArgs {
                         "defines each source's events; unset HOOKINBOX_ALLOWED_EVENTS",
                     ));
                 }
+                if self.replay_guard.is_some()
+                    || self.rate_limit_per_second.is_some()
+                    || self.rate_limit_burst.is_some()
+                {
+                    return Err(invalid(
+                        "HOOKINBOX_CONFIG",
+                        "defines each source's replay_guard and rate_limit; unset \
+                         HOOKINBOX_REPLAY_GUARD and HOOKINBOX_RATE_LIMIT_*",
+                    ));
+                }
                 from_file(path)?
             }
             None => vec![Source {
@@ -165,6 +202,14 @@ impl IngestArgs {
                 // Ingest does not run handlers nor reconcile.
                 handler: HandlerConfig::Store,
                 github: None,
+                replay_guard: self.replay_guard.unwrap_or(true),
+                rate_limit: RateLimit::from_settings(
+                    (
+                        "HOOKINBOX_RATE_LIMIT_PER_SECOND",
+                        self.rate_limit_per_second,
+                    ),
+                    ("HOOKINBOX_RATE_LIMIT_BURST", self.rate_limit_burst),
+                )?,
             }],
         };
         Ok(IngestConfig {

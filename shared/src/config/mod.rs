@@ -31,8 +31,8 @@ pub use github::{
 pub use ingest::{IngestArgs, IngestConfig};
 pub use secrets::{inline_secret, load_secrets, secrets_from_lines};
 pub use sources::{
-    DEFAULT_FORWARD_TIMEOUT, EventFilter, ForwardConfig, HandlerConfig, Source, from_file,
-    from_toml, parse_forward_url,
+    DEFAULT_FORWARD_TIMEOUT, EventFilter, ForwardConfig, HandlerConfig, RateLimit, Source,
+    from_file, from_toml, parse_forward_url,
 };
 pub use worker::{HandlerKind, MIN_COMPLETED_RETENTION, ReconcileTarget, WorkerArgs, WorkerConfig};
 

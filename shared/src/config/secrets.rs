@@ -15,14 +15,34 @@ fn strip_line_ending(s: &str) -> &str {
     s.strip_suffix('\r').unwrap_or(s)
 }
 
-/// Reads a file named by the setting `name`. The error names the setting and
-/// the path, never the content.
+/// The largest settings file read: secrets, keys and config files are
+/// small, and a mistaken path to a huge file should fail, not fill memory.
+const MAX_FILE_BYTES: u64 = 1024 * 1024;
+
+/// Reads a file named by the setting `name`: a regular file (or a link to
+/// one, as Kubernetes mounts secrets), never a directory, a device or a
+/// pipe, which could hang the read or never end it. The error names the
+/// setting and the path, never the content.
 pub(super) fn read(name: &str, path: &Path) -> Result<String, ConfigError> {
-    std::fs::read_to_string(path).map_err(|source| ConfigError::Unreadable {
+    let unreadable = |source| ConfigError::Unreadable {
         name: name.to_owned(),
         path: path.to_owned(),
         source,
-    })
+    };
+    let meta = std::fs::metadata(path).map_err(unreadable)?;
+    if !meta.is_file() {
+        return Err(ConfigError::field(
+            name,
+            format!("{} is not a regular file", path.display()),
+        ));
+    }
+    if meta.len() > MAX_FILE_BYTES {
+        return Err(ConfigError::field(
+            name,
+            format!("{} is larger than 1 MiB", path.display()),
+        ));
+    }
+    std::fs::read_to_string(path).map_err(unreadable)
 }
 
 /// Loads the secrets from the variable or the file. An empty secret, or an
@@ -113,5 +133,39 @@ mod tests {
             Some("F: line 2 is empty; an empty secret lets anyone sign")
         );
         assert!(secrets_from_lines("F", "\n").is_err());
+    }
+
+    #[test]
+    fn only_regular_files_are_read_and_errors_never_show_content() {
+        let dir = std::env::temp_dir().join(format!("hookinbox-read-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let refused = |path: &Path| read("SETTING", path).err().map(|e| e.to_string());
+        for not_a_file in [
+            dir.as_path(),
+            Path::new("/dev/null"),
+            Path::new("/dev/zero"),
+        ] {
+            assert_eq!(
+                refused(not_a_file),
+                Some(format!(
+                    "SETTING: {} is not a regular file",
+                    not_a_file.display()
+                ))
+            );
+        }
+        let file = dir.join("secret");
+        std::fs::write(&file, "s3cret\n").expect("write");
+        let link = dir.join("link");
+        std::os::unix::fs::symlink(&file, &link).expect("symlink");
+        assert_eq!(read("SETTING", &link).ok().as_deref(), Some("s3cret\n"));
+        let big = dir.join("big");
+        std::fs::write(&big, vec![b'x'; 2 * 1024 * 1024]).expect("write");
+        assert!(refused(&big).is_some_and(|e| e.ends_with("is larger than 1 MiB")));
+        let binary = dir.join("binary");
+        std::fs::write(&binary, b"topsecret\xff\xfe").expect("write");
+        let err = refused(&binary).expect("not UTF-8");
+        assert!(err.starts_with("SETTING: cannot read"), "{err}");
+        assert!(!err.contains("topsecret"), "{err}");
+        let _ = std::fs::remove_dir_all(dir);
     }
 }

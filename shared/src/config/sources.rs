@@ -8,6 +8,7 @@
 //! uses the secrets, pins and event filters; the worker uses the handlers.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -131,6 +132,46 @@ pub struct Source {
     /// worker validates it and reads its credentials
     /// ([`GithubSettings::load`]); ingest has no use for it.
     pub github: Option<GithubSettings>,
+    /// Refuse a body seen before under another key (a replayed capture);
+    /// on unless the source turns it off.
+    pub replay_guard: bool,
+    /// Signed deliveries admitted per second, if limited.
+    pub rate_limit: Option<RateLimit>,
+}
+
+/// A token bucket: `per_second` tokens are added each second, up to
+/// `burst`; each signed delivery takes one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RateLimit {
+    /// Sustained deliveries per second.
+    pub per_second: NonZeroU32,
+    /// Deliveries admitted at once after a quiet spell.
+    pub burst: NonZeroU32,
+}
+
+impl RateLimit {
+    /// The limit from its two settings, named in errors: a burst without a
+    /// rate is refused; a rate alone bursts to itself.
+    pub fn from_settings(
+        (rate_field, per_second): (&str, Option<u32>),
+        (burst_field, burst): (&str, Option<u32>),
+    ) -> Result<Option<Self>, ConfigError> {
+        let positive = |field: &str, n: u32| {
+            NonZeroU32::new(n).ok_or_else(|| ConfigError::field(field, "must be at least 1"))
+        };
+        match (per_second, burst) {
+            (None, None) => Ok(None),
+            (None, Some(_)) => Err(ConfigError::field(
+                burst_field,
+                format!("is set without a rate; set {rate_field} too"),
+            )),
+            (Some(rate), burst) => {
+                let per_second = positive(rate_field, rate)?;
+                let burst = burst.map_or(Ok(per_second), |b| positive(burst_field, b))?;
+                Ok(Some(Self { per_second, burst }))
+            }
+        }
+    }
 }
 
 impl Source {
@@ -166,6 +207,20 @@ struct FileSource {
     #[serde(default)]
     handler: FileHandler,
     github: Option<GithubSettings>,
+    #[serde(default = "on")]
+    replay_guard: bool,
+    rate_limit: Option<FileRateLimit>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileRateLimit {
+    per_second: u32,
+    burst: Option<u32>,
+}
+
+fn on() -> bool {
+    true
 }
 
 #[derive(Deserialize)]
@@ -310,6 +365,13 @@ pub fn from_toml(text: &str) -> Result<Vec<Source>, ConfigError> {
                 })
             }
         };
+        let rate_limit = match raw.rate_limit {
+            None => None,
+            Some(limit) => RateLimit::from_settings(
+                (&at("rate_limit.per_second"), Some(limit.per_second)),
+                (&at("rate_limit.burst"), limit.burst),
+            )?,
+        };
         sources.push(Source {
             name,
             secrets: Secrets::new(secrets),
@@ -317,6 +379,8 @@ pub fn from_toml(text: &str) -> Result<Vec<Source>, ConfigError> {
             events,
             handler,
             github: raw.github,
+            replay_guard: raw.replay_guard,
+            rate_limit,
         });
     }
     Ok(sources)
@@ -355,6 +419,15 @@ mod tests {
             std::env::temp_dir().join(format!("hookinbox-src-{}.toml", uuid::Uuid::new_v4()));
         std::fs::write(&path, text).expect("write");
         path
+    }
+
+    #[test]
+    fn the_example_file_uses_only_known_keys() {
+        let text = include_str!("../../../config.example.toml");
+        let file: File = toml::from_str(text).expect("config.example.toml parses");
+        assert_eq!(file.sources.len(), 2);
+        let limit = file.sources[0].rate_limit.as_ref().expect("a rate limit");
+        assert_eq!((limit.per_second, limit.burst), (200, Some(400)));
     }
 
     #[test]

@@ -13,6 +13,7 @@ use super::{
     GithubSettings, HandlerConfig, IdValue, Reconcile, at_least_one, from_file, inline_secret,
     invalid, parse_duration, parse_forward_url,
 };
+use crate::deliveries::Retention;
 use crate::key::SourceName;
 use crate::retry::RetryPolicy;
 
@@ -272,6 +273,16 @@ pub struct WorkerArgs {
         value_parser = BoolishValueParser::new(), action = clap::ArgAction::Set)]
     pub allow_short_retention: bool,
 
+    /// Days the `store` handler's events (`github_events`, full payloads)
+    /// are kept; 0 keeps them. Default: 30, or the completed retention if
+    /// that is longer. Never shorter than the completed retention.
+    #[arg(
+        long,
+        env = "HOOKINBOX_EVENTS_RETENTION_DAYS",
+        value_name = "HOOKINBOX_EVENTS_RETENTION_DAYS"
+    )]
+    pub events_retention_days: Option<u64>,
+
     /// Seconds past its lease after which a processing claim is reaped as `lost`.
     #[arg(
         long,
@@ -311,10 +322,9 @@ pub struct WorkerConfig {
     pub shutdown_grace: Duration,
     /// Backoff and attempts.
     pub retry: RetryPolicy,
-    /// Completed rows older than this are swept.
-    pub retention_completed: Duration,
-    /// Failed rows older than this are swept.
-    pub retention_failed: Duration,
+    /// How long completed and failed rows, the replay guard's bodies and
+    /// stored events are kept.
+    pub retention: Retention,
     /// Processing rows this long past their lease are reaped.
     pub reap_after: Duration,
     /// Pause between scheduler passes.
@@ -334,6 +344,40 @@ pub struct ReconcileTarget {
     pub events: EventFilter,
     /// The hook, the credentials and the pace.
     pub settings: Reconcile,
+}
+
+/// The events' retention when none is set, unless the completed
+/// retention is longer.
+const DEFAULT_EVENTS_RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// `HOOKINBOX_EVENTS_RETENTION_DAYS` checked against the completed
+/// retention, the window in which a redelivery is answered as a duplicate:
+/// an event swept inside it would be gone while its delivery still says it
+/// was stored. `None` keeps events.
+fn events_retention(
+    days: Option<u64>,
+    completed: Duration,
+) -> Result<Option<Duration>, ConfigError> {
+    let kept = match days {
+        None => return Ok(Some(DEFAULT_EVENTS_RETENTION.max(completed))),
+        Some(0) => return Ok(None),
+        Some(days) => days
+            .checked_mul(24 * 3600)
+            .map(Duration::from_secs)
+            .ok_or_else(|| invalid("HOOKINBOX_EVENTS_RETENTION_DAYS", "is too large"))?,
+    };
+    if kept < completed {
+        return Err(invalid(
+            "HOOKINBOX_EVENTS_RETENTION_DAYS",
+            format!(
+                "is shorter than HOOKINBOX_RETENTION_COMPLETED ({} days): events would be \
+                 swept while their deliveries are still answered as duplicates; set at least \
+                 that, or 0 to keep events",
+                completed.as_secs().div_ceil(24 * 3600)
+            ),
+        ));
+    }
+    Ok(Some(kept))
 }
 
 /// The shortest completed retention accepted without consent: GitHub lets
@@ -379,6 +423,11 @@ impl WorkerArgs {
         }
         let retention_failed =
             parse_duration("HOOKINBOX_RETENTION_FAILED", &self.retention_failed)?;
+        let retention = Retention {
+            completed: retention_completed,
+            failed: retention_failed,
+            events: events_retention(self.events_retention_days, retention_completed)?,
+        };
         let (handlers, reconcile) = match &self.config {
             Some(path) => {
                 if !github.is_empty() {
@@ -465,8 +514,7 @@ impl WorkerArgs {
             metrics_listen: self.metrics_listen,
             handler_timeout: Duration::from_millis(self.handler_timeout_ms),
             shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),
-            retention_completed,
-            retention_failed,
+            retention,
             reap_after: Duration::from_secs(self.reap_after_secs),
             scheduler_interval: Duration::from_millis(self.scheduler_interval_ms),
         })

@@ -23,6 +23,12 @@ pub struct ClaimRequest {
     pub action: Option<String>,
     /// SHA-256 of the raw body: the same key with another body is a conflict.
     pub body_sha256: [u8; 32],
+    /// The source's replay guard is on: a body seen before under another
+    /// key is refused ([`Claim::ReplayedBody`]).
+    pub guarded: bool,
+    /// The source pins its hook ids: the same delivery id under another
+    /// (pinned) hook id is one event sent to two hooks, not a replay.
+    pub pinned: bool,
 }
 
 /// What a claim decided.
@@ -49,19 +55,56 @@ pub enum Claim {
     Duplicate(Status),
     /// The same key arrived before with another body.
     Conflict,
+    /// The body arrived before under another key (another delivery id, or
+    /// another hook id the source does not pin): a replay of a captured
+    /// request. Nothing was claimed.
+    ReplayedBody,
+}
+
+/// The SQLSTATE `hookinbox_replayed_body()` raises (migration 6).
+const REPLAYED_BODY: &str = "HB409";
+
+/// The replay guard, after a claim CTE named `claimed` (`inserted` true for
+/// a new row): each new row's body is recorded for its source in
+/// `seen_bodies`; when the body was recorded before under another delivery
+/// id, or another hook id where hook ids are not pinned, the statement
+/// raises `HB409` and leaves nothing behind. `DO UPDATE` (a no-op) rather
+/// than `DO NOTHING`: it returns the row that is there, even one a
+/// concurrent claim committed after this statement began.
+macro_rules! guard_new_bodies {
+    ($rows:literal) => {
+        concat!(
+            ", guard as (
+    insert into seen_bodies (provider, source, body_sha256, hook_id, delivery_id)
+    ",
+            $rows,
+            "
+    on conflict (provider, source, body_sha256) do update set hook_id = seen_bodies.hook_id
+    returning provider, source, body_sha256, hook_id, delivery_id
+)"
+        )
+    };
 }
 
 const CLAIM: &str = concat!(
     "
-insert into deliveries as d
-    (provider, source, hook_id, delivery_id, event, action, body_sha256,
-     status, claim_token, lease_until, claimed_at)
-values ($1, $2, $3, $4, $5, $6, $7,
-        'processing', $8, now() + make_interval(secs => $9), now())
-",
+with claimed as (
+    insert into deliveries as d
+        (provider, source, hook_id, delivery_id, event, action, body_sha256,
+         status, claim_token, lease_until, claimed_at)
+    values ($1, $2, $3, $4, $5, $6, $7,
+            'processing', $8, now() + make_interval(secs => $9), now())
+    ",
     reclaim_on_conflict!(),
     "
-returning (xmax = 0) as inserted, attempts"
+    returning (xmax = 0) as inserted, attempts
+)",
+    guard_new_bodies!("select $1, $2, $7, $3, $4 from claimed where claimed.inserted and $11"),
+    "
+select inserted, attempts,
+       case when exists (select 1 from guard g where g.delivery_id <> $4 or (g.hook_id <> $3 and not $12))
+            then hookinbox_replayed_body() end
+from claimed"
 );
 
 /// The state a claim reports when `ON CONFLICT … WHERE` refused the key.
@@ -144,10 +187,16 @@ pub async fn claim(
                         &token.0,
                         &secs(policy.lease),
                         &policy.max_attempts,
+                        &req.guarded,
+                        &req.pinned,
                     ],
                 ),
             )
-            .await?;
+            .await;
+        let row = match row {
+            Err(e) if replayed(&e) => return Ok(Claim::ReplayedBody),
+            other => other?,
+        };
         if let Some(row) = row {
             let inserted: bool = row.get(0);
             return Ok(Claim::Claimed {
@@ -169,20 +218,45 @@ pub async fn claim(
 
 const CLAIM_BATCH: &str = concat!(
     "
-insert into deliveries as d
-    (provider, source, hook_id, delivery_id, event, action, body_sha256,
-     status, claim_token, lease_until, claimed_at)
-select provider, source, hook_id, delivery_id, event, action, body_sha256,
-       'processing', claim_token, now() + make_interval(secs => $9), now()
-from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-            $7::bytea[], $8::uuid[])
-     as input(provider, source, hook_id, delivery_id, event, action, body_sha256, claim_token)
-order by provider, source, hook_id, delivery_id
-",
+with input as (
+    select * from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+                         $7::bytea[], $8::uuid[], $11::bool[], $12::bool[])
+        as i(provider, source, hook_id, delivery_id, event, action, body_sha256, claim_token,
+             guarded, pinned)
+), claimed as (
+    insert into deliveries as d
+        (provider, source, hook_id, delivery_id, event, action, body_sha256,
+         status, claim_token, lease_until, claimed_at)
+    select provider, source, hook_id, delivery_id, event, action, body_sha256,
+           'processing', claim_token, now() + make_interval(secs => $9), now()
+    from input
+    order by provider, source, hook_id, delivery_id
+    ",
     reclaim_on_conflict!(),
     "
-returning d.provider, d.source, d.hook_id, d.delivery_id, (xmax = 0) as inserted, d.attempts"
+    returning d.provider, d.source, d.hook_id, d.delivery_id, (xmax = 0) as inserted, d.attempts
+)",
+    guard_new_bodies!(
+        "select distinct on (i.provider, i.source, i.body_sha256)
+           i.provider, i.source, i.body_sha256, i.hook_id, i.delivery_id
+    from claimed c join input i using (provider, source, hook_id, delivery_id)
+    where c.inserted and i.guarded
+    order by i.provider, i.source, i.body_sha256"
+    ),
+    "
+select c.provider, c.source, c.hook_id, c.delivery_id, c.inserted, c.attempts,
+       case when exists (
+           select 1 from guard g join input i using (provider, source, body_sha256)
+           where i.guarded and (g.delivery_id <> i.delivery_id
+                                or (g.hook_id <> i.hook_id and not i.pinned)))
+            then hookinbox_replayed_body() end
+from claimed c"
 );
+
+/// Whether `e` is the replay guard's refusal.
+fn replayed(e: &tokio_postgres::Error) -> bool {
+    e.code().is_some_and(|c| c.code() == REPLAYED_BODY)
+}
 
 /// [`CLAIM_STATE`] for many keys.
 const CLAIM_BATCH_STATE: &str = "
@@ -225,6 +299,8 @@ pub async fn claim_batch(
         .map(|&i| &requests[i].body_sha256[..])
         .collect();
     let uuids: Vec<Uuid> = firsts.values().map(|i| tokens[i].0).collect();
+    let guarded: Vec<bool> = firsts.values().map(|&i| requests[i].guarded).collect();
+    let pinned: Vec<bool> = firsts.values().map(|&i| requests[i].pinned).collect();
 
     let stmt = client.prepare_cached(CLAIM_BATCH).await?;
     let rows = client
@@ -237,6 +313,8 @@ pub async fn claim_batch(
                 &uuids,
                 &secs(policy.lease),
                 &policy.max_attempts,
+                &guarded,
+                &pinned,
             ]),
         )
         .await?;

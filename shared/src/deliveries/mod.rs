@@ -210,7 +210,7 @@ pub use complete::{
 };
 pub use parked::{Parked, ParkedBody, Unreadable};
 pub use reconcile::{Held, held};
-pub use retention::{Swept, purge_dead, sweep};
+pub use retention::{Retention, Swept, purge_dead, sweep};
 pub use schedule::{
     dead_letter_unreadable, exhaust_due, needing_copy, reap, reschedule, schedule_due,
 };

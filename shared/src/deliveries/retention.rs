@@ -1,6 +1,7 @@
 //! Retention: completed and failed rows past their retention are deleted
-//! in small batches, and operators purge old dead letters. Processing rows
-//! are never swept: the reaper deals with them.
+//! in small batches, with the replay guard's bodies and the stored events,
+//! and operators purge old dead letters. Processing rows are never swept:
+//! the reaper deals with them.
 
 use std::time::Duration;
 
@@ -9,28 +10,47 @@ use deadpool_postgres::GenericClient;
 use super::secs;
 use crate::postgres::DbError;
 
-/// Deletes up to `$2` rows of `status` whose `at` column is older than `$1`
-/// seconds.
+/// Deletes up to `$2` rows of `table` whose `at` column is older than `$1`
+/// seconds (and that match `and`).
 macro_rules! sweep {
-    ($status:literal, $at:literal) => {
+    ($table:literal, $at:literal, $and:literal) => {
         concat!(
             "
-delete from deliveries
+delete from ",
+            $table,
+            "
 where ctid in (
-    select ctid from deliveries
-    where status = '",
-            $status,
-            "' and ",
+    select ctid from ",
+            $table,
+            "
+    where ",
             $at,
-            " < now() - make_interval(secs => $1)
+            " < now() - make_interval(secs => $1)",
+            $and,
+            "
     limit $2
 )"
         )
     };
 }
 
-const SWEEP_COMPLETED: &str = sweep!("completed", "completed_at");
-const SWEEP_FAILED: &str = sweep!("failed", "failed_at");
+const SWEEP_COMPLETED: &str = sweep!("deliveries", "completed_at", " and status = 'completed'");
+const SWEEP_FAILED: &str = sweep!("deliveries", "failed_at", " and status = 'failed'");
+const SWEEP_SEEN_BODIES: &str = sweep!("seen_bodies", "seen_at", "");
+const SWEEP_EVENTS: &str = sweep!("github_events", "received_at", "");
+
+/// How long each kind of row is kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Retention {
+    /// Completed deliveries, and the replay guard's bodies: the window in
+    /// which a redelivery is answered as a duplicate and a replayed body
+    /// is refused.
+    pub completed: Duration,
+    /// Failed deliveries (dead letters and retries).
+    pub failed: Duration,
+    /// The `store` handler's `github_events`; `None` keeps them.
+    pub events: Option<Duration>,
+}
 
 /// What one sweep deleted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -39,26 +59,47 @@ pub struct Swept {
     pub completed: u64,
     /// Failed rows older than theirs.
     pub failed: u64,
+    /// Bodies the replay guard no longer needs to remember.
+    pub seen_bodies: u64,
+    /// Stored events older than their retention.
+    pub events: u64,
+}
+
+impl Swept {
+    /// Rows deleted in all.
+    pub fn total(&self) -> u64 {
+        self.completed + self.failed + self.seen_bodies + self.events
+    }
 }
 
 /// Retention: deletes completed and failed rows older than their
-/// retention, with their parked bodies (cascade), in batches of `batch` so
-/// that no statement holds many locks or a long transaction. Processing
-/// rows are never swept: the reaper deals with them.
+/// retention, with their parked bodies (cascade), the replay guard's
+/// bodies older than the completed retention, and stored events older
+/// than theirs, in batches of `batch` so that no statement holds many locks
+/// or a long transaction. Processing rows are never swept: the reaper
+/// deals with them.
 pub async fn sweep(
     client: &impl GenericClient,
-    completed: Duration,
-    failed: Duration,
+    retention: &Retention,
     batch: i64,
 ) -> Result<Swept, DbError> {
     let mut swept = Swept::default();
-    for (sql, retention, count) in [
-        (SWEEP_COMPLETED, completed, &mut swept.completed),
-        (SWEEP_FAILED, failed, &mut swept.failed),
-    ] {
+    let mut tables = vec![
+        (SWEEP_COMPLETED, retention.completed, &mut swept.completed),
+        (SWEEP_FAILED, retention.failed, &mut swept.failed),
+        (
+            SWEEP_SEEN_BODIES,
+            retention.completed,
+            &mut swept.seen_bodies,
+        ),
+    ];
+    if let Some(events) = retention.events {
+        tables.push((SWEEP_EVENTS, events, &mut swept.events));
+    }
+    for (sql, kept, count) in tables {
         let stmt = client.prepare_cached(sql).await?;
         loop {
-            let n = client.execute(&stmt, &[&secs(retention), &batch]).await?;
+            let n = client.execute(&stmt, &[&secs(kept), &batch]).await?;
             *count += n;
             if n < batch as u64 {
                 break;

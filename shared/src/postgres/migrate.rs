@@ -38,6 +38,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "0004_reconcile.sql",
         sql: include_str!("../../migrations/0004_reconcile.sql"),
     },
+    Migration {
+        version: 6,
+        name: "0006_guards.sql",
+        sql: include_str!("../../migrations/0006_guards.sql"),
+    },
 ];
 
 /// Applies every pending migration and returns how many it applied.

@@ -132,6 +132,8 @@ async fn a_claim_batch_answers_each_request_like_a_single_claim() {
         event: "push".to_owned(),
         action: None,
         body_sha256: [sha; 32],
+        guarded: false,
+        pinned: false,
     };
     // An existing completed delivery and an untaken, overdue claim.
     let first = deliveries::claim_batch(&client, &policy, &[req("done", 1), req("stale", 1)])

@@ -399,6 +399,22 @@ async fn logs_never_carry_the_secret_the_signature_or_the_payload() {
             .expect("answer")
             .status();
         assert_eq!(refused.as_u16(), 401);
+        if fixture.event != "ping" {
+            // A replay under a fresh delivery id is refused and logged; its
+            // log line carries no payload either.
+            let replay = http
+                .post(format!("{base}/webhooks/github"))
+                .header("content-type", "application/json")
+                .header("x-github-event", &fixture.event)
+                .header("x-github-delivery", uuid::Uuid::new_v4().to_string())
+                .header("x-hub-signature-256", &signature)
+                .body(fixture.body.clone())
+                .send()
+                .await
+                .expect("answer")
+                .status();
+            assert_eq!(replay.as_u16(), 409);
+        }
         signatures.push(signature);
         signatures.push(wrong);
         payload_bits.extend(fragments(&fixture.body));
@@ -412,7 +428,9 @@ async fn logs_never_carry_the_secret_the_signature_or_the_payload() {
     .await;
     let logs = format!("{}\n{}", ingest.logs(), worker.logs());
     assert!(
-        logs.contains("webhook answered") && logs.contains("job done"),
+        logs.contains("webhook answered")
+            && logs.contains("job done")
+            && logs.contains("replayed_body"),
         "logs were captured"
     );
     assert!(!logs.contains(SECRET), "the secret is never logged");

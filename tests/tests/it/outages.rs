@@ -100,6 +100,8 @@ async fn untaken_claim_is_rescued_by_a_redelivery_that_republishes_it() {
             event: "push".into(),
             action: None,
             body_sha256: sha,
+            guarded: false,
+            pinned: false,
         },
     )
     .await
@@ -162,6 +164,8 @@ async fn a_copy_answered_while_the_first_ingest_died_before_publishing_is_not_lo
             event: "push".into(),
             action: None,
             body_sha256: sha,
+            guarded: false,
+            pinned: false,
         },
     )
     .await

@@ -53,6 +53,8 @@ async fn one_round(env: &TestEnv, client: &deadpool_postgres::Object, id: &str) 
             event: "push".to_owned(),
             action: None,
             body_sha256: [7; 32],
+            guarded: false,
+            pinned: false,
         }],
     )
     .await

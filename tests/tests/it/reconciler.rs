@@ -151,7 +151,10 @@ async fn sent_while_down(n: usize) -> (TestEnv, Github, Vec<String>, TestIngest)
     let body = fixtures::own("push");
     let mut guids = Vec::new();
     for _ in 0..n {
-        let (guid, status) = gh.fake.deliver(gh.hook, "push", &body).await;
+        let (guid, status) = gh
+            .fake
+            .deliver(gh.hook, "push", &fixtures::unique(&body))
+            .await;
         assert_eq!(status, 0, "nobody answered");
         guids.push(guid);
     }
@@ -174,7 +177,10 @@ async fn deliveries_sent_while_ingest_was_down_are_redelivered_once_each_and_com
     let body = fixtures::own("push");
     let mut answered = Vec::new();
     for _ in 0..5 {
-        let (guid, status) = gh.fake.deliver(gh.hook, "push", &body).await;
+        let (guid, status) = gh
+            .fake
+            .deliver(gh.hook, "push", &fixtures::unique(&body))
+            .await;
         assert_eq!(status, 202);
         answered.push(guid);
     }
@@ -238,6 +244,8 @@ async fn a_claim_whose_ingest_died_before_publishing_is_listed_then_redelivered_
             event: "push".into(),
             action: None,
             body_sha256: sha,
+            guarded: false,
+            pinned: false,
         },
     )
     .await
@@ -293,7 +301,10 @@ async fn deliveries_completed_here_but_failed_at_github_are_counted_late_and_not
     let body = fixtures::own("push");
     let mut late = Vec::new();
     for _ in 0..4 {
-        let (guid, status) = gh.fake.deliver(gh.hook, "push", &body).await;
+        let (guid, status) = gh
+            .fake
+            .deliver(gh.hook, "push", &fixtures::unique(&body))
+            .await;
         assert_eq!(status, 202);
         // Ingest answered after GitHub's 10 seconds: GitHub logs a failure.
         gh.fake.mark_timed_out(&guid);
@@ -318,7 +329,7 @@ async fn a_delivery_that_fails_every_time_is_redelivered_at_most_the_cap_across_
     let gh = Github::start(&env, format!("{}/webhooks/github/nowhere", ingest.base));
     let (guid, status) = gh
         .fake
-        .deliver(gh.hook, "push", &fixtures::own("push"))
+        .deliver(gh.hook, "push", &fixtures::unique(&fixtures::own("push")))
         .await;
     assert_eq!(status, 404);
     let mut capped = 0;
@@ -362,7 +373,7 @@ async fn a_long_log_is_walked_to_the_watermark_nothing_is_missed_and_nothing_red
             gh.hook,
             &guid,
             "push",
-            &body,
+            &fixtures::unique(&body),
             0,
             "failed to connect to host",
             false,
@@ -405,7 +416,7 @@ async fn a_long_log_is_walked_to_the_watermark_nothing_is_missed_and_nothing_red
         gh.hook,
         &late,
         "push",
-        &body,
+        &fixtures::unique(&body),
         0,
         "failed to connect to host",
         false,
@@ -444,8 +455,14 @@ async fn rate_limits_are_waited_out_and_a_422_is_recorded() {
     let port = free_port();
     let gh = Github::start(&env, format!("http://127.0.0.1:{port}/webhooks/github"));
     let body = fixtures::own("push");
-    let (refused, _) = gh.fake.deliver(gh.hook, "push", &body).await;
-    let (other, _) = gh.fake.deliver(gh.hook, "push", &body).await;
+    let (refused, _) = gh
+        .fake
+        .deliver(gh.hook, "push", &fixtures::unique(&body))
+        .await;
+    let (other, _) = gh
+        .fake
+        .deliver(gh.hook, "push", &fixtures::unique(&body))
+        .await;
     let _ingest = ingest_on(&env, port).await;
     gh.fake.refuse(&refused);
     gh.fake
@@ -530,7 +547,7 @@ async fn a_dry_run_lists_what_it_would_redeliver_and_changes_nothing() {
     );
     let (guid, _) = gh
         .fake
-        .deliver(gh.hook, "push", &fixtures::own("push"))
+        .deliver(gh.hook, "push", &fixtures::unique(&fixtures::own("push")))
         .await;
     let (code, report, stderr) = gh.reconcile(&env, &["--dry-run"], &[]).await;
     assert_eq!(code, 0, "{stderr}");
@@ -569,7 +586,9 @@ async fn an_app_hook_is_read_with_the_apps_jwt_and_its_hook_id_learned() {
         target: format!("http://127.0.0.1:{port}/webhooks/github"),
         secret: SECRET.into(),
     });
-    let (guid, status) = fake.deliver(hook, "push", &fixtures::own("push")).await;
+    let (guid, status) = fake
+        .deliver(hook, "push", &fixtures::unique(&fixtures::own("push")))
+        .await;
     assert_eq!(status, 0);
     let key_file = std::env::temp_dir().join(format!("{}-app.pem", env.prefix));
     std::fs::write(&key_file, &private).expect("key file");
@@ -735,7 +754,7 @@ async fn a_toml_source_names_its_hook_in_a_github_table() {
     );
     let (guid, _) = gh
         .fake
-        .deliver(gh.hook, "push", &fixtures::own("push"))
+        .deliver(gh.hook, "push", &fixtures::unique(&fixtures::own("push")))
         .await;
     let config = std::env::temp_dir().join(format!("{}-sources.toml", env.prefix));
     std::fs::write(
@@ -804,7 +823,9 @@ async fn a_repository_hook_read_as_an_app_uses_an_installation_token() {
     let (private, public) = github::app_keys();
     let gh = Github::start(&env, format!("http://127.0.0.1:{port}/webhooks/github"));
     let fake = gh.fake.clone().with_app("4242", &public, 77);
-    let (guid, _) = fake.deliver(gh.hook, "push", &fixtures::own("push")).await;
+    let (guid, _) = fake
+        .deliver(gh.hook, "push", &fixtures::unique(&fixtures::own("push")))
+        .await;
     let _ingest = ingest_on(&env, port).await;
     let key_file = std::env::temp_dir().join(format!("{}-app.pem", env.prefix));
     std::fs::write(&key_file, &private).expect("key file");

@@ -93,6 +93,8 @@ async fn the_reaper_marks_only_abandoned_claims_lost_and_both_ways_out_complete(
             event: "push".into(),
             action: None,
             body_sha256: sha,
+            guarded: false,
+            pinned: false,
         },
     )
     .await
@@ -196,5 +198,51 @@ async fn the_reaper_marks_only_abandoned_claims_lost_and_both_ways_out_complete(
         5
     );
     assert_eq!(env.events().await, 5);
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn stored_events_are_swept_after_their_own_retention_and_0_keeps_them() {
+    let (env, ingest) = TestEnv::with_ingest().await;
+    let worker = env.store_worker().await;
+    for _ in 0..3 {
+        assert_eq!(ingest.send(&Hook::fixture("push")).await.status, 202);
+    }
+    settle(&env, &worker).await;
+    assert_eq!(env.events().await, 3);
+    // One event 50 days old, one 35, one fresh; their deliveries are fresh.
+    env.db
+        .batch_execute(
+            "with aged as (
+                 select delivery_id, row_number() over (order by delivery_id) as n
+                 from github_events
+             )
+             update github_events e
+             set received_at = now() - case a.n when 1 then interval '50 days'
+                                                when 2 then interval '35 days'
+                                                else interval '0 days' end
+             from aged a where a.delivery_id = e.delivery_id",
+        )
+        .await
+        .expect("age events");
+    let sweep = |extra: &[(&str, &str)]| {
+        let out = hookinbox_tests::worker_command(&env, &["sweep"], extra)
+            .output()
+            .expect("runs");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // 0 keeps every event.
+    let out = sweep(&[("HOOKINBOX_EVENTS_RETENTION_DAYS", "0")]);
+    assert!(out.contains("0 stored events"), "{out}");
+    assert_eq!(env.events().await, 3);
+    // 40 days: only the 50-day-old one goes.
+    let out = sweep(&[("HOOKINBOX_EVENTS_RETENTION_DAYS", "40")]);
+    assert!(out.contains("1 stored events"), "{out}");
+    assert_eq!(env.events().await, 2);
+    // The default, 30 days: the 35-day-old one goes too.
+    let out = sweep(&[]);
+    assert!(out.contains("1 stored events"), "{out}");
+    assert_eq!(env.events().await, 1);
+    assert_eq!(env.deliveries().await, 3, "their deliveries are kept");
     env.cleanup().await;
 }

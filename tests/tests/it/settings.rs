@@ -53,6 +53,26 @@ fn each_bad_config_file_is_refused_naming_the_field() {
             "[[sources]]\nname = \"a\"\nsecrets = [\"s\"]\nhook_ids = [\"12x\"]\n",
             "sources[0].hook_ids[0]",
         ),
+        (
+            "[[sources]]\nname = \"a\"\nsecret_files = [\"/dev/null\"]\n",
+            "sources[0].secret_files[0]: /dev/null is not a regular file",
+        ),
+        (
+            "[[sources]]\nname = \"a\"\nsecrets = [\"s\"]\nrate_limit = { per_second = 0 }\n",
+            "sources[0].rate_limit.per_second: must be at least 1",
+        ),
+        (
+            "[[sources]]\nname = \"a\"\nsecrets = [\"s\"]\nrate_limit = { per_second = 5, burst = 0 }\n",
+            "sources[0].rate_limit.burst: must be at least 1",
+        ),
+        (
+            "[[sources]]\nname = \"a\"\nsecrets = [\"s\"]\nrate_limit = { burst = 5 }\n",
+            "missing field `per_second`",
+        ),
+        (
+            "[[sources]]\nname = \"a\"\nsecrets = [\"s\"]\nreplay_guard = \"no\"\n",
+            "line 4",
+        ),
     ];
     for (i, (text, expected)) in cases.iter().enumerate() {
         let path = dir.join(format!("{i}.toml"));
@@ -80,6 +100,8 @@ fn each_bad_setting_is_refused_by_name() {
     let empty_file = dir.join("empty");
     std::fs::write(&empty_file, "\n").expect("write");
     let empty_file = empty_file.to_string_lossy().into_owned();
+    let dir_path = dir.to_string_lossy().into_owned();
+    let dir_refused = format!("HOOKINBOX_GITHUB_SECRET_FILE: {dir_path} is not a regular file");
 
     type Case<'a> = (&'a str, Vec<(&'a str, &'a str)>, &'a str);
     let cases: Vec<Case> = vec![
@@ -147,6 +169,74 @@ fn each_bad_setting_is_refused_by_name() {
             "hookinbox-worker",
             vec![("HOOKINBOX_LEASE_SECS", "soon")],
             "HOOKINBOX_LEASE_SECS",
+        ),
+        (
+            "hookinbox-ingest",
+            vec![("HOOKINBOX_GITHUB_SECRET_FILE", &dir_path)],
+            &dir_refused,
+        ),
+        (
+            "hookinbox-ingest",
+            vec![("HOOKINBOX_GITHUB_SECRET_FILE", "/dev/null")],
+            "HOOKINBOX_GITHUB_SECRET_FILE: /dev/null is not a regular file",
+        ),
+        (
+            "hookinbox-worker",
+            vec![("HOOKINBOX_RETENTION_COMPLETED", "6d")],
+            "HOOKINBOX_RETENTION_COMPLETED: is under 7 days",
+        ),
+        (
+            "hookinbox-worker",
+            vec![("HOOKINBOX_EVENTS_RETENTION_DAYS", "7")],
+            "HOOKINBOX_EVENTS_RETENTION_DAYS: is shorter than HOOKINBOX_RETENTION_COMPLETED (30 days)",
+        ),
+        (
+            "hookinbox-worker",
+            vec![
+                ("HOOKINBOX_RETENTION_COMPLETED", "40d"),
+                ("HOOKINBOX_EVENTS_RETENTION_DAYS", "39"),
+            ],
+            "HOOKINBOX_EVENTS_RETENTION_DAYS: is shorter than HOOKINBOX_RETENTION_COMPLETED (40 days)",
+        ),
+        (
+            "hookinbox-ingest",
+            vec![
+                ("HOOKINBOX_GITHUB_SECRET", "s"),
+                ("HOOKINBOX_RATE_LIMIT_BURST", "5"),
+            ],
+            "HOOKINBOX_RATE_LIMIT_BURST: is set without a rate; set HOOKINBOX_RATE_LIMIT_PER_SECOND too",
+        ),
+        (
+            "hookinbox-ingest",
+            vec![
+                ("HOOKINBOX_GITHUB_SECRET", "s"),
+                ("HOOKINBOX_RATE_LIMIT_PER_SECOND", "0"),
+            ],
+            "HOOKINBOX_RATE_LIMIT_PER_SECOND: must be at least 1",
+        ),
+        (
+            "hookinbox-ingest",
+            vec![
+                ("HOOKINBOX_GITHUB_SECRET", "s"),
+                ("HOOKINBOX_RATE_LIMIT_PER_SECOND", "ten"),
+            ],
+            "HOOKINBOX_RATE_LIMIT_PER_SECOND",
+        ),
+        (
+            "hookinbox-ingest",
+            vec![
+                ("HOOKINBOX_GITHUB_SECRET", "s"),
+                ("HOOKINBOX_REPLAY_GUARD", "maybe"),
+            ],
+            "HOOKINBOX_REPLAY_GUARD",
+        ),
+        (
+            "hookinbox-ingest",
+            vec![
+                ("HOOKINBOX_CONFIG", "/nonexistent/sources.toml"),
+                ("HOOKINBOX_REPLAY_GUARD", "false"),
+            ],
+            "HOOKINBOX_CONFIG: defines each source's replay_guard and rate_limit",
         ),
     ];
     for (binary, env, expected) in cases {

@@ -116,25 +116,37 @@ events = ["push", "pull_request.opened"]
     };
     assert_eq!(
         ingest
-            .send(&at(Some("111"), "push", fixtures::own("push")))
+            .send(&at(
+                Some("111"),
+                "push",
+                fixtures::unique(&fixtures::own("push"))
+            ))
             .await
             .status,
         202
     );
     assert_eq!(
         ingest
-            .send(&at(Some("222"), "push", fixtures::own("push")))
+            .send(&at(
+                Some("222"),
+                "push",
+                fixtures::unique(&fixtures::own("push"))
+            ))
             .await
             .status,
         202
     );
     let refused = ingest
-        .send(&at(Some("333"), "push", fixtures::own("push")))
+        .send(&at(
+            Some("333"),
+            "push",
+            fixtures::unique(&fixtures::own("push")),
+        ))
         .await;
     assert_eq!((refused.status, refused.kind()), (403, "error"));
     assert_eq!(
         ingest
-            .send(&at(None, "push", fixtures::own("push")))
+            .send(&at(None, "push", fixtures::unique(&fixtures::own("push"))))
             .await
             .status,
         403
@@ -186,7 +198,7 @@ secrets = ["new-secret", "old-secret"]
         let http = http.clone();
         let base = base.clone();
         async move {
-            let body = fixtures::own("push");
+            let body = fixtures::unique(&fixtures::own("push"));
             http.post(format!("{base}/webhooks/github/main"))
                 .header("content-type", "application/json")
                 .header("x-github-event", "push")

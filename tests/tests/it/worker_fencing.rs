@@ -263,6 +263,8 @@ async fn taken(
             event: "push".into(),
             action: None,
             body_sha256: [7; 32],
+            guarded: false,
+            pinned: false,
         },
     )
     .await

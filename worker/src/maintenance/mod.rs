@@ -25,45 +25,70 @@ const REAP_EVERY: Duration = Duration::from_secs(30);
 /// How often the retention sweeper runs.
 const SWEEP_EVERY: Duration = Duration::from_secs(600);
 
+/// When each periodic task last ran.
+struct Clocks {
+    sampler: sampler::Sampler,
+    last_sample: Instant,
+    last_reap: Instant,
+    last_sweep: Instant,
+}
+
 /// The scheduler, sampler, reaper and sweeper, until `stop` is cancelled.
 pub(crate) async fn maintain(ctx: &Context, stop: CancellationToken) {
-    let mut sampler = sampler::Sampler::default();
-    let mut last_sample = Instant::now() - SAMPLE_EVERY;
-    let mut last_reap = Instant::now() - REAP_EVERY;
-    let mut last_sweep = Instant::now() - SWEEP_EVERY;
+    let mut clocks = Clocks {
+        sampler: sampler::Sampler::default(),
+        last_sample: Instant::now() - SAMPLE_EVERY,
+        last_reap: Instant::now() - REAP_EVERY,
+        last_sweep: Instant::now() - SWEEP_EVERY,
+    };
     loop {
-        if let Err(e) = schedule_once(ctx).await {
-            tracing::warn!(error = %e, "retry scheduler pass failed");
-        }
-        if last_sample.elapsed() >= SAMPLE_EVERY {
-            last_sample = Instant::now();
-            if let Err(e) = sampler.sample(ctx).await {
-                tracing::debug!(error = %e, "state sampling failed");
-            }
-        }
-        if last_reap.elapsed() >= REAP_EVERY {
-            last_reap = Instant::now();
-            match reap_once(ctx).await {
-                Ok(0) => {}
-                Ok(n) => tracing::warn!(reaped = n, "abandoned claims marked lost"),
-                Err(e) => tracing::warn!(error = %e, "reaper pass failed"),
-            }
-        }
-        if last_sweep.elapsed() >= SWEEP_EVERY {
-            last_sweep = Instant::now();
-            match sweep(&ctx.pool, &ctx.config).await {
-                Ok(Some(swept)) => tracing::info!(
-                    completed = swept.completed,
-                    failed = swept.failed,
-                    "retention sweep"
-                ),
-                Ok(None) => {}
-                Err(e) => tracing::warn!(error = %e, "retention sweep failed"),
-            }
+        // A pass can wait in Postgres for as long as a lock is held (a
+        // sweep behind an operator's lock on github_events, say): shutdown
+        // does not wait for it. Each statement is atomic and every pass is
+        // redone by the next one, so dropping it midway loses nothing; a
+        // leader lock held by its connection ends with the process.
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = pass(ctx, &mut clocks) => {}
         }
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(ctx.config.scheduler_interval) => {}
+        }
+    }
+}
+
+/// One round: the scheduler, and whatever else is due.
+async fn pass(ctx: &Context, clocks: &mut Clocks) {
+    if let Err(e) = schedule_once(ctx).await {
+        tracing::warn!(error = %e, "retry scheduler pass failed");
+    }
+    if clocks.last_sample.elapsed() >= SAMPLE_EVERY {
+        clocks.last_sample = Instant::now();
+        if let Err(e) = clocks.sampler.sample(ctx).await {
+            tracing::debug!(error = %e, "state sampling failed");
+        }
+    }
+    if clocks.last_reap.elapsed() >= REAP_EVERY {
+        clocks.last_reap = Instant::now();
+        match reap_once(ctx).await {
+            Ok(0) => {}
+            Ok(n) => tracing::warn!(reaped = n, "abandoned claims marked lost"),
+            Err(e) => tracing::warn!(error = %e, "reaper pass failed"),
+        }
+    }
+    if clocks.last_sweep.elapsed() >= SWEEP_EVERY {
+        clocks.last_sweep = Instant::now();
+        match sweep(&ctx.pool, &ctx.config).await {
+            Ok(Some(swept)) => tracing::info!(
+                completed = swept.completed,
+                failed = swept.failed,
+                seen_bodies = swept.seen_bodies,
+                events = swept.events,
+                "retention sweep"
+            ),
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, "retention sweep failed"),
         }
     }
 }

@@ -37,13 +37,7 @@ pub(crate) async fn sweep(
     if !advisory::try_lock(&client, advisory::SWEEP).await? {
         return Ok(None);
     }
-    let swept = deliveries::sweep(
-        &client,
-        config.retention_completed,
-        config.retention_failed,
-        SWEEP_BATCH,
-    )
-    .await;
+    let swept = deliveries::sweep(&client, &config.retention, SWEEP_BATCH).await;
     let _ = advisory::unlock(&client, advisory::SWEEP).await;
     Ok(Some(swept?))
 }

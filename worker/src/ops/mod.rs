@@ -359,10 +359,11 @@ pub async fn run(
             Ok(Some(swept)) => {
                 writeln!(
                     out,
-                    "swept {} completed and {} failed deliveries",
-                    swept.completed, swept.failed
+                    "swept {} completed and {} failed deliveries, {} remembered bodies and {} \
+                     stored events",
+                    swept.completed, swept.failed, swept.seen_bodies, swept.events
                 )?;
-                Ok(Found::from_count((swept.completed + swept.failed) as usize))
+                Ok(Found::from_count(swept.total() as usize))
             }
             Ok(None) => {
                 writeln!(out, "another sweeper holds the lock; nothing done")?;

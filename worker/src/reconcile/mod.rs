@@ -67,7 +67,7 @@ pub async fn run(
         }
         tokio::time::sleep(LOCK_POLL).await;
     }
-    let result = pass::pass(pool, target, config.retention_completed, options).await;
+    let result = pass::pass(pool, target, config.retention.completed, options).await;
     if advisory::unlock_named(&leader, advisory::RECONCILE, source)
         .await
         .is_err()
