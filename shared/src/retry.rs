@@ -1,9 +1,11 @@
 //! The retry policy, apart from the mechanism that carries it out.
 //!
-//! Delays grow exponentially from `HOOKINBOX_RETRY_BASE_MS` with full
-//! jitter on top (`backon`: each delay `d` becomes a random value in
-//! `[d, 2d)`), and are capped at `HOOKINBOX_RETRY_MAX_MS`. A handler's own
-//! "retry after" wins, bounded by the same cap. The policy knows classes,
+//! Delays grow exponentially from `HOOKINBOX_RETRY_BASE_MS` (`backon`),
+//! are capped at `HOOKINBOX_RETRY_MAX_MS`, and only then jittered: each
+//! delay `d` becomes a random value in `[d/2, d]`. Jitter after the cap
+//! keeps retries at the cap spread out rather than in lockstep, and never
+//! above the maximum. A handler's own "retry after" wins, bounded by the
+//! same cap. The policy knows classes,
 //! not error types; the mechanism — parked bodies, `next_attempt_at`, the
 //! scheduler — lives in [`crate::deliveries`] and the worker's runtime.
 
@@ -25,20 +27,21 @@ pub struct RetryPolicy {
 }
 
 impl RetryPolicy {
-    /// The delay after the `attempt`-th take failed (1-based): within
-    /// `[d, 2d)` for `d = base·2^(attempt-1)`, never above `max`.
+    /// The delay after the `attempt`-th take failed (1-based): `d =
+    /// base·2^(attempt-1)`, capped at `max`, then a random value in
+    /// `[d/2, d]`.
     pub fn delay(&self, attempt: i32) -> Duration {
         let n = usize::try_from(attempt.max(1)).unwrap_or(1);
-        backon::ExponentialBuilder::default()
+        let capped = backon::ExponentialBuilder::default()
             .with_min_delay(self.base)
             .with_max_delay(self.max)
             .with_factor(2.0)
-            .with_jitter()
             .with_max_times(n)
             .build()
             .nth(n - 1)
             .unwrap_or(self.max)
-            .min(self.max)
+            .min(self.max);
+        capped.mul_f64(rand::random_range(0.5..=1.0))
     }
 
     /// Decides how a failure of `class` after `attempts` takes is recorded:
@@ -93,10 +96,37 @@ mod tests {
             for attempt in 1..=8 {
                 let d = Duration::from_millis(100 * (1 << (attempt - 1))).min(policy.max);
                 let got = policy.delay(attempt);
-                assert!(got >= d, "attempt {attempt}: {got:?} < {d:?}");
-                assert!(got <= (d * 2).min(policy.max), "attempt {attempt}: {got:?}");
+                assert!(got >= d / 2, "attempt {attempt}: {got:?} < {:?}", d / 2);
+                assert!(got <= d, "attempt {attempt}: {got:?} > {d:?}");
             }
         }
+    }
+
+    #[test]
+    fn delays_at_the_cap_are_spread_and_stay_within_the_maximum() {
+        let policy = RetryPolicy {
+            base: Duration::from_secs(1),
+            max: Duration::from_secs(600),
+            max_attempts: 20,
+        };
+        // Attempt 15 would be 1 s·2^14, far past the cap.
+        let delays: Vec<Duration> = (0..500).map(|_| policy.delay(15)).collect();
+        assert!(
+            delays
+                .iter()
+                .all(|d| *d <= policy.max && *d >= policy.max / 2)
+        );
+        let distinct: std::collections::BTreeSet<_> = delays.iter().collect();
+        assert!(distinct.len() > 450, "{} distinct delays", distinct.len());
+        let (low, high) = (delays.iter().min(), delays.iter().max());
+        assert!(
+            low.is_some_and(|d| *d < Duration::from_secs(360)),
+            "{low:?}"
+        );
+        assert!(
+            high.is_some_and(|d| *d > Duration::from_secs(540)),
+            "{high:?}"
+        );
     }
 
     #[test]
