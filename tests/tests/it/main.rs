@@ -11,6 +11,7 @@ mod ingest_rate_limits;
 mod ingest_refuses_bad_input;
 mod ingest_replay_guard;
 mod ingest_routes;
+mod ingest_shutdown;
 mod observability;
 mod operator_cli;
 mod outages;

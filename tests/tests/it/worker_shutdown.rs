@@ -194,3 +194,47 @@ async fn worker_holds_messages_while_postgres_is_unreachable_and_finishes_after(
     running.await.expect("join").expect("clean stop");
     env.cleanup().await;
 }
+
+#[tokio::test]
+async fn sigterm_lets_in_flight_jobs_finish_within_the_grace_period_and_acks_them() {
+    let (env, ingest) = TestEnv::with_ingest().await;
+    // Each job spends 2 s in its handler: SIGTERM arrives while all five
+    // are running, well inside a 10-second grace period.
+    let receiver = Receiver::start(|_, _| Reply {
+        delay: Duration::from_secs(2),
+        ..Reply::status(200)
+    })
+    .await;
+    let worker = env.spawn(
+        "hookinbox-worker",
+        &[
+            ("HOOKINBOX_HANDLER", "forward"),
+            ("HOOKINBOX_FORWARD_URL", &receiver.url),
+            ("HOOKINBOX_SHUTDOWN_GRACE_SECS", "10"),
+        ],
+    );
+    for _ in 0..5 {
+        assert_eq!(ingest.send(&Hook::fixture("push")).await.status, 202);
+    }
+    wait_until(
+        "all five jobs to be in their handler",
+        Duration::from_secs(20),
+        || async { receiver.received().len() == 5 },
+    )
+    .await;
+    terminate(worker.child).await;
+
+    assert_eq!(
+        env.count("select count(*) from deliveries where status = 'completed' and attempts = 1")
+            .await,
+        5,
+        "each in-flight job completed on its first attempt"
+    );
+    // Acked before the connection closed: nothing went back to the queue,
+    // so another worker has nothing to take again.
+    assert_eq!(env.work_depth().await, 0);
+    let report = env.store_worker().await.drain().await.expect("drain");
+    assert!(report.outcomes.is_empty(), "{:?}", report.outcomes);
+    assert_eq!(receiver.received().len(), 5, "no effect ran twice");
+    env.cleanup().await;
+}

@@ -186,7 +186,9 @@ impl Worker {
             self.inner.config.clone(),
             maintenance_stop.clone(),
         ));
-        let mut connections = Vec::new();
+        // Each connection with its channel: the acks of jobs still running
+        // go through that channel, and dropping it closes it.
+        let mut connections: Vec<(lapin::Connection, lapin::Channel)> = Vec::new();
         while !shutdown.is_cancelled() {
             let (connection, channel, mut consumer) = match self.consume().await {
                 Ok(c) => {
@@ -236,8 +238,8 @@ impl Worker {
             // Jobs of a lost channel go on: their acks fail harmlessly and
             // the broker redelivers those messages, whose takes then find
             // the deliveries resolved.
-            connections.push(connection);
-            connections.retain(|c: &lapin::Connection| c.status().connected());
+            connections.push((connection, channel));
+            connections.retain(|(c, _)| c.status().connected());
         }
 
         let grace = self.inner.config.shutdown_grace;
@@ -255,7 +257,7 @@ impl Worker {
         let _ = maintenance.await;
         let _ = reconciler.await;
         // Closing the connection returns every unacked message to the queue.
-        for connection in connections {
+        for (connection, _channel) in connections {
             let _ = connection.close(200, "shutdown").await;
         }
         self.inner.publisher.close().await;
