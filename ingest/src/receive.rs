@@ -193,6 +193,8 @@ struct Delivery {
     key: DeliveryKey,
     event: EventName,
     action: Option<String>,
+    /// `repository.full_name`, stored with the claim for operators' filters.
+    repository: Option<String>,
 }
 
 /// What step 3 found.
@@ -204,7 +206,7 @@ enum Checked {
 }
 
 /// Step 3: the event, the delivery id, the hook id, and the payload's
-/// `action` (the body is verified by now).
+/// `action` and `repository.full_name` (the body is verified by now).
 fn check_headers(
     source: &Source,
     headers: &HeaderMap,
@@ -253,7 +255,7 @@ fn check_headers(
         Reject::new(StatusCode::BAD_REQUEST, Outcome::BadPayload, e.to_string())
     };
     let json = payload::json_text(content_type, body).map_err(bad_payload)?;
-    let action = payload::action(&json).map_err(bad_payload)?;
+    let payload::Fields { action, repository } = payload::fields(&json).map_err(bad_payload)?;
     if !source.events.takes(&event, action.as_deref()) {
         return Ok(ignored());
     }
@@ -261,6 +263,7 @@ fn check_headers(
         key: DeliveryKey::github(source.name.clone(), hook_id, delivery_id),
         event,
         action,
+        repository,
     }))
 }
 
@@ -271,6 +274,7 @@ async fn claim(state: &State, delivery: &Delivery, body: &[u8]) -> Result<Claim,
         key: delivery.key.clone(),
         event: delivery.event.as_str().to_owned(),
         action: delivery.action.clone(),
+        repository: delivery.repository.clone(),
         body_sha256: Sha256::digest(body).into(),
     };
     let started = std::time::Instant::now();

@@ -230,6 +230,7 @@ impl Sut {
                         key: self.key.clone(),
                         event: "push".into(),
                         action: None,
+                        repository: None,
                         body_sha256: sha,
                     },
                 )

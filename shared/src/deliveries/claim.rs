@@ -21,6 +21,8 @@ pub struct ClaimRequest {
     pub event: String,
     /// The payload's `action`, when it has one.
     pub action: Option<String>,
+    /// The payload's `repository.full_name`, when it has one.
+    pub repository: Option<String>,
     /// SHA-256 of the raw body: the same key with another body is a conflict.
     pub body_sha256: [u8; 32],
 }
@@ -55,9 +57,9 @@ const CLAIM: &str = concat!(
     "
 insert into deliveries as d
     (provider, source, hook_id, delivery_id, event, action, body_sha256,
-     status, claim_token, lease_until, claimed_at)
+     status, claim_token, lease_until, claimed_at, repository)
 values ($1, $2, $3, $4, $5, $6, $7,
-        'processing', $8, now() + make_interval(secs => $9), now())
+        'processing', $8, now() + make_interval(secs => $9), now(), $11)
 ",
     reclaim_on_conflict!(),
     "
@@ -144,6 +146,7 @@ pub async fn claim(
                         &token.0,
                         &secs(policy.lease),
                         &policy.max_attempts,
+                        &req.repository,
                     ],
                 ),
             )
@@ -171,12 +174,13 @@ const CLAIM_BATCH: &str = concat!(
     "
 insert into deliveries as d
     (provider, source, hook_id, delivery_id, event, action, body_sha256,
-     status, claim_token, lease_until, claimed_at)
+     status, claim_token, lease_until, claimed_at, repository)
 select provider, source, hook_id, delivery_id, event, action, body_sha256,
-       'processing', claim_token, now() + make_interval(secs => $9), now()
+       'processing', claim_token, now() + make_interval(secs => $9), now(), repository
 from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-            $7::bytea[], $8::uuid[])
-     as input(provider, source, hook_id, delivery_id, event, action, body_sha256, claim_token)
+            $7::bytea[], $8::uuid[], $11::text[])
+     as input(provider, source, hook_id, delivery_id, event, action, body_sha256, claim_token,
+              repository)
 order by provider, source, hook_id, delivery_id
 ",
     reclaim_on_conflict!(),
@@ -225,6 +229,10 @@ pub async fn claim_batch(
         .map(|&i| &requests[i].body_sha256[..])
         .collect();
     let uuids: Vec<Uuid> = firsts.values().map(|i| tokens[i].0).collect();
+    let repositories: Vec<Option<&str>> = firsts
+        .values()
+        .map(|&i| requests[i].repository.as_deref())
+        .collect();
 
     let stmt = client.prepare_cached(CLAIM_BATCH).await?;
     let rows = client
@@ -237,6 +245,7 @@ pub async fn claim_batch(
                 &uuids,
                 &secs(policy.lease),
                 &policy.max_attempts,
+                &repositories,
             ]),
         )
         .await?;

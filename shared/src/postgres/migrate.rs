@@ -33,6 +33,14 @@ const MIGRATIONS: &[Migration] = &[
         name: "0003_lz4_payloads.sql",
         sql: include_str!("../../migrations/0003_lz4_payloads.sql"),
     },
+    // Version 4 is the reconciler's (built on another branch). Versions
+    // are applied by number, each checked on its own, so a database that
+    // has 5 applies 4 when it arrives.
+    Migration {
+        version: 5,
+        name: "0005_admin.sql",
+        sql: include_str!("../../migrations/0005_admin.sql"),
+    },
 ];
 
 /// Applies every pending migration and returns how many it applied.

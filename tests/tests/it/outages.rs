@@ -99,6 +99,7 @@ async fn untaken_claim_is_rescued_by_a_redelivery_that_republishes_it() {
             key: key.clone(),
             event: "push".into(),
             action: None,
+            repository: None,
             body_sha256: sha,
         },
     )
@@ -161,6 +162,7 @@ async fn a_copy_answered_while_the_first_ingest_died_before_publishing_is_not_lo
             key: key.clone(),
             event: "push".into(),
             action: None,
+            repository: None,
             body_sha256: sha,
         },
     )
