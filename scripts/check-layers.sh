@@ -37,10 +37,11 @@ ALLOWED = {
         "rotation": set(),
     },
     "worker": {
-        "cli": {"runtime", "ops", "handlers"},
+        "cli": {"runtime", "ops", "handlers", "admin"},
         "runtime": {"handlers", "maintenance", "context"},
         "maintenance": {"context"},
         "ops": {"maintenance", "context"},
+        "admin": {"ops"},
         "handlers": set(),
         "context": set(),
     },

@@ -27,12 +27,17 @@
 //! - `handlers`: [`Handler`], [`Effect`], [`Store`], [`Forward`], and the
 //!   per-source [`Router`].
 //! - `ops`: the operator commands (`deliveries`, `dlq`, `sweep`).
+//! - [`admin`]: the admin console (`hookinbox-worker admin`): the web page
+//!   and the JSON API over the same library calls as `ops`, its sign-in,
+//!   bulk jobs and audit log.
 //!
-//! Inside this crate: `cli` uses `runtime` and `ops`; `runtime` uses
-//! `handlers`, `maintenance` and `context`; `maintenance` uses `context`;
-//! `ops` uses `maintenance` and `context`; `handlers` uses nothing of this
-//! crate. It never uses `hookinbox-ingest`.
+//! Inside this crate: `cli` uses `runtime`, `ops`, `handlers` and `admin`;
+//! `runtime` uses `handlers`, `maintenance` and `context`; `maintenance`
+//! uses `context`; `ops` uses `maintenance` and `context`; `admin` uses
+//! `ops` (to bring the dead-letter queue in step after a job); `handlers`
+//! uses nothing of this crate. It never uses `hookinbox-ingest`.
 
+pub mod admin;
 mod cli;
 mod context;
 mod handlers;
