@@ -134,15 +134,59 @@ pub struct Page {
 
 type Boxed = Box<dyn ToSql + Sync + Send>;
 
+/// A parameter's value as an SQL literal, so that a test can `EXPLAIN
+/// EXECUTE` the statement with the plan the console gets (PostgreSQL 15
+/// has no `EXPLAIN (GENERIC_PLAN)`).
+trait Literal {
+    fn literal(&self) -> String;
+}
+
+fn quoted(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
+
+impl Literal for String {
+    fn literal(&self) -> String {
+        quoted(self)
+    }
+}
+
+impl Literal for DateTime<Utc> {
+    fn literal(&self) -> String {
+        format!("{}::timestamptz", quoted(&self.to_rfc3339()))
+    }
+}
+
+impl Literal for Vec<String> {
+    fn literal(&self) -> String {
+        let items: Vec<String> = self.iter().map(|s| quoted(s)).collect();
+        format!("array[{}]::text[]", items.join(", "))
+    }
+}
+
+impl Literal for f64 {
+    fn literal(&self) -> String {
+        format!("{self}::float8")
+    }
+}
+
+impl Literal for i64 {
+    fn literal(&self) -> String {
+        format!("{self}::int8")
+    }
+}
+
 /// A statement's text and its parameters, numbered as they are bound.
 #[derive(Default)]
 struct Statement {
     params: Vec<Boxed>,
+    literals: Vec<String>,
 }
 
 impl Statement {
     /// Binds `value` and returns its placeholder.
-    fn bind(&mut self, value: impl ToSql + Sync + Send + 'static) -> String {
+    fn bind(&mut self, value: impl ToSql + Literal + Sync + Send + 'static) -> String {
+        self.literals.push(value.literal());
         self.params.push(Box::new(value));
         format!("${}", self.params.len())
     }
@@ -358,9 +402,10 @@ pub async fn count(client: &impl GenericClient, filter: &Filter) -> Result<i64, 
 }
 
 /// The statements a filter runs, for `EXPLAIN` in tests: the list's first
-/// page, the list's next page, and the count, each with its parameters.
+/// page, the list's next page, and the count, each with its parameters as
+/// SQL literals (for `PREPARE` and `EXPLAIN EXECUTE`).
 #[doc(hidden)]
-pub fn statements_for_explain(f: &Filter) -> Vec<(String, Vec<Boxed>)> {
+pub fn statements_for_explain(f: &Filter) -> Vec<(String, Vec<String>)> {
     let (list, l) = list_statement(f, None, 51);
     let cursor = Cursor {
         created_at: Utc::now(),
@@ -368,7 +413,7 @@ pub fn statements_for_explain(f: &Filter) -> Vec<(String, Vec<Boxed>)> {
     };
     let (next, n) = list_statement(f, Some(&cursor), 51);
     let (count, c) = count_statement(f);
-    vec![(list, l.params), (next, n.params), (count, c.params)]
+    vec![(list, l.literals), (next, n.literals), (count, c.literals)]
 }
 
 #[cfg(test)]

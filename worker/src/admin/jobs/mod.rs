@@ -99,6 +99,19 @@ pub fn per_second(value: Option<f64>, field: &str) -> Result<f64, AdminError> {
     Ok(rate)
 }
 
+/// A job's outcome, for its audit row.
+pub fn summary(job: &Job) -> String {
+    format!(
+        "{}: {} replayed, {} purged, {} skipped, {} failed, {} not done",
+        job.status,
+        job.replayed,
+        job.purged,
+        job.skipped,
+        job.failed,
+        i64::from(job.total) - job.done
+    )
+}
+
 /// What was started.
 #[derive(Clone, Copy, Debug)]
 pub struct Started {
@@ -162,7 +175,11 @@ pub async fn cancel(
     match store::cancel(&client, id, &who.name).await? {
         Cancelled::Now => {
             let job = store::get(&client, id).await?;
-            let left = job.map_or(0, |j| i64::from(j.total) - j.done);
+            let left = job.as_ref().map_or(0, |j| i64::from(j.total) - j.done);
+            if let Some(j) = &job {
+                // The runner refines this if an item was in flight.
+                super::audit::job_ended(&client, id, &summary(j)).await?;
+            }
             super::audit::record(
                 &client,
                 who,

@@ -23,22 +23,28 @@ use crate::ops::reconcile_dead_letter_queue;
 /// How often an idle runner looks for jobs whose runner died.
 const IDLE_POLL: Duration = Duration::from_secs(2);
 
-/// Starts the runner; it stops when `stop` is cancelled.
+/// Starts the runner: it takes every running job nobody holds and runs
+/// each in a task of its own (a long, slow job never holds back a replay of
+/// one); it stops when `stop` is cancelled.
 pub(crate) fn spawn(state: web::Data<State>, stop: CancellationToken) {
     tokio::spawn(async move {
         let runner = Uuid::new_v4();
         loop {
             let woken = state.wake_runner.notified();
-            match take(&state, runner).await {
-                Ok(Some((id, kind, per_second))) => {
-                    if let Err(e) = run(&state, runner, id, kind, per_second, &stop).await {
-                        tracing::warn!(job_id = id, error = %e, "admin job interrupted; resuming");
-                        tokio::time::sleep(Duration::from_millis(500)).await;
+            loop {
+                match take(&state, runner).await {
+                    Ok(Some((id, kind, per_second))) => {
+                        let (state, stop) = (state.clone(), stop.clone());
+                        tokio::spawn(async move {
+                            run(&state, runner, id, kind, per_second, &stop).await;
+                        });
                     }
-                    continue;
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "admin job runner cannot reach Postgres");
+                        break;
+                    }
                 }
-                Ok(None) => {}
-                Err(e) => tracing::warn!(error = %e, "admin job runner cannot reach Postgres"),
             }
             tokio::select! {
                 _ = stop.cancelled() => return,
@@ -152,6 +158,20 @@ async fn run(
     kind: Kind,
     per_second: f64,
     stop: &CancellationToken,
+) {
+    if let Err(e) = run_items(state, runner, id, kind, per_second, stop).await {
+        // Its hold lapses; this runner (or another) takes it up again.
+        tracing::warn!(job_id = id, error = %e, "admin job interrupted; it resumes once its hold lapses");
+    }
+}
+
+async fn run_items(
+    state: &State,
+    runner: Uuid,
+    id: i64,
+    kind: Kind,
+    per_second: f64,
+    stop: &CancellationToken,
 ) -> Result<(), RunError> {
     tracing::info!(
         job_id = id,
@@ -168,7 +188,16 @@ async fn run(
             _ = stop.cancelled() => break None,
             _ = ticker.tick() => {}
         }
-        match step(state, runner, id, kind).await? {
+        let stepped = match step(state, runner, id, kind).await {
+            Ok(stepped) => stepped,
+            Err(e) => {
+                // A blip (Postgres restarting): the item's transaction rolled
+                // back; try again at the next tick.
+                tracing::warn!(job_id = id, error = %e, "admin job step failed; retrying");
+                continue;
+            }
+        };
+        match stepped {
             Step::Stopped | Step::Finished => break Some(()),
             Step::Did(None, _) => changed |= kind == Kind::Purge,
             Step::Did(Some(parked), position) => {
@@ -196,15 +225,6 @@ async fn run(
     if changed && let Err(e) = reconcile_dead_letter_queue(&state.pool, &state.worker).await {
         tracing::warn!(job_id = id, error = %e, "could not bring the dead-letter queue in step");
     }
-    let summary = format!(
-        "{}: {} replayed, {} purged, {} skipped, {} failed, {} not done",
-        job.status,
-        job.replayed,
-        job.purged,
-        job.skipped,
-        job.failed,
-        i64::from(job.total) - job.done
-    );
-    audit::job_ended(&client, id, &summary).await?;
+    audit::job_ended(&client, id, &super::summary(&job)).await?;
     Ok(())
 }

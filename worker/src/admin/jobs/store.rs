@@ -280,20 +280,31 @@ pub async fn cancel(client: &impl GenericClient, id: i64, by: &str) -> Result<Ca
     )
 }
 
-/// Takes the oldest running job nobody holds (or whose runner's lease
-/// expired) for `runner`.
+/// How long a runner's hold on a job lasts: 30 s, or three items' time
+/// for a slower job, so that a live runner renews it before it ends.
+macro_rules! job_lease {
+    () => {
+        "now() + make_interval(secs => greatest(30, 3 / per_second))"
+    };
+}
+
+/// Takes the oldest running job nobody holds (or whose runner's hold
+/// lapsed) for `runner`.
 pub async fn take(
     client: &impl GenericClient,
     runner: Uuid,
 ) -> Result<Option<(i64, Kind, f64)>, DbError> {
     Ok(client
         .query_opt(
-            "update admin_jobs set runner = $1, lease_until = now() + interval '30 seconds'
+            concat!(
+                "update admin_jobs set runner = $1, lease_until = ",
+                job_lease!(),
+                "
              where id = (select id from admin_jobs
-                         where status = 'running'
-                           and (runner is null or runner = $1 or lease_until < now())
+                         where status = 'running' and (runner is null or lease_until < now())
                          order by id limit 1 for update skip locked)
-             returning id, kind, per_second",
+             returning id, kind, per_second"
+            ),
             &[&runner],
         )
         .await?
@@ -306,8 +317,11 @@ pub async fn take(
 pub async fn hold(client: &impl GenericClient, id: i64, runner: Uuid) -> Result<bool, DbError> {
     Ok(client
         .execute(
-            "update admin_jobs set lease_until = now() + interval '30 seconds'
-             where id = $1 and runner = $2 and status = 'running'",
+            concat!(
+                "update admin_jobs set lease_until = ",
+                job_lease!(),
+                " where id = $1 and runner = $2 and status = 'running'"
+            ),
             &[&id, &runner],
         )
         .await?
