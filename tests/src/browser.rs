@@ -8,6 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use fantoccini::{Client, ClientBuilder};
+use hyper_util::client::legacy::connect::HttpConnector;
 
 use crate::{free_port, wait_until};
 
@@ -67,8 +68,7 @@ impl Browser {
             "goog:chromeOptions".to_owned(),
             serde_json::json!({"args": args, "binary": "/usr/bin/chromium"}),
         );
-        let client = ClientBuilder::rustls()
-            .expect("TLS roots")
+        let client = ClientBuilder::new(HttpConnector::new())
             .capabilities(caps)
             .connect(&url)
             .await

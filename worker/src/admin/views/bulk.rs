@@ -54,7 +54,7 @@ pub(crate) fn bulk(
                         @for (k, v) in &checked.given { input type="hidden" name=(k) value=(v); }
                         input type="hidden" name="kind" value=(verb);
                         input type="hidden" name="dry_run" value="1";
-                        label { "Per second " input type="number" name="per_second" value=(rate) min="0.1" max="1000" step="any"; }
+                        label { "Per second " input #rate type="number" name="per_second" value=(rate) min="0.1" max="1000" step="any"; }
                         button #dry-run type="submit" { "Dry run" }
                     }
                 }
