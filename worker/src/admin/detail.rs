@@ -100,16 +100,6 @@ fn timeline(d: &Delivery, lineage: &[Lineage]) -> Vec<Step> {
         what: "received",
         detail: Some(format!("{} claimed by ingest", d.key.delivery_id.as_str())),
     }];
-    if d.claimed_at != d.created_at {
-        steps.push(Step {
-            at: d.claimed_at,
-            what: "claimed",
-            detail: Some(format!(
-                "current token installed; {} attempt(s) so far",
-                d.attempts
-            )),
-        });
-    }
     if let Some(at) = d.first_failed_at.filter(|at| Some(*at) != d.failed_at) {
         steps.push(Step {
             at,
@@ -152,6 +142,16 @@ fn timeline(d: &Delivery, lineage: &[Lineage]) -> Vec<Step> {
             )),
         });
     }
+    if d.claimed_at != d.created_at {
+        steps.push(Step {
+            at: d.claimed_at,
+            what: "claimed",
+            detail: Some(format!(
+                "current token installed (by a claim, a retry or a replay); {} attempt(s) so far",
+                d.attempts
+            )),
+        });
+    }
     if let (Status::Failed, true, Some(at)) = (d.status, d.retryable, d.next_attempt_at) {
         steps.push(Step {
             at,
@@ -176,6 +176,8 @@ fn timeline(d: &Delivery, lineage: &[Lineage]) -> Vec<Step> {
             )),
         });
     }
+    // Stable: steps at the same instant keep the order above (a replay's
+    // job item and its new token are written by one transaction).
     steps.sort_by_key(|s| s.at);
     steps
 }

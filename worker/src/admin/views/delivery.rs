@@ -4,7 +4,7 @@
 use hookinbox::deliveries::{ErrorClass, Status};
 use maud::{Markup, html};
 
-use super::{badge, page, when};
+use super::{badge, page, stamp, when};
 use crate::admin::detail::{Detail, state};
 use crate::admin::session::Session;
 use crate::admin::tokens::Role;
@@ -39,7 +39,12 @@ pub(crate) fn delivery(d: &Detail, session: &Session) -> Markup {
                     dt { "Event" } dd { (row.event) @if let Some(a) = &row.action { "." (a) } }
                     dt { "Repository" } dd { (row.repository.as_deref().unwrap_or("—")) }
                     dt { "Created" } dd { (when(Some(row.created_at))) }
-                    @if let Some(e) = &row.last_error { dt { "Last error" } dd.error { (e) } }
+                    @if let Some(e) = &row.last_error {
+                    // A delivery that failed and then completed keeps its
+                    // last error: shown as history, not as its state.
+                    @if row.status == Status::Failed { dt { "Last error" } dd.error { (e) } }
+                    @else { dt { "Earlier error" } dd.muted { (e) } }
+                }
                 }
                 @if operator && row.status == Status::Failed {
                     div.actions {
@@ -65,7 +70,7 @@ pub(crate) fn delivery(d: &Detail, session: &Session) -> Markup {
                 ol.timeline {
                     @for s in &d.timeline {
                         li class=(s.what.replace(' ', "-")) {
-                            span.when { (when(Some(s.at))) }
+                            span.when { (stamp(s.at)) }
                             strong { (s.what) }
                             @if let Some(detail) = &s.detail { " " span { (detail) } }
                         }

@@ -108,6 +108,12 @@ pub(crate) fn when(t: Option<DateTime<Utc>>) -> Markup {
     }
 }
 
+/// A time to the second (UTC), with how long ago on hover: for a timeline,
+/// where steps a second apart must read apart.
+pub(crate) fn stamp(t: DateTime<Utc>) -> Markup {
+    html! { time datetime=(t.to_rfc3339()) title=(ago(t)) { (t.format("%Y-%m-%d %H:%M:%S")) } }
+}
+
 /// How long ago (or, for a future time, in how long), in the largest unit.
 pub(crate) fn ago(t: DateTime<Utc>) -> String {
     let secs = (Utc::now() - t).num_seconds();

@@ -35,9 +35,9 @@ pub(crate) fn overview(o: &Overview, session: &Session) -> Markup {
                 div.stat { span.label { "Accepted, last hour" } span.value { (number(o.accepted_last_hour)) } }
                 div.stat { span.label { "Completed, last hour" } span.value { (number(o.completed_last_hour)) } }
                 div.stat { span.label { "Failed, last hour" } span.value { (number(o.failed_last_hour)) } }
-                (stuck("Oldest processing", o.oldest_processing_secs))
-                (stuck("Oldest due retry, late by", o.oldest_due_secs))
-                (stuck("Oldest lost", o.oldest_lost_secs))
+                (stuck("Oldest processing for", o.oldest_processing_secs))
+                (stuck("Due retry waiting for", o.oldest_due_secs))
+                (stuck("Oldest lost for", o.oldest_lost_secs))
             }
             section.card {
                 h2 { "Deliveries by source and state" }
