@@ -111,6 +111,10 @@ def a_filter():
     f = random.choice(filters)
     return f.format(r=random.randrange(1000), p="%03x" % random.randrange(4096))
 
+def filters_of(f):
+    """The filter's shape: values of the repository and prefix left out."""
+    return "&".join(p.split("=")[0] + ("=" + p.split("=")[1] if p.split("=")[0] in ("status", "source", "event", "action", "error_class", "since", "until") else "=…") for p in f.split("&"))
+
 def pct(xs, p):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
@@ -131,16 +135,21 @@ for i in range(per_kind):
     times.append(took)
 results["list (50 a page, following next_cursor 50 pages deep)"] = times
 
+by_filter = {}
 times = []
 for i in range(per_kind):
-    took, body = get("/api/v1/deliveries?limit=50&" + a_filter())
+    f = a_filter()
+    took, body = get("/api/v1/deliveries?limit=50&" + f)
     times.append(took)
+    by_filter.setdefault(filters_of(f), [[], []])[0].append(took)
 results["filter (list with one of %d filters)" % len(filters)] = times
 
 times = []
 for i in range(per_kind):
-    took, _ = get("/api/v1/deliveries/count?" + a_filter())
+    f = a_filter()
+    took, _ = get("/api/v1/deliveries/count?" + f)
     times.append(took)
+    by_filter.setdefault(filters_of(f), [[], []])[1].append(took)
 results["count (the same filters)"] = times
 
 times = []
@@ -168,4 +177,10 @@ print()
 print(f"{'request':60} {'n':>5} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
 for name, xs in results.items():
     print(f"{name:60} {len(xs):5} {pct(xs, 50):8.1f} {pct(xs, 99):8.1f} {max(xs):8.1f}")
+print()
+print(f"{'by filter':46} {'list p50':>9} {'list max':>9} {'count p50':>10} {'count max':>10}")
+for name, (lists, counts) in sorted(by_filter.items()):
+    l50, lmax = (pct(lists, 50), max(lists)) if lists else (0, 0)
+    c50, cmax = (pct(counts, 50), max(counts)) if counts else (0, 0)
+    print(f"{name:46} {l50:9.1f} {lmax:9.1f} {c50:10.1f} {cmax:10.1f}")
 PY

@@ -1,8 +1,8 @@
 //! The console's overview: deliveries by source and state, the oldest
 //! stuck work, dead letters by class, and the last hour's traffic. Each
 //! figure is read through an index: the small states (processing, retrying,
-//! dead) through their partial indexes, the settled rows by source through
-//! an index-only scan of `deliveries_settled_source`.
+//! dead) whole, through their partial indexes; completed deliveries over
+//! the last day, through `deliveries_completed`.
 
 use deadpool_postgres::GenericClient;
 
@@ -15,7 +15,7 @@ pub struct SourceCounts {
     pub source: String,
     /// Claimed or taken, not yet settled.
     pub processing: i64,
-    /// Done.
+    /// Completed in the last 24 hours.
     pub completed: i64,
     /// Failed, waiting for a retry.
     pub retrying: i64,
@@ -44,16 +44,20 @@ pub struct Overview {
     pub failed_last_hour: i64,
 }
 
+/// Processing, retrying and dead are counted whole (they are the work to
+/// look at, and few); completed over the last day, so that the figure
+/// costs what a day's traffic does, not what the retention keeps.
 const BY_SOURCE: &str = "
 select source, 'processing' as state, count(*) from deliveries
 where status = 'processing' group by source
 union all
-select source,
-       case when status = 'completed' then 'completed'
-            when retryable then 'retrying' else 'dead' end,
-       count(*)
-from deliveries where status <> 'processing'
-group by 1, 2";
+select source, case when retryable then 'retrying' else 'dead' end, count(*)
+from deliveries where status = 'failed'
+group by 1, 2
+union all
+select source, 'completed', count(*) from deliveries
+where status = 'completed' and completed_at >= now() - interval '1 day'
+group by source";
 
 const AGES: &str = "
 select (select extract(epoch from now() - min(claimed_at))::float8

@@ -83,7 +83,8 @@ pub(crate) fn deliveries(checked: &Checked, p: &Page, count: i64, session: &Sess
                             td { (badge(state(d))) }
                             td.num { (d.attempts) }
                             td.num { (d.replays) }
-                            td.error {
+                            // A settled delivery's old error is history, not its state.
+                        td class=(if d.status == hookinbox::deliveries::Status::Failed { "error" } else { "muted" }) {
                                 @if let Some(c) = d.last_error_class { code { (c.as_str()) } " " }
                                 (d.last_error.as_deref().unwrap_or(""))
                             }

@@ -29,7 +29,7 @@ pub(crate) fn delivery(d: &Detail, session: &Session) -> Markup {
             section.card {
                 div.bar {
                     (badge(state(row)))
-                    @if let Some(c) = row.last_error_class { code { (c.as_str()) } }
+                    @if let (Status::Failed, Some(c)) = (row.status, row.last_error_class) { code { (c.as_str()) } }
                     span.muted { (row.attempts) " attempt(s), " (row.replays) " replay(s)" }
                 }
                 dl.key {
@@ -96,7 +96,7 @@ pub(crate) fn delivery(d: &Detail, session: &Session) -> Markup {
                     }
                 }
             }
-            @if row.last_error_class == Some(ErrorClass::Lost) {
+            @if row.status == Status::Failed && row.last_error_class == Some(ErrorClass::Lost) {
                 p.hint { "Reaped as lost: its claim's lease expired long ago. A parked body is republished by the scheduler; without one, redeliver it from GitHub." }
             }
         },

@@ -42,7 +42,7 @@ pub(crate) fn overview(o: &Overview, session: &Session) -> Markup {
             section.card {
                 h2 { "Deliveries by source and state" }
                 table {
-                    thead { tr { th { "Source" } th.num { "Processing" } th.num { "Completed" } th.num { "Retrying" } th.num { "Dead" } } }
+                    thead { tr { th { "Source" } th.num { "Processing" } th.num title="completed in the last 24 hours" { "Completed, 24 h" } th.num { "Retrying" } th.num { "Dead" } } }
                     tbody {
                         @for s in &o.sources {
                             tr {
