@@ -24,6 +24,9 @@ create index deliveries_settled_source on deliveries (source, created_at)
     where status <> 'processing';
 create index deliveries_settled_event on deliveries (event, created_at) include (action)
     where status <> 'processing';
+-- An action without its event (`opened` of issues and pull requests alike).
+create index deliveries_settled_action on deliveries (action, created_at)
+    where status <> 'processing' and action is not null;
 create index deliveries_settled_repository on deliveries (repository, created_at)
     where status <> 'processing' and repository is not null;
 -- Only rows that ever failed have a class.
