@@ -48,9 +48,12 @@ fn split(text: &[u8], extra: &[&str]) -> (String, BTreeMap<String, String>) {
     (rest.finish(), taken)
 }
 
-/// `GET /login`.
-pub(crate) async fn login_form() -> HttpResponse {
-    html(views::login(None))
+/// `GET /login` (without tokens, `--insecure-loopback`, nobody signs in).
+pub(crate) async fn login_form(state: web::Data<State>) -> HttpResponse {
+    match state.access {
+        super::config::Access::InsecureLoopback => see_other("/"),
+        super::config::Access::Tokens(_) => html(views::login(None)),
+    }
 }
 
 /// `POST /login`: a token for a session cookie (HttpOnly, SameSite=Strict).
