@@ -9,6 +9,8 @@ use crate::admin::session::Session;
 fn state_link(source: &str, state: &str, n: i64) -> Markup {
     html! {
         @if n == 0 { span.muted { "0" } }
+        // The completed column counts the last day: its link shows that day.
+        @else if state == "completed" { a href={"/deliveries?source=" (source) "&status=completed&since=1d"} { (number(n)) } }
         @else { a href={"/deliveries?source=" (source) "&status=" (state)} { (number(n)) } }
     }
 }
