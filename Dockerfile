@@ -66,8 +66,9 @@ ENV HOOKINBOX_LISTEN=0.0.0.0:8080 \
 # manifests under deploy/k8s also set runAsUser/runAsGroup 65532.
 # hadolint ignore=DL3066
 USER nonroot
-# 8080 webhooks (ingest), 9898 ingest metrics/health, 9899 worker metrics/health
-EXPOSE 8080 9898 9899
+# 8080 webhooks (ingest), 9898 ingest metrics/health, 9899 worker metrics/health,
+# 9900 the admin console (`hookinbox-worker admin`)
+EXPOSE 8080 9898 9899 9900
 
 # Probes this container's own metrics listener (HOOKINBOX_METRICS_LISTEN).
 # A worker container overrides it with `hookinbox-worker healthcheck`.

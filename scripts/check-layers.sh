@@ -38,10 +38,11 @@ ALLOWED = {
         "rotation": set(),
     },
     "worker": {
-        "cli": {"runtime", "ops", "handlers", "reconcile"},
+        "cli": {"runtime", "ops", "handlers", "reconcile", "admin"},
         "runtime": {"handlers", "maintenance", "reconcile", "context"},
         "maintenance": {"context"},
         "ops": {"maintenance", "context"},
+        "admin": {"ops"},
         "handlers": set(),
         "reconcile": set(),
         "context": set(),

@@ -187,7 +187,9 @@ def absent(kind, name):
 
 for kind, name in [
     ("Deployment", "hookinbox-ingest"), ("Deployment", "hookinbox-worker"),
+    ("Deployment", "hookinbox-admin"),
     ("Service", "hookinbox-ingest"), ("Service", "hookinbox-worker"),
+    ("Service", "hookinbox-admin"), ("NetworkPolicy", "hookinbox-admin"),
     ("ConfigMap", "hookinbox-config"), ("Job", "hookinbox-migrate"),
     ("HorizontalPodAutoscaler", "hookinbox-ingest"),
     ("PodDisruptionBudget", "hookinbox-ingest"), ("PodDisruptionBudget", "hookinbox-worker"),
@@ -235,6 +237,17 @@ for d in docs:
         assert c["livenessProbe"]["httpGet"]["path"] == "/healthz", f"{d['metadata']['name']}: liveness"
         if d["metadata"]["name"] == "hookinbox-worker":
             assert pod["terminationGracePeriodSeconds"] > 20, "worker terminationGracePeriodSeconds"
+        if d["metadata"]["name"] == "hookinbox-admin":
+            assert c["command"][-1] == "admin", "admin: runs hookinbox-worker admin"
+            env = {e["name"]: e.get("value") for e in c.get("env", [])}
+            assert env.get("HOOKINBOX_ADMIN_TOKENS_FILE"), "admin: HOOKINBOX_ADMIN_TOKENS_FILE"
+            assert env.get("HOOKINBOX_ADMIN_LISTEN", "").endswith(":9900"), "admin: HOOKINBOX_ADMIN_LISTEN"
+            mounts = {m["mountPath"] for m in c.get("volumeMounts", [])}
+            tokens_dir = env["HOOKINBOX_ADMIN_TOKENS_FILE"].rsplit("/", 1)[0]
+            assert tokens_dir in mounts, "admin: the tokens Secret is mounted"
+
+svc = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "hookinbox-admin")
+assert svc["spec"].get("type", "ClusterIP") == "ClusterIP", "admin Service: ClusterIP only"
 
 crds = sorted(f"{k}/{n}" for k in CRDS for n in kinds.get(k, []))
 print(f"ok: {overlay}: {len(docs)} objects rendered; custom resources: {', '.join(crds)}")

@@ -199,6 +199,8 @@ struct Delivery {
     key: DeliveryKey,
     event: EventName,
     action: Option<String>,
+    /// `repository.full_name`, stored with the claim for operators' filters.
+    repository: Option<String>,
 }
 
 /// What step 3 found.
@@ -210,7 +212,7 @@ enum Checked {
 }
 
 /// Step 3: the event, the delivery id, the hook id, and the payload's
-/// `action` (the body is verified by now).
+/// `action` and `repository.full_name` (the body is verified by now).
 fn check_headers(
     source: &Source,
     headers: &HeaderMap,
@@ -259,7 +261,7 @@ fn check_headers(
         Reject::new(StatusCode::BAD_REQUEST, Outcome::BadPayload, e.to_string())
     };
     let json = payload::json_text(content_type, body).map_err(bad_payload)?;
-    let action = payload::action(&json).map_err(bad_payload)?;
+    let payload::Fields { action, repository } = payload::fields(&json).map_err(bad_payload)?;
     if !source.events.takes(&event, action.as_deref()) {
         return Ok(ignored());
     }
@@ -267,6 +269,7 @@ fn check_headers(
         key: DeliveryKey::github(source.name.clone(), hook_id, delivery_id),
         event,
         action,
+        repository,
     }))
 }
 
@@ -282,6 +285,7 @@ async fn claim(
         key: delivery.key.clone(),
         event: delivery.event.as_str().to_owned(),
         action: delivery.action.clone(),
+        repository: delivery.repository.clone(),
         body_sha256: Sha256::digest(body).into(),
         guarded: source.replay_guard,
         pinned: source.hook_ids.is_some(),

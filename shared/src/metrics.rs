@@ -23,6 +23,9 @@ pub const INGEST_REQUEST_SECONDS: &str = "hookinbox_ingest_request_duration_seco
 pub const CLAIM_SECONDS: &str = "hookinbox_claim_duration_seconds";
 /// Time from publish to the broker's confirm.
 pub const PUBLISH_CONFIRM_SECONDS: &str = "hookinbox_publish_confirm_duration_seconds";
+/// Failed sign-ins to the admin console by `via` (`page`, `api`) and
+/// `outcome` (`bad_token`, `locked_out`).
+pub const ADMIN_SIGN_IN_FAILURES: &str = "hookinbox_admin_sign_in_failures_total";
 /// Signature failures by `source`.
 pub const SIGNATURE_FAILURES: &str = "hookinbox_signature_failures_total";
 /// Verifications by `source` and secret `position` (rotation).
@@ -230,6 +233,10 @@ fn describe() {
         "Verifications by source and secret position"
     );
     describe_counter!(JOBS, "Worker jobs by outcome");
+    describe_counter!(
+        ADMIN_SIGN_IN_FAILURES,
+        "Failed sign-ins to the admin console, by way in and outcome"
+    );
     describe_histogram!(JOB_SECONDS, Unit::Seconds, "Handler run time");
     describe_counter!(LEASE_RENEWALS, "Lease renewals");
     describe_counter!(LEASES_LOST, "Leases found taken over during a job");

@@ -64,17 +64,119 @@ pub fn json_text(content_type: ContentType, body: &[u8]) -> Result<Cow<'_, str>,
 struct Head<'a> {
     #[serde(borrow, default)]
     action: Option<Cow<'a, str>>,
+    #[serde(default)]
+    repository: Option<Repository>,
+}
+
+/// `repository.full_name`, read leniently: a `repository` that is not an
+/// object, or a `full_name` that is not a string, reads as absent rather
+/// than refusing a payload ingest accepted before it read the field.
+#[derive(Default)]
+struct Repository {
+    full_name: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for Repository {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(RepositoryVisitor)
+    }
+}
+
+struct RepositoryVisitor;
+
+impl<'de> serde::de::Visitor<'de> for RepositoryVisitor {
+    type Value = Repository;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Repository, A::Error> {
+        let mut repo = Repository::default();
+        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+            if key == "full_name" {
+                repo.full_name = map.next_value::<Text>()?.0;
+            } else {
+                map.next_value::<serde::de::IgnoredAny>()?;
+            }
+        }
+        Ok(repo)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Repository, A::Error> {
+        while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+        Ok(Repository::default())
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Repository, E> {
+        Ok(Repository::default())
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Repository, E> {
+        Ok(Repository::default())
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Repository, E> {
+        Ok(Repository::default())
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Repository, E> {
+        Ok(Repository::default())
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Repository, E> {
+        Ok(Repository::default())
+    }
+    fn visit_unit<E>(self) -> Result<Repository, E> {
+        Ok(Repository::default())
+    }
+}
+
+/// A string, or anything else read as absent.
+struct Text(Option<String>);
+
+impl<'de> Deserialize<'de> for Text {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let value = serde_json::Value::deserialize(d)?;
+        Ok(Text(value.as_str().map(str::to_owned)))
+    }
+}
+
+/// The top-level fields ingest stores beside a claim: `action`, and the
+/// `repository.full_name` operators filter by.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Fields {
+    /// The payload's `action`, when it has one.
+    pub action: Option<String>,
+    /// `repository.full_name` (`owner/name`), when the event has a
+    /// repository.
+    pub repository: Option<String>,
+}
+
+/// Keeps a stored label short and printable: it labels logs and pages.
+fn label(value: &str, max: usize) -> String {
+    value
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(max)
+        .collect()
+}
+
+/// Checks the payload is a JSON object and returns its `action` and
+/// `repository.full_name`, in one parse. Nothing else is read: serde skips
+/// the rest without building it.
+pub fn fields(json: &str) -> Result<Fields, PayloadError> {
+    let head: Head<'_> = serde_json::from_str(json).map_err(|_| PayloadError::NotJson)?;
+    Ok(Fields {
+        action: head.action.map(|a| label(&a, 64)),
+        // GitHub's owner (39) + '/' + name (100).
+        repository: head
+            .repository
+            .and_then(|r| r.full_name)
+            .map(|n| label(&n, 140))
+            .filter(|n| !n.is_empty()),
+    })
 }
 
 /// Checks the payload is a JSON object and returns its top-level `action`.
-/// Nothing else is read: serde skips the rest without building it.
 pub fn action(json: &str) -> Result<Option<String>, PayloadError> {
-    let head: Head<'_> = serde_json::from_str(json).map_err(|_| PayloadError::NotJson)?;
-    Ok(head.action.map(|a| {
-        // Keep the stored action short and printable: it labels logs.
-        let a: String = a.chars().filter(|c| !c.is_control()).take(64).collect();
-        a
-    }))
+    fields(json).map(|f| f.action)
 }
 
 #[cfg(test)]
@@ -117,5 +219,33 @@ mod tests {
         assert_eq!(action("[1]"), Err(PayloadError::NotJson));
         assert_eq!(action("{"), Err(PayloadError::NotJson));
         assert_eq!(action(r#"{"action":"a\nb"}"#), Ok(Some("ab".to_owned())));
+    }
+
+    #[test]
+    fn repository_full_name_is_read_when_present() {
+        let f = fields(r#"{"action":"opened","repository":{"id":1,"full_name":"octo/hello"}}"#)
+            .expect("object");
+        assert_eq!(f.repository.as_deref(), Some("octo/hello"));
+        assert_eq!(fields(r#"{"zen":"x"}"#).expect("object").repository, None);
+        assert_eq!(
+            fields(r#"{"repository":{"full_name":""}}"#)
+                .expect("object")
+                .repository,
+            None
+        );
+        assert_eq!(
+            fields(r#"{"repository":null}"#).expect("object").repository,
+            None
+        );
+        assert_eq!(
+            fields(r#"{"repository":"x"}"#).expect("object").repository,
+            None
+        );
+        assert_eq!(
+            fields(r#"{"repository":{"full_name":7,"a":[1,{"b":2}]}}"#)
+                .expect("object")
+                .repository,
+            None
+        );
     }
 }

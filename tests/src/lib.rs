@@ -6,6 +6,8 @@
 //! Workers are driven with [`Worker::drain`] until the queue is empty, never
 //! with sleeps.
 
+pub mod admin;
+pub mod browser;
 pub mod fixtures;
 pub mod github;
 pub mod handlers;

@@ -233,6 +233,7 @@ impl Sut {
                         key: self.key.clone(),
                         event: "push".into(),
                         action: None,
+                        repository: None,
                         body_sha256: sha,
                         // One key: the guard never refuses it, whatever
                         // happened to the row before.

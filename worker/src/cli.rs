@@ -14,6 +14,7 @@ use clap::{Parser, Subcommand};
 use hookinbox::config::{WorkerArgs, WorkerConfig, parse_duration_text};
 use hookinbox::telemetry::LogArgs;
 
+use crate::admin::{AdminApp, AdminArgs};
 use crate::ops::OpsCommand;
 use crate::reconcile::{self, PassOptions};
 use crate::{Worker, handlers, ops};
@@ -25,7 +26,7 @@ use crate::{Worker, handlers, ops};
     name = "hookinbox-worker",
     version,
     about,
-    after_help = "Exit codes: 0 done, 1 nothing matched, 2 usage or connection error.\n\nExamples:\n  hookinbox-worker                       # run the worker\n  hookinbox-worker migrate\n  hookinbox-worker dlq list --json\n  hookinbox-worker dlq replay --all --dry-run\n  hookinbox-worker deliveries show <X-GitHub-Delivery>"
+    after_help = "Exit codes: 0 done, 1 nothing matched, 2 usage or connection error.\n\nExamples:\n  hookinbox-worker                       # run the worker\n  hookinbox-worker migrate\n  hookinbox-worker dlq list --json\n  hookinbox-worker dlq replay --all --dry-run\n  hookinbox-worker deliveries show <X-GitHub-Delivery>\n  hookinbox-worker admin                 # the admin console on 127.0.0.1:9900"
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -52,6 +53,12 @@ enum Command {
         after_help = "Examples:\n  hookinbox-worker reconcile\n  hookinbox-worker reconcile --source main --dry-run --json\n  hookinbox-worker reconcile --since 6h"
     )]
     Reconcile(ReconcileArgs),
+    /// Serve the admin console and its JSON API (HOOKINBOX_ADMIN_LISTEN,
+    /// default 127.0.0.1:9900) until stopped.
+    #[command(
+        after_help = "Example:\n  HOOKINBOX_ADMIN_TOKENS_FILE=/etc/hookinbox/admin-tokens hookinbox-worker admin\n\nThe tokens file has one `NAME ROLE SECRET` per line (role viewer or operator)."
+    )]
+    Admin(AdminArgs),
     #[command(flatten)]
     Ops(OpsCommand),
 }
@@ -128,6 +135,20 @@ impl Cli {
                     .await
                     .context("command failed")?;
                 Ok(found.exit_code())
+            }
+            Command::Admin(args) => {
+                let admin = args
+                    .validate(config)
+                    .context("refusing to start: bad setting")?;
+                let listen = admin.listen;
+                let app = AdminApp::build(admin)
+                    .await
+                    .context("cannot start the admin console")?;
+                tracing::info!(listen = %listen, port = app.port(), "admin console listening");
+                app.run_until_stopped()
+                    .await
+                    .context("admin console failed")?;
+                Ok(0)
             }
             Command::Run => {
                 let handler: Arc<dyn handlers::Handler> =

@@ -29,13 +29,18 @@
 //! - `ops`: the operator commands (`deliveries`, `dlq`, `sweep`).
 //! - [`reconcile`]: the reconciler: GitHub's delivery log against what
 //!   hookinbox holds, and redeliveries of what it never took.
+//! - [`admin`]: the admin console (`hookinbox-worker admin`): the web page
+//!   and the JSON API over the same library calls as `ops`, its sign-in,
+//!   bulk jobs and audit log.
 //!
-//! Inside this crate: `cli` uses `runtime`, `ops`, `handlers` and
-//! `reconcile`; `runtime` uses `handlers`, `maintenance`, `reconcile` and
+//! Inside this crate: `cli` uses `runtime`, `ops`, `handlers`, `reconcile`
+//! and `admin`; `runtime` uses `handlers`, `maintenance`, `reconcile` and
 //! `context`; `maintenance` uses `context`; `ops` uses `maintenance` and
-//! `context`; `handlers` and `reconcile` use nothing of this crate. It
+//! `context`; `admin` uses `ops` (to bring the dead-letter queue in step
+//! after a job); `handlers` and `reconcile` use nothing of this crate. It
 //! never uses `hookinbox-ingest`.
 
+pub mod admin;
 mod cli;
 mod context;
 mod handlers;

@@ -1,13 +1,13 @@
-//! What operators read and do: one delivery, a filtered list, replay of
-//! dead letters (and its undo when the publish fails), and the facts a
-//! dead-letter copy carries.
-
-use std::time::Duration;
+//! What operators read and do: one delivery (by key, or by its
+//! `X-GitHub-Delivery` id), its stored payload, replay of failed deliveries
+//! (and its undo when the publish fails), and the facts a dead-letter copy
+//! carries. Lists and counts are in `filter`.
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::GenericClient;
 
-use super::parked::{Parked, Unreadable};
+use super::filter::{Filter, list};
+use super::parked::{Parked, Unreadable, headers_from_json};
 use super::row::{delivery, parked};
 use super::{ErrorClass, Policy, Status, execute, query_opt, redact, secs};
 use crate::key::{ClaimToken, DeliveryKey};
@@ -50,6 +50,13 @@ pub struct Delivery {
     pub last_error_class: Option<ErrorClass>,
     /// Short, redacted text of the last failure.
     pub last_error: Option<String>,
+    /// The payload's `repository.full_name`, when ingest found one.
+    pub repository: Option<String>,
+    /// When the current token was installed (by a claim, a take, the
+    /// scheduler or a replay).
+    pub claimed_at: DateTime<Utc>,
+    /// When the dead-letter copy was confirmed.
+    pub dead_lettered_at: Option<DateTime<Utc>>,
 }
 
 /// Why and when a delivery was dead-lettered: the headers of its copy in
@@ -162,76 +169,87 @@ pub async fn unreplay(
     Ok(n == 1)
 }
 
-/// Which deliveries an operator asks for.
-#[derive(Clone, Debug, Default)]
-pub struct Filter {
-    /// Only this status.
-    pub status: Option<Status>,
-    /// Only dead letters (failed and not retryable).
-    pub dead: bool,
-    /// Only claims hookinbox cannot finish on its own: no body, no job
-    /// (see [`super::Held::AwaitingRedelivery`]).
-    pub awaiting_redelivery: bool,
-    /// Only this source.
-    pub source: Option<String>,
-    /// Only this event.
-    pub event: Option<String>,
-    /// Only this error class.
-    pub error_class: Option<ErrorClass>,
-    /// Only rows active (created, failed or completed) within this long.
-    pub since: Option<Duration>,
-    /// Only these delivery ids.
-    pub ids: Option<Vec<String>>,
-    /// Only rows that failed more than this long ago.
-    pub failed_before: Option<Duration>,
-    /// At most this many rows (newest first).
-    pub limit: i64,
+/// Every delivery with this `X-GitHub-Delivery` id in `source`; with
+/// `hook_id`, at most the one of that hook (GitHub gives one id to an event
+/// delivered to several hooks).
+pub async fn find(
+    client: &impl GenericClient,
+    source: &str,
+    delivery_id: &str,
+    hook_id: Option<&str>,
+) -> Result<Vec<Delivery>, DbError> {
+    let filter = Filter {
+        source: Some(source.to_owned()),
+        ids: Some(vec![delivery_id.to_owned()]),
+        hook_id: hook_id.map(str::to_owned),
+        limit: 100,
+        ..Filter::default()
+    };
+    list(client, &filter).await
 }
 
-const LIST: &str = concat!(
+/// Where a stored payload was found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PayloadOrigin {
+    /// `github_events`: the `store` handler's effect of a completed delivery.
+    Event,
+    /// `parked_bodies`: the raw body of a delivery that failed (or waits).
+    Parked,
+}
+
+/// A delivery's payload, as operators see it.
+#[derive(Clone, Debug)]
+pub struct StoredPayload {
+    /// Where it was found.
+    pub origin: PayloadOrigin,
+    /// The original `Content-Type` (parked bodies only).
+    pub content_type: Option<String>,
+    /// The original `X-GitHub-*` headers (parked bodies only).
+    pub headers: Vec<(String, String)>,
+    /// The stored event as JSON (`Event`).
+    pub json: Option<serde_json::Value>,
+    /// The raw body as signed (`Parked`).
+    pub raw: Option<Vec<u8>>,
+}
+
+const PARKED_PAYLOAD: &str = concat!(
     "
-select ",
-    delivery_columns!(),
-    "
-from deliveries
-where ($1::text is null or status = $1)
-  and (not $2 or (status = 'failed' and not retryable))
-  and ($3::text is null or source = $3)
-  and ($4::text is null or event = $4)
-  and ($5::text is null or last_error_class = $5)
-  and ($6::float8 is null
-       or greatest(created_at, failed_at, completed_at) >= now() - make_interval(secs => $6))
-  and ($7::text[] is null or delivery_id = any($7))
-  and ($9::float8 is null or failed_at < now() - make_interval(secs => $9))
-  and (not $10 or ",
-    awaiting_redelivery!("deliveries"),
-    ")
-order by greatest(created_at, failed_at, completed_at) desc
-limit $8"
+select content_type, headers, body from parked_bodies
+where ",
+    key!()
 );
 
-/// Lists deliveries matching `filter`, most recently active first.
-pub async fn list(client: &impl GenericClient, filter: &Filter) -> Result<Vec<Delivery>, DbError> {
-    let stmt = client.prepare_cached(LIST).await?;
-    let status = filter.status.map(Status::as_str);
-    let error_class = filter.error_class.map(ErrorClass::as_str);
-    let since = filter.since.map(secs);
-    let rows = client
-        .query(
-            &stmt,
-            &[
-                &status,
-                &filter.dead,
-                &filter.source,
-                &filter.event,
-                &error_class,
-                &since,
-                &filter.ids,
-                &filter.limit,
-                &filter.failed_before.map(secs),
-                &filter.awaiting_redelivery,
-            ],
-        )
-        .await?;
-    rows.iter().map(delivery).collect()
+const EVENT_PAYLOAD: &str = concat!(
+    "
+select payload from github_events
+where ",
+    key!()
+);
+
+/// The payload stored for a delivery: its parked body if it has one (what a
+/// replay would publish), else its `github_events` row; `None` when neither
+/// is kept (a forwarded delivery once completed, or one in flight).
+pub async fn stored_payload(
+    client: &impl GenericClient,
+    key: &DeliveryKey,
+) -> Result<Option<StoredPayload>, DbError> {
+    if let Some(row) = query_opt(client, PARKED_PAYLOAD, key, &[]).await? {
+        let headers: serde_json::Value = row.get(1);
+        return Ok(Some(StoredPayload {
+            origin: PayloadOrigin::Parked,
+            content_type: Some(row.get(0)),
+            headers: headers_from_json(&headers),
+            json: None,
+            raw: Some(row.get(2)),
+        }));
+    }
+    Ok(query_opt(client, EVENT_PAYLOAD, key, &[])
+        .await?
+        .map(|row| StoredPayload {
+            origin: PayloadOrigin::Event,
+            content_type: None,
+            headers: Vec::new(),
+            json: Some(row.get(0)),
+            raw: None,
+        }))
 }

@@ -21,6 +21,8 @@ pub struct ClaimRequest {
     pub event: String,
     /// The payload's `action`, when it has one.
     pub action: Option<String>,
+    /// The payload's `repository.full_name`, when it has one.
+    pub repository: Option<String>,
     /// SHA-256 of the raw body: the same key with another body is a conflict.
     pub body_sha256: [u8; 32],
     /// The source's replay guard is on: a body seen before under another
@@ -91,9 +93,9 @@ const CLAIM: &str = concat!(
 with claimed as (
     insert into deliveries as d
         (provider, source, hook_id, delivery_id, event, action, body_sha256,
-         status, claim_token, lease_until, claimed_at)
+         status, claim_token, lease_until, claimed_at, repository)
     values ($1, $2, $3, $4, $5, $6, $7,
-            'processing', $8, now() + make_interval(secs => $9), now())
+            'processing', $8, now() + make_interval(secs => $9), now(), $13)
     ",
     reclaim_on_conflict!(),
     "
@@ -189,6 +191,7 @@ pub async fn claim(
                         &policy.max_attempts,
                         &req.guarded,
                         &req.pinned,
+                        &req.repository,
                     ],
                 ),
             )
@@ -220,15 +223,15 @@ const CLAIM_BATCH: &str = concat!(
     "
 with input as (
     select * from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-                         $7::bytea[], $8::uuid[], $11::bool[], $12::bool[])
+                         $7::bytea[], $8::uuid[], $11::bool[], $12::bool[], $13::text[])
         as i(provider, source, hook_id, delivery_id, event, action, body_sha256, claim_token,
-             guarded, pinned)
+             guarded, pinned, repository)
 ), claimed as (
     insert into deliveries as d
         (provider, source, hook_id, delivery_id, event, action, body_sha256,
-         status, claim_token, lease_until, claimed_at)
+         status, claim_token, lease_until, claimed_at, repository)
     select provider, source, hook_id, delivery_id, event, action, body_sha256,
-           'processing', claim_token, now() + make_interval(secs => $9), now()
+           'processing', claim_token, now() + make_interval(secs => $9), now(), repository
     from input
     order by provider, source, hook_id, delivery_id
     ",
@@ -301,6 +304,10 @@ pub async fn claim_batch(
     let uuids: Vec<Uuid> = firsts.values().map(|i| tokens[i].0).collect();
     let guarded: Vec<bool> = firsts.values().map(|&i| requests[i].guarded).collect();
     let pinned: Vec<bool> = firsts.values().map(|&i| requests[i].pinned).collect();
+    let repositories: Vec<Option<&str>> = firsts
+        .values()
+        .map(|&i| requests[i].repository.as_deref())
+        .collect();
 
     let stmt = client.prepare_cached(CLAIM_BATCH).await?;
     let rows = client
@@ -315,6 +322,7 @@ pub async fn claim_batch(
                 &policy.max_attempts,
                 &guarded,
                 &pinned,
+                &repositories,
             ]),
         )
         .await?;

@@ -9,8 +9,10 @@
 //! | [`complete`](self::complete) | worker | `complete`, `complete_batch`, `store_event`, `fail`, `mark_dead_lettered` |
 //! | [`schedule`](self::schedule) | scheduler, reaper | `schedule_due`, `reschedule`, `exhaust_due`, `needing_copy`, `dead_letter_unreadable`, `reap` |
 //! | [`retention`](self::retention) | sweeper, operators | `sweep`, `purge_dead` |
-//! | [`admin`](self::admin) | operators | `get`, `list`, `replay`, `unreplay` |
+//! | [`admin`](self::admin) | operators | `get`, `find`, `stored_payload`, `replay`, `unreplay`, `purge` |
 //! | [`reconcile`](self::reconcile) | the reconciler | `held` (reads only) |
+//! | [`filter`](self::filter) | operators | `list`, `list_page`, `count`: the one filter of the CLI and the console |
+//! | [`overview`](self::overview) | operators | `overview`: the console's counts and ages |
 //!
 //! `parked` holds the parked-body form of a job, `row` reads rows back into
 //! nouns, and `group_commit` starts the collectors that batch claims, takes
@@ -158,7 +160,7 @@ macro_rules! delivery_columns {
         "provider, source, hook_id, delivery_id, event, action, status, retryable,
        claim_token, attempts, replays, lease_until, next_attempt_at, created_at,
        completed_at, failed_at, dead_lettered_at is not null, last_error_class, last_error,
-       first_failed_at"
+       first_failed_at, repository, claimed_at, dead_lettered_at"
     };
 }
 
@@ -195,7 +197,9 @@ macro_rules! awaiting_redelivery {
 mod admin;
 mod claim;
 mod complete;
+mod filter;
 pub mod group_commit;
+mod overview;
 mod parked;
 mod reconcile;
 mod retention;
@@ -203,14 +207,22 @@ mod row;
 mod schedule;
 mod take;
 
-pub use admin::{DeadLetter, Delivery, Filter, get, list, replay, unreplay};
+pub use admin::{
+    DeadLetter, Delivery, PayloadOrigin, StoredPayload, find, get, replay, stored_payload, unreplay,
+};
 pub use claim::{Claim, ClaimRequest, claim, claim_batch, park_copy, park_due};
 pub use complete::{
     Completing, StoredEvent, complete, complete_batch, fail, mark_dead_lettered, store_event,
 };
+#[doc(hidden)]
+pub use filter::statements_for_explain;
+pub use filter::{Cursor, CursorError, Filter, Order, Page, count, list, list_page};
+#[doc(hidden)]
+pub use overview::STATEMENTS as OVERVIEW_STATEMENTS;
+pub use overview::{Overview, SourceCounts, overview};
 pub use parked::{Parked, ParkedBody, Unreadable};
 pub use reconcile::{Held, held};
-pub use retention::{Retention, Swept, purge_dead, sweep};
+pub use retention::{Retention, Swept, purge, purge_dead, sweep};
 pub use schedule::{
     dead_letter_unreadable, exhaust_due, needing_copy, reap, reschedule, schedule_due,
 };

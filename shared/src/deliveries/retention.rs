@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use deadpool_postgres::GenericClient;
 
-use super::secs;
+use super::{execute, secs};
+use crate::key::DeliveryKey;
 use crate::postgres::DbError;
 
 /// Deletes up to `$2` rows of `table` whose `at` column is older than `$1`
@@ -124,4 +125,20 @@ pub async fn purge_dead(
 ) -> Result<u64, DbError> {
     let stmt = client.prepare_cached(PURGE).await?;
     Ok(client.execute(&stmt, &[&secs(older_than), &ids]).await?)
+}
+
+const PURGE_ONE: &str = concat!(
+    "
+delete from deliveries
+where ",
+    key!(),
+    // `status || ''`: the key is the only way in (see the module notes).
+    " and status || '' = 'failed' and not retryable"
+);
+
+/// Deletes one dead letter (and its parked body), by key; the console's
+/// bulk purge runs it item by item. Returns false when the delivery is no
+/// longer a dead letter (replayed meanwhile) or is gone.
+pub async fn purge(client: &impl GenericClient, key: &DeliveryKey) -> Result<bool, DbError> {
+    Ok(execute(client, PURGE_ONE, key, &[]).await? == 1)
 }

@@ -156,5 +156,8 @@ pub(super) fn delivery(row: &tokio_postgres::Row) -> Result<Delivery, DbError> {
         last_error_class: class_of(row.get(17))?,
         last_error: row.get(18),
         first_failed_at: row.get(19),
+        repository: row.get(20),
+        claimed_at: row.get(21),
+        dead_lettered_at: row.get(22),
     })
 }

@@ -39,6 +39,11 @@ const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../migrations/0004_reconcile.sql"),
     },
     Migration {
+        version: 5,
+        name: "0005_admin.sql",
+        sql: include_str!("../../migrations/0005_admin.sql"),
+    },
+    Migration {
         version: 6,
         name: "0006_guards.sql",
         sql: include_str!("../../migrations/0006_guards.sql"),

@@ -131,6 +131,7 @@ async fn a_claim_batch_answers_each_request_like_a_single_claim() {
         key: key(id),
         event: "push".to_owned(),
         action: None,
+        repository: None,
         body_sha256: [sha; 32],
         guarded: false,
         pinned: false,

@@ -2,6 +2,10 @@
 //! behaviour, named after who is tested and what. Each test has its own
 //! database and queue prefix.
 
+mod admin_api;
+mod admin_browser;
+mod admin_plans;
+mod admin_security;
 mod broker_restart_serial;
 mod custom_handler_example;
 mod github_corpus;

@@ -52,6 +52,7 @@ async fn one_round(env: &TestEnv, client: &deadpool_postgres::Object, id: &str) 
             key: key(id),
             event: "push".to_owned(),
             action: None,
+            repository: None,
             body_sha256: [7; 32],
             guarded: false,
             pinned: false,

@@ -243,6 +243,7 @@ async fn a_claim_whose_ingest_died_before_publishing_is_listed_then_redelivered_
             key: hook.key(),
             event: "push".into(),
             action: None,
+            repository: None,
             body_sha256: sha,
             guarded: false,
             pinned: false,

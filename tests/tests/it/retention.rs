@@ -92,6 +92,7 @@ async fn the_reaper_marks_only_abandoned_claims_lost_and_both_ways_out_complete(
             key: b.key().clone(),
             event: "push".into(),
             action: None,
+            repository: None,
             body_sha256: sha,
             guarded: false,
             pinned: false,

@@ -262,6 +262,7 @@ async fn taken(
             key: k.clone(),
             event: "push".into(),
             action: None,
+            repository: None,
             body_sha256: [7; 32],
             guarded: false,
             pinned: false,

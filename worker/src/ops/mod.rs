@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use hookinbox::broker::BrokerError;
 use hookinbox::config::{WorkerConfig, parse_duration_text};
-use hookinbox::deliveries::{self, ErrorClass, Filter, Status};
+use hookinbox::deliveries::{self, ErrorClass, Filter, Order, Status};
 use hookinbox::postgres::DbError;
 use serde_json::json;
 
@@ -136,14 +136,15 @@ impl FilterArgs {
             source: self.source.clone(),
             event: self.event.clone(),
             error_class: self.error_class,
-            since: self.since,
+            active_within: self.since,
             ids,
-            failed_before: None,
             limit: if self.limit <= 0 {
                 i64::MAX
             } else {
                 self.limit
             },
+            order: Order::RecentlyActive,
+            ..Filter::default()
         }
     }
 
@@ -287,6 +288,7 @@ pub async fn run(
             let filter = Filter {
                 ids: Some(vec![id]),
                 limit: i64::MAX,
+                order: Order::RecentlyActive,
                 ..Filter::default()
             };
             let rows = deliveries::list(&client, &filter).await?;
@@ -326,17 +328,15 @@ pub async fn run(
             json,
         }) => {
             let client = pool.get().await.map_err(DbError::from)?;
-            let doomed = deliveries::list(
+            let doomed = deliveries::count(
                 &client,
                 &Filter {
                     dead: true,
                     failed_before: Some(older_than),
-                    limit: i64::MAX,
                     ..Filter::default()
                 },
             )
-            .await?
-            .len();
+            .await?;
             let purged = if dry_run {
                 doomed as u64
             } else {

@@ -26,6 +26,7 @@ pub(super) fn to_json(d: &Delivery) -> serde_json::Value {
         "delivery_id": d.key.delivery_id.as_str(),
         "event": d.event,
         "action": d.action,
+        "repository": d.repository,
         "status": d.status.as_str(),
         "retryable": d.retryable,
         "attempts": d.attempts,

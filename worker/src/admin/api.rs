@@ -1,0 +1,301 @@
+//! The JSON API under `/api/v1/`, described by `docs/admin-openapi.json`.
+//! Every call carries `Authorization: Bearer <token>`; a change needs an
+//! operator's token. The filters are the list page's (`params`), and the
+//! queries are the CLI's (`hookinbox::deliveries`).
+
+use actix_web::{HttpRequest, HttpResponse, web};
+use hookinbox::deliveries::{self, Cursor};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::auth::{api_identity, require_operator};
+use super::detail;
+use super::error::{AdminError, ApiError};
+use super::jobs::{self, Kind};
+use super::params;
+use super::state::State;
+
+type Answer = Result<HttpResponse, ApiError>;
+
+/// `GET /api/v1/deliveries`: one page, newest first.
+pub(crate) async fn list(req: HttpRequest, state: web::Data<State>) -> Answer {
+    api_identity(&req, &state)?;
+    let checked = params::from_query(req.query_string())?;
+    let client = state.pool.get().await?;
+    let page = deliveries::list_page(&client, &checked.filter, checked.cursor.as_ref()).await?;
+    Ok(HttpResponse::Ok().json(json!({
+        "items": page.items.iter().map(detail::summary).collect::<Vec<_>>(),
+        "next_cursor": page.next.as_ref().map(Cursor::encode),
+    })))
+}
+
+/// `GET /api/v1/deliveries/count`: how many match.
+pub(crate) async fn count(req: HttpRequest, state: web::Data<State>) -> Answer {
+    api_identity(&req, &state)?;
+    let checked = params::from_query(req.query_string())?;
+    if checked.cursor.is_some() {
+        return Err(AdminError::field("cursor", "a count has no pages").into());
+    }
+    let client = state.pool.get().await?;
+    let n = deliveries::count(&client, &checked.filter).await?;
+    Ok(HttpResponse::Ok().json(json!({"count": n})))
+}
+
+#[derive(Deserialize)]
+pub(crate) struct HookParam {
+    hook_id: Option<String>,
+}
+
+/// `GET /api/v1/deliveries/{source}/{delivery_id}`.
+pub(crate) async fn one(
+    req: HttpRequest,
+    state: web::Data<State>,
+    path: web::Path<(String, String)>,
+) -> Answer {
+    let who = api_identity(&req, &state)?;
+    let hook = web::Query::<HookParam>::from_query(req.query_string())
+        .map_err(|_| AdminError::field("hook_id", "the only parameter here, 1 to 20 digits"))?;
+    if let Some(h) = &hook.hook_id
+        && (h.len() > 20 || !h.bytes().all(|b| b.is_ascii_digit()))
+    {
+        return Err(AdminError::field("hook_id", "1 to 20 digits").into());
+    }
+    let (source, id) = path.into_inner();
+    let client = state.pool.get().await?;
+    let d = detail::load(&client, &who, &source, &id, hook.hook_id.as_deref()).await?;
+    Ok(HttpResponse::Ok().json(detail::to_json(&d)))
+}
+
+/// `GET /api/v1/overview`.
+pub(crate) async fn overview(req: HttpRequest, state: web::Data<State>) -> Answer {
+    api_identity(&req, &state)?;
+    let client = state.pool.get().await?;
+    let o = deliveries::overview(&client).await?;
+    Ok(HttpResponse::Ok().json(json!({
+        "sources": o.sources.iter().map(|s| json!({
+            "source": s.source, "processing": s.processing, "completed": s.completed,
+            "retrying": s.retrying, "dead": s.dead,
+        })).collect::<Vec<_>>(),
+        "oldest_processing_secs": o.oldest_processing_secs,
+        "oldest_due_secs": o.oldest_due_secs,
+        "oldest_lost_secs": o.oldest_lost_secs,
+        "dead_by_class": o.dead_by_class.iter().map(|(c, n)| json!({"error_class": c, "count": n})).collect::<Vec<_>>(),
+        "last_hour": {
+            "accepted": o.accepted_last_hour,
+            "completed": o.completed_last_hour,
+            "failed": o.failed_last_hour,
+        },
+    })))
+}
+
+/// The body of `POST /api/v1/replays` and `/purges`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BulkBody {
+    filter: Option<Value>,
+    ids: Option<Vec<String>>,
+    #[serde(default)]
+    dry_run: bool,
+    per_second: Option<f64>,
+}
+
+/// How many a dry run shows.
+pub const SAMPLE: i64 = 20;
+
+async fn bulk(req: HttpRequest, state: web::Data<State>, body: web::Bytes, kind: Kind) -> Answer {
+    let who = api_identity(&req, &state)?;
+    let body: BulkBody = serde_json::from_slice(&body)
+        .map_err(|e| AdminError::field("body", format!("not the JSON this call takes ({e})")))?;
+    let (filter, target) = match (&body.filter, &body.ids) {
+        (Some(f), None) => {
+            let checked = params::from_json(f)?;
+            (
+                jobs::selection(kind, &checked, "filter.")?,
+                json!({"filter": checked.json()}),
+            )
+        }
+        (None, Some(ids)) => (jobs::by_ids(kind, ids)?, json!({"ids": ids})),
+        _ => {
+            return Err(AdminError::field("filter", "give either a filter or ids").into());
+        }
+    };
+    let per_second = jobs::per_second(body.per_second, "per_second")?;
+    let client = state.pool.get().await?;
+    if body.dry_run {
+        let n = deliveries::count(&client, &filter).await?;
+        let sample = deliveries::list(
+            &client,
+            &deliveries::Filter {
+                limit: SAMPLE,
+                ..filter
+            },
+        )
+        .await?;
+        return Ok(HttpResponse::Ok().json(json!({
+            "count": n,
+            "dry_run": true,
+            "sample": sample.iter().map(detail::summary).collect::<Vec<_>>(),
+        })));
+    }
+    require_operator(&who)?;
+    drop(client);
+    let started = jobs::start(&state.pool, &who, kind, &filter, &target, per_second).await?;
+    state.wake_runner.notify_waiters();
+    Ok(HttpResponse::Accepted().json(json!({"count": started.count, "job": started.job})))
+}
+
+/// `POST /api/v1/replays`.
+pub(crate) async fn replay(req: HttpRequest, state: web::Data<State>, body: web::Bytes) -> Answer {
+    bulk(req, state, body, Kind::Replay).await
+}
+
+/// `POST /api/v1/purges`.
+pub(crate) async fn purge(req: HttpRequest, state: web::Data<State>, body: web::Bytes) -> Answer {
+    bulk(req, state, body, Kind::Purge).await
+}
+
+/// A job as the API answers it.
+pub(crate) fn job_json(job: &jobs::Job, items: &[jobs::Item]) -> Value {
+    let key_field = match job.kind {
+        Kind::Replay => "replay_of",
+        Kind::Purge => "delivery",
+    };
+    json!({
+        "id": job.id,
+        "kind": job.kind.as_str(),
+        "status": job.status,
+        "actor": job.actor,
+        "filter": job.filter,
+        "per_second": job.per_second,
+        "total": job.total,
+        "done": job.done,
+        "replayed": job.replayed,
+        "purged": job.purged,
+        "skipped": job.skipped,
+        "failed": job.failed,
+        "created_at": job.created_at,
+        "finished_at": job.finished_at,
+        "cancelled_by": job.cancelled_by,
+        "items": items.iter().map(|i| {
+            let [_, source, hook_id, delivery_id] = &i.key;
+            json!({
+                "position": i.position,
+                key_field: {"source": source, "hook_id": hook_id, "delivery_id": delivery_id},
+                "result": i.result,
+                "error": i.error,
+                "done_at": i.done_at,
+            })
+        }).collect::<Vec<_>>(),
+    })
+}
+
+/// Items a job's answer lists.
+const ITEMS_SHOWN: i64 = 100;
+
+async fn job_of(state: &State, id: i64, kind: Kind) -> Result<jobs::Job, AdminError> {
+    let client = state.pool.get().await?;
+    jobs::store::get(&client, id)
+        .await?
+        .filter(|j| j.kind == kind)
+        .ok_or_else(|| AdminError::NotFound(format!("no {} job {id}", kind.as_str())))
+}
+
+async fn show_job(req: HttpRequest, state: web::Data<State>, id: i64, kind: Kind) -> Answer {
+    api_identity(&req, &state)?;
+    let job = job_of(&state, id, kind).await?;
+    let client = state.pool.get().await?;
+    let items = jobs::store::items(&client, id, ITEMS_SHOWN).await?;
+    Ok(HttpResponse::Ok().json(job_json(&job, &items)))
+}
+
+async fn cancel_job(req: HttpRequest, state: web::Data<State>, id: i64, kind: Kind) -> Answer {
+    let who = api_identity(&req, &state)?;
+    require_operator(&who)?;
+    job_of(&state, id, kind).await?;
+    jobs::cancel(&state.pool, &who, id).await?;
+    state.wake_runner.notify_waiters();
+    let job = job_of(&state, id, kind).await?;
+    Ok(HttpResponse::Ok().json(job_json(&job, &[])))
+}
+
+/// `GET /api/v1/replays/{job}`.
+pub(crate) async fn replay_job(
+    req: HttpRequest,
+    state: web::Data<State>,
+    id: web::Path<i64>,
+) -> Answer {
+    show_job(req, state, id.into_inner(), Kind::Replay).await
+}
+
+/// `DELETE /api/v1/replays/{job}`.
+pub(crate) async fn cancel_replay(
+    req: HttpRequest,
+    state: web::Data<State>,
+    id: web::Path<i64>,
+) -> Answer {
+    cancel_job(req, state, id.into_inner(), Kind::Replay).await
+}
+
+/// `GET /api/v1/purges/{job}`.
+pub(crate) async fn purge_job(
+    req: HttpRequest,
+    state: web::Data<State>,
+    id: web::Path<i64>,
+) -> Answer {
+    show_job(req, state, id.into_inner(), Kind::Purge).await
+}
+
+/// `DELETE /api/v1/purges/{job}`.
+pub(crate) async fn cancel_purge(
+    req: HttpRequest,
+    state: web::Data<State>,
+    id: web::Path<i64>,
+) -> Answer {
+    cancel_job(req, state, id.into_inner(), Kind::Purge).await
+}
+
+/// `GET /api/v1/jobs`: the newest jobs of both kinds.
+pub(crate) async fn jobs_list(req: HttpRequest, state: web::Data<State>) -> Answer {
+    api_identity(&req, &state)?;
+    let client = state.pool.get().await?;
+    let list = jobs::store::recent(&client, 50).await?;
+    Ok(HttpResponse::Ok().json(json!({
+        "items": list.iter().map(|j| job_json(j, &[])).collect::<Vec<_>>(),
+    })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AuditParams {
+    limit: Option<i64>,
+    cursor: Option<i64>,
+}
+
+/// `GET /api/v1/audit`: newest first.
+pub(crate) async fn audit(req: HttpRequest, state: web::Data<State>) -> Answer {
+    api_identity(&req, &state)?;
+    let p = web::Query::<AuditParams>::from_query(req.query_string()).map_err(|e| {
+        AdminError::field("query", format!("limit and cursor are whole numbers ({e})"))
+    })?;
+    let limit = p.limit.unwrap_or(params::DEFAULT_LIMIT);
+    if !(1..=params::MAX_LIMIT).contains(&limit) {
+        return Err(AdminError::field(
+            "limit",
+            format!("a whole number from 1 to {}", params::MAX_LIMIT),
+        )
+        .into());
+    }
+    let client = state.pool.get().await?;
+    let mut rows = super::audit::list(&client, p.cursor, limit + 1).await?;
+    let next = (rows.len() as i64 > limit).then(|| {
+        rows.truncate(limit as usize);
+        rows.last().map(|r| r.id)
+    });
+    Ok(HttpResponse::Ok().json(json!({
+        "items": rows.iter().map(|e| json!({
+            "id": e.id, "at": e.at, "actor": e.actor, "role": e.role, "action": e.action,
+            "target": e.target, "count": e.count, "result": e.result, "job": e.job_id,
+        })).collect::<Vec<_>>(),
+        "next_cursor": next.flatten(),
+    })))
+}

@@ -1,0 +1,374 @@
+//! The bulk jobs' tables: a job, its frozen items, their results, and a
+//! delivery's lineage (the jobs that replayed or purged it).
+
+use chrono::{DateTime, Utc};
+use deadpool_postgres::GenericClient;
+use hookinbox::DeliveryKey;
+use hookinbox::postgres::DbError;
+use uuid::Uuid;
+
+/// What a job does to each item.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Replays a failed delivery from its parked body.
+    Replay,
+    /// Deletes a dead letter.
+    Purge,
+}
+
+impl Kind {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Replay => "replay",
+            Self::Purge => "purge",
+        }
+    }
+
+    fn parse(s: &str) -> Self {
+        if s == "purge" {
+            Self::Purge
+        } else {
+            Self::Replay
+        }
+    }
+}
+
+/// A job and its progress.
+#[derive(Clone, Debug)]
+pub struct Job {
+    /// Its id.
+    pub id: i64,
+    /// Replay or purge.
+    pub kind: Kind,
+    /// Who started it.
+    pub actor: String,
+    /// The filter its selection was made with (none for a list of ids).
+    pub filter: Option<serde_json::Value>,
+    /// Items per second.
+    pub per_second: f64,
+    /// `running`, `cancelled` or `finished`.
+    pub status: String,
+    /// Items frozen.
+    pub total: i32,
+    /// Started.
+    pub created_at: DateTime<Utc>,
+    /// Finished or cancelled.
+    pub finished_at: Option<DateTime<Utc>>,
+    /// Who cancelled it.
+    pub cancelled_by: Option<String>,
+    /// Items done.
+    pub done: i64,
+    /// Items replayed.
+    pub replayed: i64,
+    /// Items purged.
+    pub purged: i64,
+    /// Items skipped: no longer eligible when their turn came.
+    pub skipped: i64,
+    /// Items failed (the publish failed).
+    pub failed: i64,
+}
+
+const JOB_COLUMNS: &str = "j.id, j.kind, j.actor, j.filter, j.per_second, j.status, j.total,
+       j.created_at, j.finished_at, j.cancelled_by,
+       count(i.result), count(*) filter (where i.result = 'replayed'),
+       count(*) filter (where i.result = 'purged'), count(*) filter (where i.result = 'skipped'),
+       count(*) filter (where i.result = 'failed')";
+
+fn job(r: &tokio_postgres::Row) -> Job {
+    Job {
+        id: r.get(0),
+        kind: Kind::parse(r.get(1)),
+        actor: r.get(2),
+        filter: r.get(3),
+        per_second: r.get(4),
+        status: r.get(5),
+        total: r.get(6),
+        created_at: r.get(7),
+        finished_at: r.get(8),
+        cancelled_by: r.get(9),
+        done: r.get(10),
+        replayed: r.get(11),
+        purged: r.get(12),
+        skipped: r.get(13),
+        failed: r.get(14),
+    }
+}
+
+/// Creates a job over `keys`, in order. Run it in the transaction that
+/// also writes the audit row.
+pub async fn create(
+    client: &impl GenericClient,
+    kind: Kind,
+    actor: &str,
+    filter: Option<&serde_json::Value>,
+    per_second: f64,
+    keys: &[DeliveryKey],
+) -> Result<i64, DbError> {
+    let id: i64 = client
+        .query_one(
+            "insert into admin_jobs (kind, actor, filter, per_second, total)
+             values ($1, $2, $3, $4, $5) returning id",
+            &[
+                &kind.as_str(),
+                &actor,
+                &filter,
+                &per_second,
+                &(keys.len() as i32),
+            ],
+        )
+        .await?
+        .get(0);
+    let column = |f: fn(&DeliveryKey) -> &str| keys.iter().map(f).collect::<Vec<&str>>();
+    client
+        .execute(
+            "insert into admin_job_items (job_id, position, provider, source, hook_id, delivery_id)
+             select $1, k.ord, k.p, k.s, k.h, k.d
+             from unnest($2::text[], $3::text[], $4::text[], $5::text[])
+                  with ordinality as k(p, s, h, d, ord)",
+            &[
+                &id,
+                &column(|k| k.provider.as_str()),
+                &column(|k| k.source.as_str()),
+                &column(|k| k.hook_id.as_str()),
+                &column(|k| k.delivery_id.as_str()),
+            ],
+        )
+        .await?;
+    Ok(id)
+}
+
+/// One job and its progress.
+pub async fn get(client: &impl GenericClient, id: i64) -> Result<Option<Job>, DbError> {
+    let sql = format!(
+        "select {JOB_COLUMNS} from admin_jobs j left join admin_job_items i on i.job_id = j.id
+         where j.id = $1 group by j.id"
+    );
+    Ok(client.query_opt(&sql, &[&id]).await?.as_ref().map(job))
+}
+
+/// The newest jobs.
+pub async fn recent(client: &impl GenericClient, limit: i64) -> Result<Vec<Job>, DbError> {
+    let sql = format!(
+        "select {JOB_COLUMNS} from admin_jobs j left join admin_job_items i on i.job_id = j.id
+         where j.id in (select id from admin_jobs order by id desc limit $1)
+         group by j.id order by j.id desc"
+    );
+    Ok(client
+        .query(&sql, &[&limit])
+        .await?
+        .iter()
+        .map(job)
+        .collect())
+}
+
+/// One item of a job.
+#[derive(Clone, Debug)]
+pub struct Item {
+    /// Its place in the frozen selection, from 1.
+    pub position: i32,
+    /// The delivery it replays (`replay_of`) or purges.
+    pub key: [String; 4],
+    /// `replayed`, `purged`, `skipped`, `failed`, or none yet.
+    pub result: Option<String>,
+    /// Why it failed.
+    pub error: Option<String>,
+    /// When it was done.
+    pub done_at: Option<DateTime<Utc>>,
+}
+
+/// The first `limit` items of a job.
+pub async fn items(
+    client: &impl GenericClient,
+    job_id: i64,
+    limit: i64,
+) -> Result<Vec<Item>, DbError> {
+    Ok(client
+        .query(
+            "select position, provider, source, hook_id, delivery_id, result, error, done_at
+             from admin_job_items where job_id = $1 order by position limit $2",
+            &[&job_id, &limit],
+        )
+        .await?
+        .iter()
+        .map(|r| Item {
+            position: r.get(0),
+            key: [r.get(1), r.get(2), r.get(3), r.get(4)],
+            result: r.get(5),
+            error: r.get(6),
+            done_at: r.get(7),
+        })
+        .collect())
+}
+
+/// A job that acted on a delivery.
+#[derive(Clone, Debug)]
+pub struct Lineage {
+    /// The job.
+    pub job_id: i64,
+    /// Replay or purge.
+    pub kind: Kind,
+    /// Who started it.
+    pub actor: String,
+    /// What it did to this delivery.
+    pub result: String,
+    /// Why it failed.
+    pub error: Option<String>,
+    /// When.
+    pub at: DateTime<Utc>,
+}
+
+/// The jobs that acted on `key`, oldest first.
+pub async fn lineage(
+    client: &impl GenericClient,
+    key: &DeliveryKey,
+) -> Result<Vec<Lineage>, DbError> {
+    Ok(client
+        .query(
+            "select i.job_id, j.kind, j.actor, i.result, i.error, i.done_at
+             from admin_job_items i join admin_jobs j on j.id = i.job_id
+             where i.provider = $1 and i.source = $2 and i.hook_id = $3 and i.delivery_id = $4
+               and i.result is not null
+             order by i.done_at",
+            &[&key.provider, &key.source, &key.hook_id, &key.delivery_id],
+        )
+        .await?
+        .iter()
+        .map(|r| Lineage {
+            job_id: r.get(0),
+            kind: Kind::parse(r.get(1)),
+            actor: r.get(2),
+            result: r.get(3),
+            error: r.get(4),
+            at: r.get(5),
+        })
+        .collect())
+}
+
+/// What a cancel found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Cancelled {
+    /// The job was running and is cancelled now: no further item starts.
+    Now,
+    /// The job had already ended (`finished` or `cancelled`).
+    AlreadyEnded(String),
+    /// No such job.
+    Unknown,
+}
+
+/// Cancels a running job. The runner locks the job's row for each item,
+/// so this waits for the item in progress, and no item starts after it.
+pub async fn cancel(client: &impl GenericClient, id: i64, by: &str) -> Result<Cancelled, DbError> {
+    let n = client
+        .execute(
+            "update admin_jobs set status = 'cancelled', cancelled_by = $2, finished_at = now()
+             where id = $1 and status = 'running'",
+            &[&id, &by],
+        )
+        .await?;
+    if n == 1 {
+        return Ok(Cancelled::Now);
+    }
+    Ok(
+        match client
+            .query_opt("select status from admin_jobs where id = $1", &[&id])
+            .await?
+        {
+            Some(r) => Cancelled::AlreadyEnded(r.get(0)),
+            None => Cancelled::Unknown,
+        },
+    )
+}
+
+/// How long a runner's hold on a job lasts: 30 s, or three items' time
+/// for a slower job, so that a live runner renews it before it ends.
+macro_rules! job_lease {
+    () => {
+        "now() + make_interval(secs => greatest(30, 3 / per_second))"
+    };
+}
+
+/// Takes the oldest running job nobody holds (or whose runner's hold
+/// lapsed) for `runner`.
+pub async fn take(
+    client: &impl GenericClient,
+    runner: Uuid,
+) -> Result<Option<(i64, Kind, f64)>, DbError> {
+    Ok(client
+        .query_opt(
+            concat!(
+                "update admin_jobs set runner = $1, lease_until = ",
+                job_lease!(),
+                "
+             where id = (select id from admin_jobs
+                         where status = 'running' and (runner is null or lease_until < now())
+                         order by id limit 1 for update skip locked)
+             returning id, kind, per_second"
+            ),
+            &[&runner],
+        )
+        .await?
+        .map(|r| (r.get(0), Kind::parse(r.get(1)), r.get(2))))
+}
+
+/// Renews the runner's hold on a running job and locks its row for this
+/// transaction, so that a cancel waits for the item in progress. False
+/// when the job was cancelled or taken over.
+pub async fn hold(client: &impl GenericClient, id: i64, runner: Uuid) -> Result<bool, DbError> {
+    Ok(client
+        .execute(
+            concat!(
+                "update admin_jobs set lease_until = ",
+                job_lease!(),
+                " where id = $1 and runner = $2 and status = 'running'"
+            ),
+            &[&id, &runner],
+        )
+        .await?
+        == 1)
+}
+
+/// The next pending item: its position and key parts.
+pub async fn next_item(
+    client: &impl GenericClient,
+    id: i64,
+) -> Result<Option<(i32, [String; 4])>, DbError> {
+    Ok(client
+        .query_opt(
+            "select position, provider, source, hook_id, delivery_id from admin_job_items
+             where job_id = $1 and result is null order by position limit 1",
+            &[&id],
+        )
+        .await?
+        .map(|r| (r.get(0), [r.get(1), r.get(2), r.get(3), r.get(4)])))
+}
+
+/// Records an item's result.
+pub async fn done(
+    client: &impl GenericClient,
+    id: i64,
+    position: i32,
+    result: &str,
+    error: Option<&str>,
+) -> Result<(), DbError> {
+    client
+        .execute(
+            "update admin_job_items set result = $3, error = $4, done_at = now()
+             where job_id = $1 and position = $2",
+            &[&id, &position, &result, &error],
+        )
+        .await?;
+    Ok(())
+}
+
+/// Marks a job finished (every item done).
+pub async fn finish(client: &impl GenericClient, id: i64) -> Result<(), DbError> {
+    client
+        .execute(
+            "update admin_jobs set status = 'finished', finished_at = now()
+             where id = $1 and status = 'running'",
+            &[&id],
+        )
+        .await?;
+    Ok(())
+}

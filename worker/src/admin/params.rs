@@ -1,0 +1,268 @@
+//! Filters from a query string (`?status=dead&source=…`) or a JSON body
+//! (`{"filter": {…}}`), checked field by field: a bad value is a 400 that
+//! names its field. Empty values (an HTML form's blank fields) are unset.
+//! The checked values are kept, normalized, so that a view can link to
+//! itself and a job can record what it was made from.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, NaiveDateTime, Utc};
+use hookinbox::config::parse_duration_text;
+use hookinbox::deliveries::{Cursor, ErrorClass, Filter, Status};
+
+use super::error::AdminError;
+
+/// The filter's fields, in the order a form shows them.
+pub const FILTER_FIELDS: [&str; 10] = [
+    "status",
+    "source",
+    "event",
+    "action",
+    "repository",
+    "error_class",
+    "since",
+    "until",
+    "delivery_id",
+    "hook_id",
+];
+
+/// The states a filter can ask for.
+pub const STATES: [&str; 5] = ["processing", "completed", "failed", "retrying", "dead"];
+
+/// Rows per page unless asked: the default and the most.
+pub const DEFAULT_LIMIT: i64 = 50;
+/// The most rows a page may ask for.
+pub const MAX_LIMIT: i64 = 500;
+
+/// A checked filter, with the values it was made from.
+#[derive(Clone, Debug, Default)]
+pub struct Checked {
+    /// The filter.
+    pub filter: Filter,
+    /// Where a page starts.
+    pub cursor: Option<Cursor>,
+    /// The filter's fields as given (normalized, unset ones left out).
+    pub given: BTreeMap<String, String>,
+}
+
+impl Checked {
+    /// The given fields as a query string (without limit and cursor).
+    pub fn query(&self) -> String {
+        form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(self.given.iter())
+            .finish()
+    }
+
+    /// The given fields as JSON, for a job's record and the audit log.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::to_value(&self.given).unwrap_or_default()
+    }
+}
+
+fn time(field: &str, value: &str) -> Result<DateTime<Utc>, AdminError> {
+    if let Ok(t) = DateTime::parse_from_rfc3339(value) {
+        return Ok(t.with_timezone(&Utc));
+    }
+    // An HTML datetime-local input: no zone, read as UTC.
+    for format in ["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S"] {
+        if let Ok(t) = NaiveDateTime::parse_from_str(value, format) {
+            return Ok(t.and_utc());
+        }
+    }
+    if let Ok(ago) = parse_duration_text(value) {
+        let ago = chrono::Duration::from_std(ago)
+            .map_err(|_| AdminError::field(field, "too long ago"))?;
+        return Ok(Utc::now() - ago);
+    }
+    Err(AdminError::field(
+        field,
+        format!(
+            "'{value}' is neither a time (RFC 3339, e.g. 2026-01-31T12:00:00Z) nor an age (e.g. 2h, 7d)"
+        ),
+    ))
+}
+
+fn bounded(field: &str, value: &str, max: usize) -> Result<String, AdminError> {
+    if value.len() > max || value.chars().any(char::is_control) {
+        return Err(AdminError::field(
+            field,
+            format!("at most {max} printable characters"),
+        ));
+    }
+    Ok(value.to_owned())
+}
+
+/// Applies one field to `out`; `prefix` names fields of a JSON body
+/// (`filter.`).
+fn apply(out: &mut Checked, prefix: &str, name: &str, value: &str) -> Result<(), AdminError> {
+    let field = format!("{prefix}{name}");
+    let f = &mut out.filter;
+    match name {
+        "status" => match value {
+            "processing" => f.status = Some(Status::Processing),
+            "completed" => f.status = Some(Status::Completed),
+            "failed" => f.status = Some(Status::Failed),
+            "retrying" => f.retrying = true,
+            "dead" => f.dead = true,
+            _ => {
+                return Err(AdminError::field(
+                    field,
+                    format!("'{value}' is not one of {}", STATES.join(", ")),
+                ));
+            }
+        },
+        "source" => f.source = Some(bounded(&field, value, 64)?),
+        "event" => f.event = Some(bounded(&field, value, 100)?),
+        "action" => f.action = Some(bounded(&field, value, 64)?),
+        "repository" => f.repository = Some(bounded(&field, value, 140)?),
+        "error_class" => {
+            f.error_class = Some(
+                value
+                    .parse::<ErrorClass>()
+                    .map_err(|e| AdminError::field(&field, e.to_string()))?,
+            )
+        }
+        "since" => f.created_since = Some(time(&field, value)?),
+        "until" => f.created_until = Some(time(&field, value)?),
+        "delivery_id" => {
+            if value.len() > 128 || !value.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(AdminError::field(
+                    field,
+                    "a delivery id or its prefix: 1 to 128 visible ASCII characters",
+                ));
+            }
+            f.id_prefix = Some(value.to_owned());
+        }
+        "hook_id" => {
+            if value.len() > 20 || !value.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(AdminError::field(field, "1 to 20 digits"));
+            }
+            f.hook_id = Some(value.to_owned());
+        }
+        "limit" => {
+            let n: i64 = value
+                .parse()
+                .ok()
+                .filter(|n| (1..=MAX_LIMIT).contains(n))
+                .ok_or_else(|| {
+                    AdminError::field(&field, format!("a whole number from 1 to {MAX_LIMIT}"))
+                })?;
+            f.limit = n;
+            return Ok(());
+        }
+        "cursor" => {
+            out.cursor =
+                Some(Cursor::decode(value).map_err(|e| AdminError::field(&field, e.to_string()))?);
+            return Ok(());
+        }
+        _ => {
+            return Err(AdminError::field(
+                field,
+                format!(
+                    "not a filter (filters: {}, limit, cursor)",
+                    FILTER_FIELDS.join(", ")
+                ),
+            ));
+        }
+    }
+    if out
+        .given
+        .insert(name.to_owned(), value.to_owned())
+        .is_some()
+    {
+        return Err(AdminError::field(format!("{prefix}{name}"), "given twice"));
+    }
+    Ok(())
+}
+
+/// Checks a query string's filter, limit and cursor.
+pub fn from_query(query: &str) -> Result<Checked, AdminError> {
+    let mut out = Checked::default();
+    out.filter.limit = DEFAULT_LIMIT;
+    for (name, value) in form_urlencoded::parse(query.as_bytes()) {
+        if value.is_empty() {
+            continue;
+        }
+        apply(&mut out, "", &name, &value)?;
+    }
+    Ok(out)
+}
+
+/// Checks the `filter` object of a JSON body (no limit or cursor there).
+pub fn from_json(value: &serde_json::Value) -> Result<Checked, AdminError> {
+    let object = value
+        .as_object()
+        .ok_or_else(|| AdminError::field("filter", "must be an object"))?;
+    let mut out = Checked::default();
+    for (name, v) in object {
+        if name == "limit" || name == "cursor" {
+            return Err(AdminError::field(
+                format!("filter.{name}"),
+                "not part of a selection",
+            ));
+        }
+        let text = match v {
+            serde_json::Value::Null => continue,
+            serde_json::Value::String(s) if s.is_empty() => continue,
+            serde_json::Value::String(s) => s.clone(),
+            _ => {
+                return Err(AdminError::field(
+                    format!("filter.{name}"),
+                    "must be a string",
+                ));
+            }
+        };
+        apply(&mut out, "filter.", name, &text)?;
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn field_of(e: AdminError) -> String {
+        match e {
+            AdminError::BadField { field, .. } => field,
+            other => panic!("{other}"),
+        }
+    }
+
+    #[test]
+    fn each_bad_value_names_its_field() {
+        for (q, field) in [
+            ("status=gone", "status"),
+            ("error_class=oops", "error_class"),
+            ("since=yesterday-ish", "since"),
+            ("until=x", "until"),
+            ("limit=0", "limit"),
+            ("limit=501", "limit"),
+            ("cursor=zz", "cursor"),
+            ("delivery_id=a%20b", "delivery_id"),
+            ("hook_id=12x", "hook_id"),
+            ("colour=red", "colour"),
+            ("event=push&event=issues", "event"),
+        ] {
+            assert_eq!(field_of(from_query(q).expect_err(q)), field, "{q}");
+        }
+    }
+
+    #[test]
+    fn blank_fields_are_unset_and_the_rest_kept() {
+        let c = from_query("status=dead&source=&event=push&since=2h&limit=10").expect("valid");
+        assert!(c.filter.dead);
+        assert_eq!(c.filter.source, None);
+        assert_eq!(c.filter.event.as_deref(), Some("push"));
+        assert!(c.filter.created_since.is_some());
+        assert_eq!(c.filter.limit, 10);
+        assert_eq!(c.query(), "event=push&since=2h&status=dead");
+    }
+
+    #[test]
+    fn a_json_filter_names_fields_under_filter() {
+        let e = from_json(&serde_json::json!({"status": 3})).expect_err("number");
+        assert_eq!(field_of(e), "filter.status");
+        let c = from_json(&serde_json::json!({"status": "dead", "source": null})).expect("ok");
+        assert!(c.filter.dead);
+    }
+}

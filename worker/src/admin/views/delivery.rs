@@ -1,0 +1,104 @@
+//! One delivery: its key, headers, timeline, payload (operators only) and
+//! the actions that apply to it.
+
+use hookinbox::deliveries::{ErrorClass, Status};
+use maud::{Markup, html};
+
+use super::{badge, page, stamp, when};
+use crate::admin::detail::{Detail, state};
+use crate::admin::session::Session;
+use crate::admin::tokens::Role;
+
+/// The delivery page.
+pub(crate) fn delivery(d: &Detail, session: &Session) -> Markup {
+    let row = &d.delivery;
+    let key = &row.key;
+    let base = format!(
+        "/deliveries/{}/{}",
+        form_urlencoded::byte_serialize(key.source.as_str().as_bytes()).collect::<String>(),
+        form_urlencoded::byte_serialize(key.delivery_id.as_str().as_bytes()).collect::<String>()
+    );
+    let operator = session.identity.role == Role::Operator;
+    // A delivery in flight changes by itself: look again shortly.
+    let refresh = (row.status == Status::Processing).then_some(2);
+    page(
+        &format!("Delivery {}", key.delivery_id.as_str()),
+        Some(session),
+        refresh,
+        html! {
+            section.card {
+                div.bar {
+                    (badge(state(row)))
+                    @if let (Status::Failed, Some(c)) = (row.status, row.last_error_class) { code { (c.as_str()) } }
+                    span.muted { (row.attempts) " attempt(s), " (row.replays) " replay(s)" }
+                }
+                dl.key {
+                    dt { "Delivery id" } dd.mono { (key.delivery_id.as_str()) }
+                    dt { "Source" } dd { (key.source.as_str()) }
+                    dt { "Hook id" } dd.mono { @if key.hook_id.as_str().is_empty() { span.muted { "none" } } @else { (key.hook_id.as_str()) } }
+                    dt { "Event" } dd { (row.event) @if let Some(a) = &row.action { "." (a) } }
+                    dt { "Repository" } dd { (row.repository.as_deref().unwrap_or("—")) }
+                    dt { "Created" } dd { (when(Some(row.created_at))) }
+                    @if let Some(e) = &row.last_error {
+                    // A delivery that failed and then completed keeps its
+                    // last error: shown as history, not as its state.
+                    @if row.status == Status::Failed { dt { "Last error" } dd.error { (e) } }
+                    @else { dt { "Earlier error" } dd.muted { (e) } }
+                }
+                }
+                @if operator && row.status == Status::Failed {
+                    div.actions {
+                        form method="post" action={(base) "/replay"} {
+                            input type="hidden" name="csrf" value=(session.csrf);
+                            input type="hidden" name="hook_id" value=(key.hook_id.as_str());
+                            button #replay type="submit" { "Replay" }
+                        }
+                        @if !row.retryable {
+                            form method="post" action={(base) "/purge"} {
+                                input type="hidden" name="csrf" value=(session.csrf);
+                                input type="hidden" name="hook_id" value=(key.hook_id.as_str());
+                                button.danger #purge type="submit" { "Purge" }
+                            }
+                        }
+                    }
+                } @else if !operator {
+                    p.hint { "Signed in as a viewer: no actions, no payload." }
+                }
+            }
+            section.card {
+                h2 { "Timeline" }
+                ol.timeline {
+                    @for s in &d.timeline {
+                        li class=(s.what.replace(' ', "-")) {
+                            span.when { (stamp(s.at)) }
+                            strong { (s.what) }
+                            @if let Some(detail) = &s.detail { " " span { (detail) } }
+                        }
+                    }
+                }
+            }
+            section.card {
+                h2 { "Headers" }
+                @if d.headers.is_empty() { p.muted { "Not kept: headers are stored with a parked body only (signature headers never)." } }
+                @else {
+                    table { tbody { @for (k, v) in &d.headers { tr { th.mono { (k) } td.mono { (v) } } } } }
+                }
+            }
+            @if operator {
+                section.card {
+                    h2 { "Payload" }
+                    @match &d.payload {
+                        Some(p) => {
+                            p.muted { @if p.origin == "event" { "As stored by the store handler (github_events)." } @else { "The parked body a retry or replay publishes." } }
+                            pre.payload { code { (p.pretty) } }
+                        }
+                        None => p.muted { "Not kept (a forwarded delivery once completed, or one in flight)." },
+                    }
+                }
+            }
+            @if row.status == Status::Failed && row.last_error_class == Some(ErrorClass::Lost) {
+                p.hint { "Reaped as lost: its claim's lease expired long ago. A parked body is republished by the scheduler; without one, redeliver it from GitHub." }
+            }
+        },
+    )
+}

@@ -1,0 +1,91 @@
+//! The overview: where work is stuck and what is dead.
+
+use hookinbox::deliveries::Overview;
+use maud::{Markup, html};
+
+use super::{age, number, page};
+use crate::admin::session::Session;
+
+fn state_link(source: &str, state: &str, n: i64) -> Markup {
+    html! {
+        @if n == 0 { span.muted { "0" } }
+        // The completed column counts the last day: its link shows that day.
+        @else if state == "completed" { a href={"/deliveries?source=" (source) "&status=completed&since=1d"} { (number(n)) } }
+        @else { a href={"/deliveries?source=" (source) "&status=" (state)} { (number(n)) } }
+    }
+}
+
+fn stuck(label: &str, secs: Option<f64>) -> Markup {
+    html! {
+        div.stat {
+            span.label { (label) }
+            span.value { @match secs { Some(s) => (age(s)), None => span.muted { "none" } } }
+        }
+    }
+}
+
+/// The overview page.
+pub(crate) fn overview(o: &Overview, session: &Session) -> Markup {
+    let total =
+        |f: fn(&hookinbox::deliveries::SourceCounts) -> i64| o.sources.iter().map(f).sum::<i64>();
+    page(
+        "Overview",
+        Some(session),
+        None,
+        html! {
+            section.stats {
+                div.stat { span.label { "Accepted, last hour" } span.value { (number(o.accepted_last_hour)) } }
+                div.stat { span.label { "Completed, last hour" } span.value { (number(o.completed_last_hour)) } }
+                div.stat { span.label { "Failed, last hour" } span.value { (number(o.failed_last_hour)) } }
+                (stuck("Oldest processing for", o.oldest_processing_secs))
+                (stuck("Due retry waiting for", o.oldest_due_secs))
+                (stuck("Oldest lost for", o.oldest_lost_secs))
+            }
+            section.card {
+                h2 { "Deliveries by source and state" }
+                table {
+                    thead { tr { th { "Source" } th.num { "Processing" } th.num title="completed in the last 24 hours" { "Completed, 24 h" } th.num { "Retrying" } th.num { "Dead" } } }
+                    tbody {
+                        @for s in &o.sources {
+                            tr {
+                                td { a href={"/deliveries?source=" (s.source)} { (s.source) } }
+                                td.num { (state_link(&s.source, "processing", s.processing)) }
+                                td.num { (state_link(&s.source, "completed", s.completed)) }
+                                td.num { (state_link(&s.source, "retrying", s.retrying)) }
+                                td.num.dead { (state_link(&s.source, "dead", s.dead)) }
+                            }
+                        }
+                        @if o.sources.is_empty() { tr { td colspan="5" .muted { "No deliveries yet." } } }
+                    }
+                    @if o.sources.len() > 1 {
+                        tfoot { tr {
+                            th { "All" }
+                            th.num { (number(total(|s| s.processing))) }
+                            th.num { (number(total(|s| s.completed))) }
+                            th.num { (number(total(|s| s.retrying))) }
+                            th.num { (number(total(|s| s.dead))) }
+                        } }
+                    }
+                }
+            }
+            section.card {
+                h2 { "Dead letters by error class" }
+                @if o.dead_by_class.is_empty() { p.muted { "No dead letters." } }
+                @else {
+                    table {
+                        thead { tr { th { "Class" } th.num { "Dead letters" } th {} } }
+                        tbody {
+                            @for (class, n) in &o.dead_by_class {
+                                tr {
+                                    td { code { (class) } }
+                                    td.num { a href={"/deliveries?status=dead&error_class=" (class)} { (number(*n)) } }
+                                    td { a.button.small href={"/bulk?kind=replay&status=dead&error_class=" (class)} { "Replay…" } }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        },
+    )
+}
