@@ -42,7 +42,7 @@ ALLOWED = {
         "runtime": {"handlers", "maintenance", "reconcile", "context"},
         "maintenance": {"context"},
         "ops": {"maintenance", "context"},
-        "admin": {"ops"},
+        "admin": {"ops", "reconcile"},
         "handlers": set(),
         "reconcile": set(),
         "context": set(),

@@ -37,7 +37,7 @@
 //! and `admin`; `runtime` uses `handlers`, `maintenance`, `reconcile` and
 //! `context`; `maintenance` uses `context`; `ops` uses `maintenance` and
 //! `context`; `admin` uses `ops` (to bring the dead-letter queue in step
-//! after a job); `handlers` and `reconcile` use nothing of this crate. It
+//! after a job) and `reconcile` (its state on the overview); `handlers` and `reconcile` use nothing of this crate. It
 //! never uses `hookinbox-ingest`.
 
 pub mod admin;

@@ -320,6 +320,24 @@ async fn deliveries_completed_here_but_failed_at_github_are_counted_late_and_not
         assert_eq!(gh.fake.redeliveries_asked(guid), 0);
     }
     assert!(effects(&env).await.values().all(|n| *n == 1));
+
+    // The admin console's overview shows the pass, in the API and the page.
+    let admin = env.admin().await;
+    let overview = admin
+        .get("/api/v1/overview", Some(hookinbox_tests::admin::VIEWER))
+        .await;
+    assert_eq!(overview.status, 200);
+    let state = &overview.body["reconciler"][0];
+    assert_eq!(state["source"], "default");
+    assert_eq!(state["last_counts"]["late"], 4, "{state}");
+    assert_eq!(state["last_counts"]["redelivered"], 0, "{state}");
+    assert!(state["last_pass_at"].is_string() && state["last_error"].is_null());
+    let cookie = admin.sign_in(hookinbox_tests::admin::VIEWER).await;
+    let (status, page) = admin.page("/", &cookie).await;
+    assert_eq!(status, 200);
+    assert!(page.contains("<h2>Reconciler</h2>"), "{page}");
+    assert!(page.contains(state["hook"].as_str().expect("hook")), "{page}");
+    admin.stop().await;
     env.cleanup().await;
 }
 

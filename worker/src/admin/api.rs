@@ -5,6 +5,8 @@
 
 use actix_web::{HttpRequest, HttpResponse, web};
 use hookinbox::deliveries::{self, Cursor};
+
+use crate::reconcile;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -71,7 +73,13 @@ pub(crate) async fn overview(req: HttpRequest, state: web::Data<State>) -> Answe
     api_identity(&req, &state)?;
     let client = state.pool.get().await?;
     let o = deliveries::overview(&client).await?;
+    let reconciler = reconcile::state::states(&client).await?;
     Ok(HttpResponse::Ok().json(json!({
+        "reconciler": reconciler.iter().map(|r| json!({
+            "source": r.source, "hook": r.hook, "watermark": r.watermark,
+            "last_pass_at": r.last_pass_at, "last_attempt_at": r.last_attempt_at,
+            "last_error": r.last_error, "last_counts": r.last_counts,
+        })).collect::<Vec<_>>(),
         "sources": o.sources.iter().map(|s| json!({
             "source": s.source, "processing": s.processing, "completed": s.completed,
             "retrying": s.retrying, "dead": s.dead,

@@ -8,6 +8,8 @@ use actix_web::cookie::{Cookie, SameSite};
 use actix_web::http::header;
 use actix_web::{HttpRequest, HttpResponse, web};
 use hookinbox::deliveries::{self, Filter, Status};
+
+use crate::reconcile;
 use maud::Markup;
 
 use super::auth::{page_session, require_csrf, require_operator, sign_in};
@@ -114,7 +116,8 @@ pub(crate) async fn overview(req: HttpRequest, state: web::Data<State>) -> Page 
     let session = page_session(&req, &state)?;
     let client = state.pool.get().await?;
     let o = deliveries::overview(&client).await?;
-    Ok(html(views::overview(&o, &session)))
+    let reconciler = reconcile::state::states(&client).await?;
+    Ok(html(views::overview(&o, &reconciler, &session)))
 }
 
 /// `GET /deliveries`.

@@ -3,8 +3,9 @@
 use hookinbox::deliveries::Overview;
 use maud::{Markup, html};
 
-use super::{age, number, page};
+use super::{age, number, page, when};
 use crate::admin::session::Session;
+use crate::reconcile::state::SourceState;
 
 fn state_link(source: &str, state: &str, n: i64) -> Markup {
     html! {
@@ -24,8 +25,55 @@ fn stuck(label: &str, secs: Option<f64>) -> Markup {
     }
 }
 
+/// A figure of a reconciler pass's counts, or a dash.
+fn pass_count(counts: Option<&serde_json::Value>, field: &str) -> Markup {
+    match counts.and_then(|c| c[field].as_i64()) {
+        Some(n) => html! { (number(n)) },
+        None => html! { span.muted { "–" } },
+    }
+}
+
+/// The reconciler's state per source that names a GitHub hook.
+fn reconciler(states: &[SourceState]) -> Markup {
+    html! {
+        section.card {
+            h2 { "Reconciler" }
+            @if states.is_empty() {
+                p.muted { "No source names a GitHub hook to reconcile, or no pass has run yet." }
+            } @else {
+                table {
+                    thead { tr {
+                        th { "Source" } th { "Hook" } th { "Last complete pass" } th { "Judged up to" }
+                        th.num title="redeliveries asked in the last complete pass" { "Redelivered" }
+                        th.num title="failed at GitHub, but taken here" { "Late" }
+                        th.num title="successes at GitHub that hookinbox never saw" { "Unexplained" }
+                        th { "Last error" }
+                    } }
+                    tbody {
+                        @for r in states {
+                            @let counts = r.last_counts.as_ref();
+                            tr {
+                                td { a href={"/deliveries?source=" (r.source)} { (r.source) } }
+                                td { code { (r.hook) } }
+                                td { (when(r.last_pass_at)) }
+                                td { (when(r.watermark)) }
+                                td.num { (pass_count(counts, "redelivered")) }
+                                td.num { (pass_count(counts, "late")) }
+                                td.num.dead[counts.and_then(|c| c["unexplained"].as_i64()).is_some_and(|n| n > 0)] {
+                                    (pass_count(counts, "unexplained"))
+                                }
+                                td { @match &r.last_error { Some(e) => span.dead { (e) }, None => span.muted { "none" } } }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// The overview page.
-pub(crate) fn overview(o: &Overview, session: &Session) -> Markup {
+pub(crate) fn overview(o: &Overview, states: &[SourceState], session: &Session) -> Markup {
     let total =
         |f: fn(&hookinbox::deliveries::SourceCounts) -> i64| o.sources.iter().map(f).sum::<i64>();
     page(
@@ -86,6 +134,7 @@ pub(crate) fn overview(o: &Overview, session: &Session) -> Markup {
                     }
                 }
             }
+            (reconciler(states))
         },
     )
 }
