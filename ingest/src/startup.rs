@@ -55,9 +55,9 @@ impl IngestApp {
         listener: TcpListener,
     ) -> Result<Self, StartError> {
         let common = &config.common;
-        let pool = common.pool()?;
+        let pool = common.checked_pool().await?;
         if common.auto_migrate {
-            postgres::migrate(&pool).await?;
+            common.migrate().await?;
         }
         let publisher = Arc::new(common.publisher("hookinbox-ingest"));
         // Declares the topology now if the broker is up; if not, the first

@@ -122,10 +122,7 @@ impl Cli {
         match self.command.unwrap_or(Command::Run) {
             Command::Healthcheck => Ok(0),
             Command::Migrate => {
-                let pool = config.common.pool_of(1)?;
-                let applied = hookinbox::postgres::migrate(&pool)
-                    .await
-                    .context("migration failed")?;
+                let applied = config.common.migrate().await.context("migration failed")?;
                 println!("applied {applied} migration(s)");
                 Ok(0)
             }
@@ -186,6 +183,7 @@ async fn reconcile_once(config: &WorkerConfig, args: &ReconcileArgs) -> anyhow::
         });
     }
     let pool = config.common.pool_of(4)?;
+    let leaders = config.common.leaders(&pool)?;
     let options = PassOptions {
         dry_run: args.dry_run,
         since: args.since,
@@ -193,7 +191,16 @@ async fn reconcile_once(config: &WorkerConfig, args: &ReconcileArgs) -> anyhow::
     };
     let mut failures = Vec::new();
     for target in targets {
-        match reconcile::run(&pool, target, config, &options, Some(args.max_wait)).await {
+        match reconcile::run(
+            &pool,
+            &leaders,
+            target,
+            config,
+            &options,
+            Some(args.max_wait),
+        )
+        .await
+        {
             Ok(report) => print_report(&report, args.json)?,
             Err(e) => failures.push(format!("source '{}': {e}", target.source)),
         }

@@ -5,7 +5,7 @@ use deadpool_postgres::Pool;
 use hookinbox::broker::{BrokerError, Publisher, Topology};
 use hookinbox::config::WorkerConfig;
 use hookinbox::deliveries::Policy;
-use hookinbox::postgres::{self, DbError};
+use hookinbox::postgres::DbError;
 
 /// Why the worker could not start, or a pass of its work failed.
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +30,9 @@ pub(crate) struct Context {
     /// The state machine's knobs, from the settings.
     pub(crate) policy: Policy,
     pub(crate) pool: Pool,
+    /// Where the leader locks are taken: `pool`, or direct connections
+    /// when `pool` goes through a transaction pooler.
+    pub(crate) leaders: Pool,
     /// Publishes dead-letter copies and scheduled retries.
     pub(crate) publisher: Publisher,
     pub(crate) topology: Topology,
@@ -40,11 +43,12 @@ impl Context {
     /// the publisher; nothing is consumed yet.
     pub(crate) async fn build(config: WorkerConfig) -> Result<Self, RuntimeError> {
         let common = &config.common;
-        let pool = common.pool()?;
         if common.auto_migrate {
-            postgres::migrate(&pool).await?;
+            common.migrate().await?;
         }
+        let pool = common.checked_pool().await?;
         Ok(Self {
+            leaders: common.leaders(&pool)?,
             policy: common.policy(),
             publisher: common.publisher("hookinbox-worker"),
             topology: common.topology(),

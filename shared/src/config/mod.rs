@@ -16,7 +16,7 @@ use deadpool_postgres::Pool;
 
 use crate::broker::{DEFAULT_PUBLISH_WINDOW, Publisher, Topology};
 use crate::deliveries::Policy;
-use crate::postgres::{DEFAULT_REQUEST_TIMEOUT, DbError};
+use crate::postgres::{DEFAULT_REQUEST_TIMEOUT, DbError, PoolOptions, Pooler};
 
 mod github;
 mod ingest;
@@ -112,6 +112,10 @@ pub fn parse_duration_text(value: &str) -> Result<Duration, String> {
 fn parse_duration(name: &'static str, value: &str) -> Result<Duration, ConfigError> {
     parse_duration_text(value).map_err(|problem| invalid(name, problem))
 }
+
+/// Direct connections a worker's leaders use when DATABASE_URL points at a
+/// transaction pooler (see [`CommonConfig::leaders`]).
+pub const LEADER_CONNECTIONS: usize = 3;
 
 /// Settings both binaries share.
 #[derive(clap::Args, Clone)]
@@ -212,6 +216,52 @@ pub struct CommonArgs {
         default_value_t = DEFAULT_REQUEST_TIMEOUT.as_millis() as u64
     )]
     pub db_timeout_ms: u64,
+
+    /// What DATABASE_URL points at: `none` (Postgres) or `transaction` (a
+    /// pooler such as PgBouncer in transaction mode: unnamed statements,
+    /// no startup options, and the leader locks and migrations through
+    /// HOOKINBOX_DIRECT_DATABASE_URL).
+    #[arg(
+        long,
+        env = "HOOKINBOX_DB_POOLER",
+        value_name = "HOOKINBOX_DB_POOLER",
+        default_value = "none",
+        value_parser = parse_pooler
+    )]
+    pub db_pooler: Pooler,
+
+    /// A direct (or session-pooled) Postgres URL for migrations and the
+    /// leader locks, which are session advisory locks. Required with
+    /// HOOKINBOX_DB_POOLER=transaction; default DATABASE_URL.
+    #[arg(
+        long,
+        env = "HOOKINBOX_DIRECT_DATABASE_URL",
+        value_name = "HOOKINBOX_DIRECT_DATABASE_URL",
+        hide_env_values = true
+    )]
+    pub direct_database_url: Option<String>,
+
+    /// Milliseconds a session may sit idle inside a transaction before
+    /// Postgres ends it and releases its locks (0: Postgres's own setting).
+    /// The worker needs more than HOOKINBOX_HANDLER_TIMEOUT_MS.
+    #[arg(
+        long,
+        env = "HOOKINBOX_DB_IDLE_IN_TRANSACTION_TIMEOUT_MS",
+        value_name = "HOOKINBOX_DB_IDLE_IN_TRANSACTION_TIMEOUT_MS",
+        default_value_t = crate::postgres::DEFAULT_IDLE_IN_TRANSACTION.as_millis() as u64
+    )]
+    pub db_idle_in_transaction_timeout_ms: u64,
+}
+
+/// `none` or `transaction`.
+fn parse_pooler(value: &str) -> Result<Pooler, String> {
+    match value.trim() {
+        "none" => Ok(Pooler::None),
+        "transaction" => Ok(Pooler::Transaction),
+        other => Err(format!(
+            "'{other}' is not a pooler mode (none or transaction)"
+        )),
+    }
 }
 
 /// Validated settings both binaries share.
@@ -237,6 +287,13 @@ pub struct CommonConfig {
     pub db_pool_size: usize,
     /// How long a Postgres request may go unanswered.
     pub db_timeout: Duration,
+    /// What DATABASE_URL points at.
+    pub db_pooler: Pooler,
+    /// Where migrations and leader locks connect (may carry a password:
+    /// never log it); DATABASE_URL when unset.
+    pub direct_database_url: Option<String>,
+    /// Postgres's `idle_in_transaction_session_timeout` for our sessions.
+    pub db_idle_in_transaction: Duration,
 }
 
 impl CommonArgs {
@@ -248,6 +305,20 @@ impl CommonArgs {
                 format!("not a valid Postgres URL ({})", inner(&e)),
             )
         })?;
+        if let Some(url) = &self.direct_database_url {
+            crate::postgres::parse_url(url).map_err(|e| {
+                invalid(
+                    "HOOKINBOX_DIRECT_DATABASE_URL",
+                    format!("not a valid Postgres URL ({})", inner(&e)),
+                )
+            })?;
+        } else if self.db_pooler == Pooler::Transaction {
+            return Err(invalid(
+                "HOOKINBOX_DIRECT_DATABASE_URL",
+                "required with HOOKINBOX_DB_POOLER=transaction: migrations and the leader locks \
+                 are session advisory locks, which a transaction pooler does not keep",
+            ));
+        }
         crate::broker::check_url(&self.amqp_url)
             .map_err(|e| invalid("AMQP_URL", format!("not a valid AMQP URL ({})", inner(&e))))?;
         if self.queue_prefix.is_empty()
@@ -273,6 +344,9 @@ impl CommonArgs {
             publish_window: self.publish_window,
             db_pool_size: self.db_pool_size,
             db_timeout: Duration::from_millis(self.db_timeout_ms),
+            db_pooler: self.db_pooler,
+            direct_database_url: self.direct_database_url,
+            db_idle_in_transaction: Duration::from_millis(self.db_idle_in_transaction_timeout_ms),
         })
     }
 }
@@ -284,9 +358,68 @@ impl CommonConfig {
     }
 
     /// A pool of `size` connections with every other Postgres setting, for
-    /// commands that need only a few (`migrate`, the operator commands).
+    /// commands that need only a few (the operator commands).
     pub fn pool_of(&self, size: usize) -> Result<Pool, DbError> {
-        crate::postgres::pool(&self.database_url, size, self.db_timeout)
+        crate::postgres::pool_with(&self.database_url, &self.pool_options(size, self.db_pooler))
+    }
+
+    /// A pool of `size` connections that keep their sessions (the direct
+    /// URL when one is set): for migrations and the leader locks.
+    pub fn direct_pool_of(&self, size: usize) -> Result<Pool, DbError> {
+        let url = self
+            .direct_database_url
+            .as_deref()
+            .unwrap_or(&self.database_url);
+        let pooler = if self.direct_database_url.is_some() {
+            Pooler::None
+        } else {
+            self.db_pooler
+        };
+        crate::postgres::pool_with(url, &self.pool_options(size, pooler))
+    }
+
+    /// The pool the leader locks are taken on: `app` itself, unless
+    /// DATABASE_URL does not keep sessions; then [`LEADER_CONNECTIONS`]
+    /// direct ones (the sampler keeps one, a sweep or a reconciler pass
+    /// takes another for a while).
+    pub fn leaders(&self, app: &Pool) -> Result<Pool, DbError> {
+        if self.db_pooler == Pooler::Transaction {
+            self.direct_pool_of(LEADER_CONNECTIONS)
+        } else {
+            Ok(app.clone())
+        }
+    }
+
+    /// This process's Postgres pool, after logging what a transaction
+    /// pooler left out of its sessions ([`crate::postgres::pooled_session_warnings`]).
+    pub async fn checked_pool(&self) -> Result<Pool, DbError> {
+        let pool = self.pool()?;
+        if self.db_pooler == Pooler::Transaction {
+            match crate::postgres::pooled_session_warnings(&pool).await {
+                Ok(warnings) => {
+                    for warning in warnings {
+                        tracing::warn!("{warning}");
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot read the pooled session's settings"),
+            }
+        }
+        Ok(pool)
+    }
+
+    /// Applies pending migrations over a direct connection of its own
+    /// (their lock is a session lock), and returns how many it applied.
+    pub async fn migrate(&self) -> Result<usize, DbError> {
+        crate::postgres::migrate(&self.direct_pool_of(1)?).await
+    }
+
+    fn pool_options(&self, max_size: usize, pooler: Pooler) -> PoolOptions {
+        PoolOptions {
+            max_size,
+            request_timeout: self.db_timeout,
+            pooler,
+            idle_in_transaction: self.db_idle_in_transaction,
+        }
     }
 
     /// The exchanges and queues under `HOOKINBOX_QUEUE_PREFIX`.

@@ -412,6 +412,16 @@ impl WorkerArgs {
                 "must be at least HOOKINBOX_RETRY_BASE_MS",
             ));
         }
+        let idle_in_transaction = common.db_idle_in_transaction;
+        if !idle_in_transaction.is_zero()
+            && idle_in_transaction <= Duration::from_millis(self.handler_timeout_ms)
+        {
+            return Err(invalid(
+                "HOOKINBOX_DB_IDLE_IN_TRANSACTION_TIMEOUT_MS",
+                "must be longer than HOOKINBOX_HANDLER_TIMEOUT_MS: a handler may keep its \
+                 transaction open that long (or 0 to leave Postgres's setting)",
+            ));
+        }
         let retention_completed =
             parse_duration("HOOKINBOX_RETENTION_COMPLETED", &self.retention_completed)?;
         if retention_completed < MIN_COMPLETED_RETENTION && !self.allow_short_retention {

@@ -3,8 +3,8 @@
 //! (and its undo when the publish fails), and the facts a dead-letter copy
 //! carries. Lists and counts are in `filter`.
 
+use crate::postgres::sql::Session;
 use chrono::{DateTime, Utc};
-use deadpool_postgres::GenericClient;
 
 use super::filter::{Filter, list};
 use super::parked::{Parked, Unreadable, headers_from_json};
@@ -105,10 +105,7 @@ where ",
 );
 
 /// Reads one delivery.
-pub async fn get(
-    client: &impl GenericClient,
-    key: &DeliveryKey,
-) -> Result<Option<Delivery>, DbError> {
+pub async fn get(client: &impl Session, key: &DeliveryKey) -> Result<Option<Delivery>, DbError> {
     let row = query_opt(client, GET, key, &[]).await?;
     row.as_ref().map(delivery).transpose()
 }
@@ -137,7 +134,7 @@ returning d.provider, d.source, d.hook_id, d.delivery_id, d.event, d.action,
 /// the second finds it processing and changes nothing (`None`). A row whose
 /// parked body cannot become a job comes back as [`Unreadable`].
 pub async fn replay(
-    client: &impl GenericClient,
+    client: &impl Session,
     policy: &Policy,
     key: &DeliveryKey,
 ) -> Result<Option<Result<Parked, Unreadable>>, DbError> {
@@ -160,7 +157,7 @@ where ",
 /// Puts a replayed delivery back among the dead letters because its
 /// publish failed. Token-guarded, and only while no worker took it.
 pub async fn unreplay(
-    client: &impl GenericClient,
+    client: &impl Session,
     key: &DeliveryKey,
     token: ClaimToken,
     error: &str,
@@ -173,7 +170,7 @@ pub async fn unreplay(
 /// `hook_id`, at most the one of that hook (GitHub gives one id to an event
 /// delivered to several hooks).
 pub async fn find(
-    client: &impl GenericClient,
+    client: &impl Session,
     source: &str,
     delivery_id: &str,
     hook_id: Option<&str>,
@@ -230,7 +227,7 @@ where ",
 /// replay would publish), else its `github_events` row; `None` when neither
 /// is kept (a forwarded delivery once completed, or one in flight).
 pub async fn stored_payload(
-    client: &impl GenericClient,
+    client: &impl Session,
     key: &DeliveryKey,
 ) -> Result<Option<StoredPayload>, DbError> {
     if let Some(row) = query_opt(client, PARKED_PAYLOAD, key, &[]).await? {

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use deadpool_postgres::GenericClient;
+use crate::postgres::sql::{self, Session};
 use uuid::Uuid;
 
 use super::parked::ParkedBody;
@@ -166,36 +166,34 @@ impl Existing {
 /// due, and only with the same body. Never `exists()` then `insert()`: two
 /// racing copies of one delivery must get one claim between them.
 pub async fn claim(
-    client: &impl GenericClient,
+    client: &impl Session,
     policy: &Policy,
     req: &ClaimRequest,
 ) -> Result<Claim, DbError> {
-    let insert = client.prepare_cached(CLAIM).await?;
-    let state = client.prepare_cached(CLAIM_STATE).await?;
     let body_sha: &[u8] = &req.body_sha256;
     // The row may vanish between the two statements (retention); then the
     // claim is simply tried again.
     for _ in 0..3 {
         let token = ClaimToken::new();
-        let row = client
-            .query_opt(
-                &insert,
-                &params(
-                    &req.key,
-                    &[
-                        &req.event,
-                        &req.action,
-                        &body_sha,
-                        &token.0,
-                        &secs(policy.lease),
-                        &policy.max_attempts,
-                        &req.guarded,
-                        &req.pinned,
-                        &req.repository,
-                    ],
-                ),
-            )
-            .await;
+        let row = sql::query_opt(
+            client,
+            CLAIM,
+            &params(
+                &req.key,
+                &[
+                    &req.event,
+                    &req.action,
+                    &body_sha,
+                    &token.0,
+                    &secs(policy.lease),
+                    &policy.max_attempts,
+                    &req.guarded,
+                    &req.pinned,
+                    &req.repository,
+                ],
+            ),
+        )
+        .await;
         let row = match row {
             Err(e) if replayed(&e) => return Ok(Claim::ReplayedBody),
             other => other?,
@@ -209,9 +207,12 @@ pub async fn claim(
             });
         }
         // ON CONFLICT ... WHERE refused: report what is there.
-        if let Some(row) = client
-            .query_opt(&state, &params(&req.key, &[&secs(policy.publish_timeout)]))
-            .await?
+        if let Some(row) = sql::query_opt(
+            client,
+            CLAIM_STATE,
+            &params(&req.key, &[&secs(policy.publish_timeout)]),
+        )
+        .await?
         {
             return Ok(Existing::from_row(&row, 0)?.decide(&req.body_sha256));
         }
@@ -281,7 +282,7 @@ join unnest($1::text[], $2::text[], $3::text[], $4::text[])
 /// conflicts, with another body). The keys are sorted, so concurrent batches
 /// lock rows in the same order and cannot deadlock.
 pub async fn claim_batch(
-    client: &impl GenericClient,
+    client: &impl Session,
     policy: &Policy,
     requests: &[ClaimRequest],
 ) -> Result<Vec<Claim>, DbError> {
@@ -308,24 +309,22 @@ pub async fn claim_batch(
         .values()
         .map(|&i| requests[i].repository.as_deref())
         .collect();
-
-    let stmt = client.prepare_cached(CLAIM_BATCH).await?;
-    let rows = client
-        .query(
-            &stmt,
-            &keys.params(&[
-                &events,
-                &actions,
-                &shas,
-                &uuids,
-                &secs(policy.lease),
-                &policy.max_attempts,
-                &guarded,
-                &pinned,
-                &repositories,
-            ]),
-        )
-        .await?;
+    let rows = sql::query(
+        client,
+        CLAIM_BATCH,
+        &keys.params(&[
+            &events,
+            &actions,
+            &shas,
+            &uuids,
+            &secs(policy.lease),
+            &policy.max_attempts,
+            &guarded,
+            &pinned,
+            &repositories,
+        ]),
+    )
+    .await?;
     let claimed: HashMap<KeyTuple, (bool, i32)> = rows
         .iter()
         .map(|r| {
@@ -345,10 +344,12 @@ pub async fn claim_batch(
     let mut states: HashMap<KeyTuple, Existing> = HashMap::new();
     if !missing.is_empty() {
         let keys = KeyColumns::of(missing.iter().copied());
-        let stmt = client.prepare_cached(CLAIM_BATCH_STATE).await?;
-        for r in client
-            .query(&stmt, &keys.params(&[&secs(policy.publish_timeout)]))
-            .await?
+        for r in sql::query(
+            client,
+            CLAIM_BATCH_STATE,
+            &keys.params(&[&secs(policy.publish_timeout)]),
+        )
+        .await?
         {
             states.insert(
                 (r.get(0), r.get(1), r.get(2), r.get(3)),
@@ -417,7 +418,7 @@ select count(*) from moved"
 /// lost, not the message), this changes nothing and never undoes the take.
 /// Returns whether it parked.
 pub async fn park_due(
-    client: &impl GenericClient,
+    client: &impl Session,
     key: &DeliveryKey,
     token: ClaimToken,
     error: &str,
@@ -460,7 +461,7 @@ on conflict (provider, source, hook_id, delivery_id) do nothing"
 /// job runs normally, completion deletes the body. One statement; a no-op
 /// when a body is parked already or the row moved on.
 pub async fn park_copy(
-    client: &impl GenericClient,
+    client: &impl Session,
     key: &DeliveryKey,
     parked: ParkedBody<'_>,
 ) -> Result<(), DbError> {

@@ -4,8 +4,8 @@
 
 use std::collections::{BTreeMap, HashSet};
 
+use crate::postgres::sql::{self, Session};
 use chrono::{DateTime, Utc};
-use deadpool_postgres::GenericClient;
 use uuid::Uuid;
 
 use super::parked::ParkedBody;
@@ -71,7 +71,7 @@ select count(*) from done"
 /// lease lapsed but whom nobody replaced may still finish. Returns false
 /// when fenced.
 pub async fn complete(
-    client: &impl GenericClient,
+    client: &impl Session,
     key: &DeliveryKey,
     token: ClaimToken,
 ) -> Result<bool, DbError> {
@@ -101,7 +101,7 @@ const STORE_EVENT: &str =
 /// transaction that fenced the row first ([`super::fence`]) and will
 /// complete it ([`complete`]).
 pub async fn store_event(
-    client: &impl GenericClient,
+    client: &impl Session,
     key: &DeliveryKey,
     event: &StoredEvent,
 ) -> Result<(), DbError> {
@@ -199,7 +199,7 @@ const COMPLETE_BATCH: &str = complete_batch_sql!(concat!(
 /// matter which batch it rides in. The input is sorted by key so that
 /// concurrent batches lock rows in the same order.
 pub async fn complete_batch(
-    client: &impl GenericClient,
+    client: &impl Session,
     items: &[Completing],
 ) -> Result<Vec<bool>, DbError> {
     // One statement cannot update a row twice: one entry per (key, token),
@@ -229,13 +229,12 @@ pub async fn complete_batch(
         .values()
         .map(|&i| stored(i).map(|e| e.received_at))
         .collect();
-    let stmt = client.prepare_cached(COMPLETE_BATCH).await?;
-    let rows = client
-        .query(
-            &stmt,
-            &keys.params(&[&tokens, &store, &events, &actions, &payloads, &received]),
-        )
-        .await?;
+    let rows = sql::query(
+        client,
+        COMPLETE_BATCH,
+        &keys.params(&[&tokens, &store, &events, &actions, &payloads, &received]),
+    )
+    .await?;
     let done: HashSet<(KeyTuple, Uuid)> = rows
         .iter()
         .map(|r| ((r.get(0), r.get(1), r.get(2), r.get(3)), r.get(4)))
@@ -277,7 +276,7 @@ select attempts, first_failed_at, failed_at from moved"
 /// by the holder's token. Returns `None` when fenced (someone else holds
 /// the delivery now).
 pub async fn fail(
-    client: &impl GenericClient,
+    client: &impl Session,
     key: &DeliveryKey,
     token: ClaimToken,
     failure: &Failure,
@@ -321,10 +320,7 @@ where ",
 /// Records that the dead-letter copy of a failed delivery was confirmed by
 /// the broker. Until then a redelivered message writes the copy again
 /// (a second copy is harmless; a missing one is not).
-pub async fn mark_dead_lettered(
-    client: &impl GenericClient,
-    key: &DeliveryKey,
-) -> Result<(), DbError> {
+pub async fn mark_dead_lettered(client: &impl Session, key: &DeliveryKey) -> Result<(), DbError> {
     execute(client, MARK_DEAD_LETTERED, key, &[]).await?;
     Ok(())
 }

@@ -13,8 +13,8 @@
 
 use std::time::Duration;
 
+use crate::postgres::sql::{self, Session};
 use chrono::{DateTime, Utc};
-use deadpool_postgres::GenericClient;
 use tokio_postgres::types::ToSql;
 
 use super::row::delivery;
@@ -348,20 +348,19 @@ fn list_statement(f: &Filter, after: Option<&Cursor>, limit: i64) -> (String, St
 }
 
 async fn run_list(
-    client: &impl GenericClient,
+    client: &impl Session,
     f: &Filter,
     after: Option<&Cursor>,
     limit: i64,
 ) -> Result<Vec<Delivery>, DbError> {
-    let (sql, st) = list_statement(f, after, limit);
-    let stmt = client.prepare_cached(&sql).await?;
-    let rows = client.query(&stmt, &st.refs()).await?;
+    let (text, st) = list_statement(f, after, limit);
+    let rows = sql::query(client, &text, &st.refs()).await?;
     rows.iter().map(delivery).collect()
 }
 
 /// Lists deliveries matching `filter`, at most `filter.limit`, in
 /// `filter.order`.
-pub async fn list(client: &impl GenericClient, filter: &Filter) -> Result<Vec<Delivery>, DbError> {
+pub async fn list(client: &impl Session, filter: &Filter) -> Result<Vec<Delivery>, DbError> {
     run_list(client, filter, None, filter.limit).await
 }
 
@@ -370,7 +369,7 @@ pub async fn list(client: &impl GenericClient, filter: &Filter) -> Result<Vec<De
 /// next page. Reads one row more than it returns, to know whether a next
 /// page exists.
 pub async fn list_page(
-    client: &impl GenericClient,
+    client: &impl Session,
     filter: &Filter,
     after: Option<&Cursor>,
 ) -> Result<Page, DbError> {
@@ -401,10 +400,9 @@ fn count_statement(f: &Filter) -> (String, Statement) {
 }
 
 /// How many deliveries match `filter` (its limit and order aside).
-pub async fn count(client: &impl GenericClient, filter: &Filter) -> Result<i64, DbError> {
-    let (sql, st) = count_statement(filter);
-    let stmt = client.prepare_cached(&sql).await?;
-    Ok(client.query_one(&stmt, &st.refs()).await?.get(0))
+pub async fn count(client: &impl Session, filter: &Filter) -> Result<i64, DbError> {
+    let (text, st) = count_statement(filter);
+    Ok(sql::query_one(client, &text, &st.refs()).await?.get(0))
 }
 
 /// The statements a filter runs, for `EXPLAIN` in tests: the list's first

@@ -12,7 +12,9 @@
 //! (the connection broke) may have committed; that stays an error for the
 //! whole batch, and its callers take again.
 
-use deadpool_postgres::{GenericClient, Pool};
+use deadpool_postgres::Pool;
+
+use crate::postgres::sql::Session;
 
 use super::{Claim, ClaimRequest, Completing, Policy, Take};
 use crate::key::{ClaimToken, DeliveryKey};
@@ -91,7 +93,7 @@ pub fn completions(pool: Pool, max_batch: usize) -> CompletionBatcher {
 /// until each refused row stands alone. Every good row completes in this
 /// same call.
 pub async fn complete_apart(
-    client: &impl GenericClient,
+    client: &impl Session,
     items: &[Completing],
 ) -> Result<Vec<Result<bool, Refusal>>, DbError> {
     let mut answers: Vec<Option<Result<bool, Refusal>>> = vec![None; items.len()];

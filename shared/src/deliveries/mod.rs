@@ -48,11 +48,11 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use deadpool_postgres::GenericClient;
 use tokio_postgres::types::ToSql;
 
 use crate::key::DeliveryKey;
 use crate::postgres::DbError;
+use crate::postgres::sql::{self, Session};
 
 /// The key predicate: `$1`–`$4` of every keyed statement, optionally on a
 /// table alias (`key!("d")`).
@@ -255,38 +255,35 @@ fn params<'a>(key: &'a DeliveryKey, rest: &[Param<'a>]) -> Vec<Param<'a>> {
     all
 }
 
-/// Runs a keyed statement (prepared once per connection): `$1`–`$4` the
-/// key, then `rest`. Returns the rows it changed.
+/// Runs a keyed statement ([`sql::execute`]): `$1`–`$4` the key, then
+/// `rest`. Returns the rows it changed.
 async fn execute(
-    client: &impl GenericClient,
-    sql: &str,
+    client: &impl Session,
+    statement: &str,
     key: &DeliveryKey,
     rest: &[Param<'_>],
 ) -> Result<u64, DbError> {
-    let stmt = client.prepare_cached(sql).await?;
-    Ok(client.execute(&stmt, &params(key, rest)).await?)
+    Ok(sql::execute(client, statement, &params(key, rest)).await?)
 }
 
 /// Like [`execute`], for a statement that returns at most one row.
 async fn query_opt(
-    client: &impl GenericClient,
-    sql: &str,
+    client: &impl Session,
+    statement: &str,
     key: &DeliveryKey,
     rest: &[Param<'_>],
 ) -> Result<Option<tokio_postgres::Row>, DbError> {
-    let stmt = client.prepare_cached(sql).await?;
-    Ok(client.query_opt(&stmt, &params(key, rest)).await?)
+    Ok(sql::query_opt(client, statement, &params(key, rest)).await?)
 }
 
 /// Like [`execute`], for a statement that returns exactly one row.
 async fn query_one(
-    client: &impl GenericClient,
-    sql: &str,
+    client: &impl Session,
+    statement: &str,
     key: &DeliveryKey,
     rest: &[Param<'_>],
 ) -> Result<tokio_postgres::Row, DbError> {
-    let stmt = client.prepare_cached(sql).await?;
-    Ok(client.query_one(&stmt, &params(key, rest)).await?)
+    Ok(sql::query_one(client, statement, &params(key, rest)).await?)
 }
 
 /// Why a delivery failed. Stored in `last_error_class`; bounded, so it can

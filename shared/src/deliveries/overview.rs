@@ -4,7 +4,7 @@
 //! dead) whole, through their partial indexes; completed deliveries over
 //! the last day, through `deliveries_completed`.
 
-use deadpool_postgres::GenericClient;
+use crate::postgres::sql::{self, Session};
 
 use crate::postgres::DbError;
 
@@ -86,10 +86,10 @@ select (select count(*) from deliveries
             and failed_at >= now() - interval '1 hour')";
 
 /// Reads the overview (four statements, each through indexes).
-pub async fn overview(client: &impl GenericClient) -> Result<Overview, DbError> {
+pub async fn overview(client: &impl Session) -> Result<Overview, DbError> {
     let mut out = Overview::default();
     let mut sources: std::collections::BTreeMap<String, SourceCounts> = Default::default();
-    for row in client.query(BY_SOURCE, &[]).await? {
+    for row in sql::query(client, BY_SOURCE, &[]).await? {
         let source: String = row.get(0);
         let state: &str = row.get(1);
         let n: i64 = row.get(2);
@@ -107,17 +107,16 @@ pub async fn overview(client: &impl GenericClient) -> Result<Overview, DbError> 
         }
     }
     out.sources = sources.into_values().collect();
-    let ages = client.query_one(AGES, &[]).await?;
+    let ages = sql::query_one(client, AGES, &[]).await?;
     out.oldest_processing_secs = ages.get(0);
     out.oldest_due_secs = ages.get(1);
     out.oldest_lost_secs = ages.get(2);
-    out.dead_by_class = client
-        .query(DEAD_BY_CLASS, &[])
+    out.dead_by_class = sql::query(client, DEAD_BY_CLASS, &[])
         .await?
         .iter()
         .map(|r| (r.get(0), r.get(1)))
         .collect();
-    let hour = client.query_one(LAST_HOUR, &[]).await?;
+    let hour = sql::query_one(client, LAST_HOUR, &[]).await?;
     out.accepted_last_hour = hour.get(0);
     out.completed_last_hour = hour.get(1);
     out.failed_last_hour = hour.get(2);

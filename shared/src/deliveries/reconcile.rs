@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use deadpool_postgres::GenericClient;
+use crate::postgres::sql::{self, Session};
 
 use super::Status;
 use super::row::status_of;
@@ -38,15 +38,12 @@ where d.provider = $1 and d.source = $2 and d.hook_id = $3 and d.delivery_id = a
 /// hook `hook_id`; a GUID it never claimed is absent. One statement, by the
 /// primary key.
 pub async fn held(
-    client: &impl GenericClient,
+    client: &impl Session,
     source: &SourceName,
     hook_id: &str,
     guids: &[&str],
 ) -> Result<HashMap<String, Held>, DbError> {
-    let stmt = client.prepare_cached(HELD).await?;
-    let rows = client
-        .query(&stmt, &[&PROVIDER_GITHUB, source, &hook_id, &guids])
-        .await?;
+    let rows = sql::query(client, HELD, &[&PROVIDER_GITHUB, source, &hook_id, &guids]).await?;
     let mut held = HashMap::with_capacity(rows.len());
     for row in rows {
         let status = status_of(row.get(1))?;

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use deadpool_postgres::GenericClient;
+use crate::postgres::sql::{self, Session};
 
 use super::{execute, secs};
 use crate::key::DeliveryKey;
@@ -80,7 +80,7 @@ impl Swept {
 /// or a long transaction. Processing rows are never swept: the reaper
 /// deals with them.
 pub async fn sweep(
-    client: &impl GenericClient,
+    client: &impl Session,
     retention: &Retention,
     batch: i64,
 ) -> Result<Swept, DbError> {
@@ -97,10 +97,9 @@ pub async fn sweep(
     if let Some(events) = retention.events {
         tables.push((SWEEP_EVENTS, events, &mut swept.events));
     }
-    for (sql, kept, count) in tables {
-        let stmt = client.prepare_cached(sql).await?;
+    for (statement, kept, count) in tables {
         loop {
-            let n = client.execute(&stmt, &[&secs(kept), &batch]).await?;
+            let n = sql::execute(client, statement, &[&secs(kept), &batch]).await?;
             *count += n;
             if n < batch as u64 {
                 break;
@@ -119,12 +118,11 @@ where status = 'failed' and not retryable
 /// Deletes dead letters that failed more than `older_than` ago (and their
 /// parked bodies), optionally only these delivery ids.
 pub async fn purge_dead(
-    client: &impl GenericClient,
+    client: &impl Session,
     older_than: Duration,
     ids: Option<&[String]>,
 ) -> Result<u64, DbError> {
-    let stmt = client.prepare_cached(PURGE).await?;
-    Ok(client.execute(&stmt, &[&secs(older_than), &ids]).await?)
+    Ok(sql::execute(client, PURGE, &[&secs(older_than), &ids]).await?)
 }
 
 const PURGE_ONE: &str = concat!(
@@ -139,6 +137,6 @@ where ",
 /// Deletes one dead letter (and its parked body), by key; the console's
 /// bulk purge runs it item by item. Returns false when the delivery is no
 /// longer a dead letter (replayed meanwhile) or is gone.
-pub async fn purge(client: &impl GenericClient, key: &DeliveryKey) -> Result<bool, DbError> {
+pub async fn purge(client: &impl Session, key: &DeliveryKey) -> Result<bool, DbError> {
     Ok(execute(client, PURGE_ONE, key, &[]).await? == 1)
 }

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use deadpool_postgres::GenericClient;
+use crate::postgres::sql::{self, Session};
 
 use super::parked::{Parked, Unreadable};
 use super::row::parked;
@@ -44,14 +44,16 @@ returning d.provider, d.source, d.hook_id, d.delivery_id, d.event, d.action,
 /// with [`reschedule`] if the publish fails, and dead-letters a row that
 /// cannot become a job with [`dead_letter_unreadable`].
 pub async fn schedule_due(
-    client: &impl GenericClient,
+    client: &impl Session,
     policy: &Policy,
     limit: i64,
 ) -> Result<Vec<Result<Parked, Unreadable>>, DbError> {
-    let stmt = client.prepare_cached(SCHEDULE).await?;
-    let rows = client
-        .query(&stmt, &[&policy.max_attempts, &limit, &secs(policy.lease)])
-        .await?;
+    let rows = sql::query(
+        client,
+        SCHEDULE,
+        &[&policy.max_attempts, &limit, &secs(policy.lease)],
+    )
+    .await?;
     Ok(rows.iter().map(parked).collect())
 }
 
@@ -71,7 +73,7 @@ where ",
 /// failed. Token-guarded: if a worker already took it (the confirm was
 /// lost, not the message), nothing changes.
 pub async fn reschedule(
-    client: &impl GenericClient,
+    client: &impl Session,
     key: &DeliveryKey,
     token: ClaimToken,
     delay: Duration,
@@ -102,14 +104,11 @@ where ctid in (
 /// claim can reach that state), so they do not wait forever. Their
 /// dead-letter copies follow from [`needing_copy`].
 pub async fn exhaust_due(
-    client: &impl GenericClient,
+    client: &impl Session,
     policy: &Policy,
     limit: i64,
 ) -> Result<u64, DbError> {
-    let stmt = client.prepare_cached(EXHAUST).await?;
-    Ok(client
-        .execute(&stmt, &[&policy.max_attempts, &limit])
-        .await?)
+    Ok(sql::execute(client, EXHAUST, &[&policy.max_attempts, &limit]).await?)
 }
 
 const NEEDING_COPY: &str = "
@@ -128,12 +127,11 @@ limit $2";
 /// left alone. A row that cannot become a job comes back as
 /// [`Unreadable`].
 pub async fn needing_copy(
-    client: &impl GenericClient,
+    client: &impl Session,
     grace: Duration,
     limit: i64,
 ) -> Result<Vec<Result<Parked, Unreadable>>, DbError> {
-    let stmt = client.prepare_cached(NEEDING_COPY).await?;
-    let rows = client.query(&stmt, &[&secs(grace), &limit]).await?;
+    let rows = sql::query(client, NEEDING_COPY, &[&secs(grace), &limit]).await?;
     Ok(rows.iter().map(parked).collect())
 }
 
@@ -156,28 +154,27 @@ where ",
 /// find it with `dlq list` and Postgres keeps its parked body. Returns
 /// whether the row was still the one read.
 pub async fn dead_letter_unreadable(
-    client: &impl GenericClient,
+    client: &impl Session,
     row: &Unreadable,
 ) -> Result<bool, DbError> {
-    let stmt = client.prepare_cached(DEAD_LETTER_UNREADABLE).await?;
     let [provider, source, hook_id, delivery_id] = &*row.parts;
     let message = redact(&format!(
         "the parked row cannot be read as a job: {}",
         row.reason
     ));
-    let n = client
-        .execute(
-            &stmt,
-            &[
-                provider,
-                source,
-                hook_id,
-                delivery_id,
-                &row.token.0,
-                &message,
-            ],
-        )
-        .await?;
+    let n = sql::execute(
+        client,
+        DEAD_LETTER_UNREADABLE,
+        &[
+            provider,
+            source,
+            hook_id,
+            delivery_id,
+            &row.token.0,
+            &message,
+        ],
+    )
+    .await?;
     Ok(n == 1)
 }
 
@@ -201,11 +198,6 @@ where ctid in (
 /// takes it (the token may be a dead worker's, which no message carries);
 /// otherwise the next redelivery (or, with a parked body, the scheduler)
 /// takes it at once.
-pub async fn reap(
-    client: &impl GenericClient,
-    after: Duration,
-    limit: i64,
-) -> Result<u64, DbError> {
-    let stmt = client.prepare_cached(REAP).await?;
-    Ok(client.execute(&stmt, &[&secs(after), &limit]).await?)
+pub async fn reap(client: &impl Session, after: Duration, limit: i64) -> Result<u64, DbError> {
+    Ok(sql::execute(client, REAP, &[&secs(after), &limit]).await?)
 }

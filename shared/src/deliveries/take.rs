@@ -5,8 +5,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use crate::postgres::sql::{self, Session};
 use chrono::{DateTime, Utc};
-use deadpool_postgres::GenericClient;
 use uuid::Uuid;
 
 use super::parked::ParkedBody;
@@ -107,25 +107,22 @@ where ",
 /// runs: a job that crashes its worker every time still reaches
 /// `max_attempts`, and is then failed as `poison` instead of run again.
 pub async fn take(
-    client: &impl GenericClient,
+    client: &impl Session,
     policy: &Policy,
     key: &DeliveryKey,
     presented: ClaimToken,
     parked: ParkedBody<'_>,
 ) -> Result<Take, DbError> {
-    let take = client.prepare_cached(TAKE).await?;
-    let poison = client.prepare_cached(POISON).await?;
     let headers = parked.headers_json();
-    let state = client.prepare_cached(TAKE_STATE).await?;
     loop {
         let token = ClaimToken::new();
         let lease = secs(policy.lease);
-        if let Some(row) = client
-            .query_opt(
-                &take,
-                &params(key, &[&presented.0, &token.0, &lease, &policy.max_attempts]),
-            )
-            .await?
+        if let Some(row) = sql::query_opt(
+            client,
+            TAKE,
+            &params(key, &[&presented.0, &token.0, &lease, &policy.max_attempts]),
+        )
+        .await?
         {
             return Ok(Take::Taken {
                 token,
@@ -134,27 +131,27 @@ pub async fn take(
                 created_at: row.get(2),
             });
         }
-        if let Some(row) = client
-            .query_opt(
-                &poison,
-                &params(
-                    key,
-                    &[
-                        &presented.0,
-                        &policy.max_attempts,
-                        &parked.content_type,
-                        &headers,
-                        &parked.body,
-                    ],
-                ),
-            )
-            .await?
+        if let Some(row) = sql::query_opt(
+            client,
+            POISON,
+            &params(
+                key,
+                &[
+                    &presented.0,
+                    &policy.max_attempts,
+                    &parked.content_type,
+                    &headers,
+                    &parked.body,
+                ],
+            ),
+        )
+        .await?
         {
             return Ok(Take::Poisoned {
                 attempts: row.get(0),
             });
         }
-        let Some(row) = client.query_opt(&state, &params(key, &[])).await? else {
+        let Some(row) = sql::query_opt(client, TAKE_STATE, &params(key, &[])).await? else {
             return Ok(Take::Resolved(None));
         };
         let status = status_of(row.get(0))?;
@@ -211,7 +208,7 @@ returning d.provider, d.source, d.hook_id, d.delivery_id, d.attempts,
 /// key that appears twice takes part once (one statement cannot update a
 /// row twice), and its repeats answer `None`.
 pub async fn take_batch(
-    client: &impl GenericClient,
+    client: &impl Session,
     policy: &Policy,
     items: &[(DeliveryKey, ClaimToken)],
 ) -> Result<Vec<Option<Take>>, DbError> {
@@ -221,18 +218,17 @@ pub async fn take_batch(
     let keys = KeyColumns::of(firsts.keys().copied());
     let presented: Vec<Uuid> = firsts.values().map(|&i| items[i].1.0).collect();
     let new_tokens: Vec<Uuid> = firsts.values().map(|i| tokens[i].0).collect();
-    let stmt = client.prepare_cached(TAKE_BATCH).await?;
-    let rows = client
-        .query(
-            &stmt,
-            &keys.params(&[
-                &presented,
-                &new_tokens,
-                &secs(policy.lease),
-                &policy.max_attempts,
-            ]),
-        )
-        .await?;
+    let rows = sql::query(
+        client,
+        TAKE_BATCH,
+        &keys.params(&[
+            &presented,
+            &new_tokens,
+            &secs(policy.lease),
+            &policy.max_attempts,
+        ]),
+    )
+    .await?;
     let mut taken: HashMap<KeyTuple, (i32, bool, DateTime<Utc>)> = rows
         .iter()
         .map(|r| {
@@ -274,7 +270,7 @@ where ",
 /// Extends the holder's lease. Guarded by the token: a worker that lost its
 /// claim cannot renew it back. Returns false when the token is gone.
 pub async fn renew(
-    client: &impl GenericClient,
+    client: &impl Session,
     policy: &Policy,
     key: &DeliveryKey,
     token: ClaimToken,
@@ -299,7 +295,7 @@ for update"
 /// take the delivery over, so the completion that follows cannot be fenced
 /// after the effect already ran. Returns false when fenced.
 pub async fn fence(
-    client: &impl GenericClient,
+    client: &impl Session,
     key: &DeliveryKey,
     token: ClaimToken,
 ) -> Result<bool, DbError> {
@@ -320,7 +316,7 @@ where ",
 /// requeued message is taken at once by another worker instead of waiting
 /// for the lease to run out. Token-guarded like every write.
 pub async fn release_lease(
-    client: &impl GenericClient,
+    client: &impl Session,
     key: &DeliveryKey,
     token: ClaimToken,
 ) -> Result<bool, DbError> {

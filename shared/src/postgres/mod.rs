@@ -6,12 +6,13 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 
 pub mod advisory;
 mod batcher;
 mod migrate;
 mod refusal;
+pub mod sql;
 mod watchdog;
 
 pub use batcher::{BatchError, Batcher};
@@ -66,6 +67,53 @@ impl DbError {
     }
 }
 
+/// What stands between hookinbox and Postgres.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Pooler {
+    /// Postgres itself (or a pooler in session mode).
+    #[default]
+    None,
+    /// A pooler in transaction mode (PgBouncer): each transaction may run
+    /// on another server connection, so no named prepared statements (see
+    /// [`sql`]), no startup `options` (PgBouncer refuses them: the session
+    /// settings below must come from the pooler's `connect_query` or from
+    /// `ALTER ROLE … SET`), and no session advisory locks (the leader
+    /// locks and migrations use a direct connection instead).
+    Transaction,
+}
+
+/// How a pool's connections are made and kept.
+#[derive(Clone, Copy, Debug)]
+pub struct PoolOptions {
+    /// Connections at most.
+    pub max_size: usize,
+    /// A request with no byte of answer for this long fails its connection
+    /// (see [`pool_with`]).
+    pub request_timeout: Duration,
+    /// What the URL points at.
+    pub pooler: Pooler,
+    /// `idle_in_transaction_session_timeout`: Postgres ends a session left
+    /// idle inside a transaction for this long, releasing its locks (a
+    /// process frozen mid-transaction, say). Zero leaves Postgres's own.
+    pub idle_in_transaction: Duration,
+}
+
+/// The default `idle_in_transaction_session_timeout` of hookinbox's
+/// sessions; `HOOKINBOX_DB_IDLE_IN_TRANSACTION_TIMEOUT_MS`.
+pub const DEFAULT_IDLE_IN_TRANSACTION: Duration = Duration::from_secs(60);
+
+impl PoolOptions {
+    /// `max_size` connections with every other option at its default.
+    pub fn new(max_size: usize) -> Self {
+        Self {
+            max_size,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            pooler: Pooler::None,
+            idle_in_transaction: DEFAULT_IDLE_IN_TRANSACTION,
+        }
+    }
+}
+
 /// Parses `DATABASE_URL`, adding a connect timeout when the URL has none so
 /// that an unreachable database fails fast instead of hanging a request.
 pub fn parse_url(url: &str) -> Result<tokio_postgres::Config, DbError> {
@@ -73,9 +121,23 @@ pub fn parse_url(url: &str) -> Result<tokio_postgres::Config, DbError> {
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(Duration::from_secs(5));
     }
-    // Keepalives find a half-open connection instead of waiting forever.
+    // Keepalives find a peer that vanished from an idle connection: the
+    // first probe after 30 s of silence, then every 10 s, given up after
+    // 3 unanswered (about a minute in all).
     config.keepalives(true);
     config.keepalives_idle(Duration::from_secs(30));
+    config.keepalives_interval(Duration::from_secs(10));
+    config.keepalives_retries(3);
+    Ok(config)
+}
+
+/// The connection settings of a pool: the URL's, and the session settings
+/// below unless a transaction pooler stands in between.
+fn connect_config(url: &str, options: &PoolOptions) -> Result<tokio_postgres::Config, DbError> {
+    let mut config = parse_url(url)?;
+    if options.pooler == Pooler::Transaction {
+        return Ok(config);
+    }
     // Every statement hookinbox runs finds its rows through an index (the
     // key, or a partial index for the sweeps and gauges). A pooled
     // connection keeps the generic plan it made for a prepared statement
@@ -87,12 +149,18 @@ pub fn parse_url(url: &str) -> Result<tokio_postgres::Config, DbError> {
     // index plan whatever the statistics say, and that plan is used from
     // the first execution: planning each execution anew, the other way out,
     // cost more CPU than running the statements.
-    const PLANNER: &str = "-c enable_seqscan=off -c plan_cache_mode=force_generic_plan";
-    let options = match config.get_options() {
-        Some(own) => format!("{own} {PLANNER}"),
-        None => PLANNER.to_owned(),
+    let mut session = "-c enable_seqscan=off -c plan_cache_mode=force_generic_plan".to_owned();
+    if !options.idle_in_transaction.is_zero() {
+        session.push_str(&format!(
+            " -c idle_in_transaction_session_timeout={}",
+            options.idle_in_transaction.as_millis()
+        ));
+    }
+    let all = match config.get_options() {
+        Some(own) => format!("{own} {session}"),
+        None => session,
     };
-    config.options(options);
+    config.options(all);
     Ok(config)
 }
 
@@ -100,34 +168,114 @@ pub fn parse_url(url: &str) -> Result<tokio_postgres::Config, DbError> {
 /// connection is given up (see [`pool`]); `HOOKINBOX_DB_TIMEOUT_MS`.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Builds a bounded pool of at most `max_size` connections. Waiting for a
-/// connection and creating one are both bounded, so a request fails with
-/// 503 instead of queueing without end.
+/// A pooled connection unused for longer than this is checked (a round
+/// trip) before it is handed out; busier ones are not.
+pub const CHECK_IDLE_AFTER: Duration = Duration::from_secs(1);
+
+/// How long that check may take before the connection is given up.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// [`pool_with`] with the default options but these.
+pub fn pool(url: &str, max_size: usize, request_timeout: Duration) -> Result<Pool, DbError> {
+    pool_with(
+        url,
+        &PoolOptions {
+            request_timeout,
+            ..PoolOptions::new(max_size)
+        },
+    )
+}
+
+/// Builds a bounded pool. Waiting for a connection and creating one are
+/// both bounded, so a request fails with 503 instead of queueing without
+/// end.
 ///
 /// Every TCP connection also carries a watchdog: a request that gets no byte
 /// of answer within `request_timeout` fails the connection. Keepalives
 /// cannot find a half-open connection whose far end still acknowledges
 /// packets (a stuck proxy, a frozen peer), and without the watchdog a query
 /// on it would wait forever while holding a pool slot and a job.
-pub fn pool(url: &str, max_size: usize, request_timeout: Duration) -> Result<Pool, DbError> {
-    let config = parse_url(url)?;
+///
+/// A connection that sat idle for longer than [`CHECK_IDLE_AFTER`] is
+/// checked with a round trip before it is handed out, and dropped if the
+/// check fails or takes longer than 2 s: a half-open idle connection is
+/// found before a request uses it. A busy connection (handed out again
+/// within the second, as under load) is not checked, so the hot path pays
+/// nothing.
+pub fn pool_with(url: &str, options: &PoolOptions) -> Result<Pool, DbError> {
+    let config = connect_config(url, options)?;
+    if options.pooler == Pooler::Transaction {
+        sql::use_unnamed_statements();
+    }
     let manager = Manager::from_connect(
         config,
-        watchdog::Connect { request_timeout },
+        watchdog::Connect {
+            request_timeout: options.request_timeout,
+        },
         ManagerConfig {
-            // Fast recycling skips a round trip per checkout; a broken
-            // connection shows up as an error on first use instead, and a
-            // closed one (the watchdog fired) is never handed out again.
+            // The checkout itself only looks at whether the connection is
+            // closed (the watchdog closes a stuck one); the idle check
+            // below does the rest.
             recycling_method: RecyclingMethod::Fast,
         },
     );
     Ok(Pool::builder(manager)
-        .max_size(max_size)
+        .max_size(options.max_size)
         .runtime(Runtime::Tokio1)
         .wait_timeout(Some(Duration::from_secs(5)))
         .create_timeout(Some(Duration::from_secs(5)))
         .recycle_timeout(Some(Duration::from_secs(5)))
+        .post_recycle(Hook::async_fn(|client, metrics| {
+            Box::pin(check_if_idle(client, metrics.last_used()))
+        }))
         .build()?)
+}
+
+/// The idle check of [`pool_with`].
+async fn check_if_idle(
+    client: &mut deadpool_postgres::ClientWrapper,
+    idle: Duration,
+) -> Result<(), HookError> {
+    if idle < CHECK_IDLE_AFTER {
+        return Ok(());
+    }
+    match tokio::time::timeout(CHECK_TIMEOUT, client.simple_query("")).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(HookError::Backend(e)),
+        Err(_) => Err(HookError::message(
+            "an idle connection did not answer its check",
+        )),
+    }
+}
+
+/// Behind a transaction pooler, the session settings hookinbox would send
+/// at connect must come from the pooler (`connect_query`) or the role
+/// (`ALTER ROLE … SET`). Returns a warning for each one that did not.
+pub async fn pooled_session_warnings(pool: &Pool) -> Result<Vec<String>, DbError> {
+    let client = pool.get().await?;
+    let mut warnings = Vec::new();
+    for (setting, wanted) in [
+        ("enable_seqscan", "off"),
+        ("idle_in_transaction_session_timeout", ""),
+    ] {
+        let rows = client.simple_query(&format!("show {setting}")).await?;
+        let value = rows.iter().find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+            _ => None,
+        });
+        let ok = match wanted {
+            "" => value.as_deref().is_some_and(|v| v != "0"),
+            wanted => value.as_deref() == Some(wanted),
+        };
+        if !ok {
+            warnings.push(format!(
+                "behind the pooler, {setting} is {}: set it in the pooler's connect_query or \
+                 with ALTER ROLE … SET (see docs/operations.md)",
+                value.as_deref().unwrap_or("unknown")
+            ));
+        }
+    }
+    Ok(warnings)
 }
 
 /// True when a query can run now (used by `/readyz`).

@@ -4,8 +4,8 @@
 //! started and its result updated when the job ends.
 
 use chrono::{DateTime, Utc};
-use deadpool_postgres::GenericClient;
 use hookinbox::postgres::DbError;
+use hookinbox::postgres::sql::{self, Session};
 
 use super::tokens::Identity;
 
@@ -41,7 +41,7 @@ returning id";
 /// filters, never a payload or a token).
 #[allow(clippy::too_many_arguments)]
 pub async fn record(
-    client: &impl GenericClient,
+    client: &impl Session,
     who: &Identity,
     action: &str,
     target: &serde_json::Value,
@@ -49,21 +49,20 @@ pub async fn record(
     result: &str,
     job_id: Option<i64>,
 ) -> Result<i64, DbError> {
-    let stmt = client.prepare_cached(RECORD).await?;
-    let row = client
-        .query_one(
-            &stmt,
-            &[
-                &who.name,
-                &who.role.as_str(),
-                &action,
-                target,
-                &count,
-                &result,
-                &job_id,
-            ],
-        )
-        .await?;
+    let row = sql::query_one(
+        client,
+        RECORD,
+        &[
+            &who.name,
+            &who.role.as_str(),
+            &action,
+            target,
+            &count,
+            &result,
+            &job_id,
+        ],
+    )
+    .await?;
     let id: i64 = row.get(0);
     tracing::info!(
         audit_id = id,
@@ -80,17 +79,13 @@ pub async fn record(
 }
 
 /// Sets the result of a job's starting row once the job has ended.
-pub async fn job_ended(
-    client: &impl GenericClient,
-    job_id: i64,
-    result: &str,
-) -> Result<(), DbError> {
-    let stmt = client
-        .prepare_cached(
-            "update admin_audit set result = $2 where job_id = $1 and action in ('replay', 'purge')",
-        )
-        .await?;
-    client.execute(&stmt, &[&job_id, &result]).await?;
+pub async fn job_ended(client: &impl Session, job_id: i64, result: &str) -> Result<(), DbError> {
+    sql::execute(
+        client,
+        "update admin_audit set result = $2 where job_id = $1 and action in ('replay', 'purge')",
+        &[&job_id, &result],
+    )
+    .await?;
     tracing::info!(job_id, result, "admin job ended");
     Ok(())
 }
@@ -103,13 +98,11 @@ limit $2";
 
 /// Audit rows, newest first, before the id `before` (a page's cursor).
 pub async fn list(
-    client: &impl GenericClient,
+    client: &impl Session,
     before: Option<i64>,
     limit: i64,
 ) -> Result<Vec<Entry>, DbError> {
-    let stmt = client.prepare_cached(LIST).await?;
-    Ok(client
-        .query(&stmt, &[&before, &limit])
+    Ok(sql::query(client, LIST, &[&before, &limit])
         .await?
         .iter()
         .map(|r| Entry {

@@ -5,9 +5,9 @@
 //! its payload, pretty-printed.
 
 use chrono::{DateTime, Utc};
-use deadpool_postgres::GenericClient;
 use hookinbox::deliveries::{self, Delivery, ErrorClass, PayloadOrigin, Status, StoredPayload};
 use hookinbox::payload::{ContentType, json_text};
+use hookinbox::postgres::sql::Session;
 use serde_json::{Value, json};
 
 use super::error::AdminError;
@@ -207,7 +207,7 @@ fn show(stored: StoredPayload) -> Payload {
 /// The delivery `source`/`delivery_id` (of `hook_id`, needed when several
 /// hooks got the same id). Reads the payload only for an operator.
 pub async fn load(
-    client: &impl GenericClient,
+    client: &impl Session,
     who: &Identity,
     source: &str,
     delivery_id: &str,

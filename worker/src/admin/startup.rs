@@ -49,7 +49,7 @@ impl AdminApp {
         let common = &config.worker.common;
         let pool = common.pool_of(POOL_SIZE.min(common.db_pool_size).max(2))?;
         if common.auto_migrate {
-            postgres::migrate(&pool).await?;
+            common.migrate().await?;
         }
         let port = listener.local_addr()?.port();
         let (metrics_port, metrics_server) =

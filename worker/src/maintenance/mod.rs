@@ -79,7 +79,7 @@ async fn pass(ctx: &Context, clocks: &mut Clocks) {
     }
     if clocks.last_sweep.elapsed() >= SWEEP_EVERY {
         clocks.last_sweep = Instant::now();
-        match sweep(&ctx.pool, &ctx.config).await {
+        match sweep(&ctx.leaders, &ctx.config).await {
             Ok(Some(swept)) => tracing::info!(
                 completed = swept.completed,
                 failed = swept.failed,

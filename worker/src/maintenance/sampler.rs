@@ -1,7 +1,7 @@
 //! The state gauges (deliveries by state, the oldest processing claim and
 //! due retry, queue depths), sampled by one worker at a time.
 
-use hookinbox::postgres::{DbError, advisory};
+use hookinbox::postgres::{DbError, advisory, sql};
 
 use crate::context::{Context, RuntimeError};
 
@@ -28,7 +28,7 @@ where status in ('processing', 'failed')";
 impl Sampler {
     pub(super) async fn sample(&mut self, ctx: &Context) -> Result<(), RuntimeError> {
         if self.leader.is_none() {
-            let client = ctx.pool.get().await.map_err(DbError::from)?;
+            let client = ctx.leaders.get().await.map_err(DbError::from)?;
             if advisory::try_lock(&client, advisory::SAMPLER).await? {
                 // Keep this session out of the pool: it holds the lock.
                 self.leader = Some(client);
@@ -40,7 +40,7 @@ impl Sampler {
         let Some(client) = self.leader.as_ref() else {
             return Ok(());
         };
-        let row = match client.query_one(SAMPLE_STATE, &[]).await {
+        let row = match sql::query_one(client, SAMPLE_STATE, &[]).await {
             Ok(row) => row,
             Err(e) => {
                 // Close this session rather than return it to the pool: if

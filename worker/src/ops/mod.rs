@@ -355,7 +355,8 @@ pub async fn run(
             }
             Ok(Found::from_count(purged as usize))
         }
-        OpsCommand::Sweep => match maintenance::sweep(&pool, config).await {
+        OpsCommand::Sweep => match maintenance::sweep(&config.common.leaders(&pool)?, config).await
+        {
             Ok(Some(swept)) => {
                 writeln!(
                     out,

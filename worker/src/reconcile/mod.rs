@@ -51,13 +51,14 @@ const LOCK_POLL: Duration = Duration::from_millis(250);
 /// another leader to finish (`None`: do not wait).
 pub async fn run(
     pool: &Pool,
+    leaders: &Pool,
     target: &ReconcileTarget,
     config: &WorkerConfig,
     options: &PassOptions,
     wait_for_lock: Option<Duration>,
 ) -> Result<Report, ReconcileError> {
     let source = target.source.as_str();
-    let leader = pool.get().await.map_err(DbError::from)?;
+    let leader = leaders.get().await.map_err(DbError::from)?;
     let deadline = tokio::time::Instant::now() + wait_for_lock.unwrap_or(Duration::ZERO);
     while !advisory::try_lock_named(&leader, advisory::RECONCILE, source).await? {
         if tokio::time::Instant::now() >= deadline {
@@ -98,7 +99,12 @@ pub async fn run(
 
 /// Reconciles every configured source every interval until `stop`, from
 /// inside a worker; passes of a source another worker leads are skipped.
-pub(crate) async fn periodically(pool: Pool, config: WorkerConfig, stop: CancellationToken) {
+pub(crate) async fn periodically(
+    pool: Pool,
+    leaders: Pool,
+    config: WorkerConfig,
+    stop: CancellationToken,
+) {
     use tokio::time::Instant;
     let targets = config.reconcile.clone();
     if targets.is_empty() {
@@ -135,7 +141,7 @@ pub(crate) async fn periodically(pool: Pool, config: WorkerConfig, stop: Cancell
                 since: None,
                 max_wait: interval,
             };
-            let pass = run(&pool, target, &config, &options, None);
+            let pass = run(&pool, &leaders, target, &config, &options, None);
             let result = tokio::select! {
                 _ = stop.cancelled() => return,
                 result = pass => result,

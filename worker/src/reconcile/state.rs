@@ -4,9 +4,9 @@
 use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
-use deadpool_postgres::GenericClient;
 use hookinbox::deliveries::redact;
 use hookinbox::postgres::DbError;
+use hookinbox::postgres::sql::{self, Session};
 
 use super::judge::Asked;
 
@@ -25,12 +25,10 @@ const PROGRESS: &str = "select hook, hook_id, watermark from reconcile_state whe
 
 /// `source`'s progress, if it has any.
 pub(crate) async fn progress(
-    client: &impl GenericClient,
+    client: &impl Session,
     source: &str,
 ) -> Result<Option<Progress>, DbError> {
-    let stmt = client.prepare_cached(PROGRESS).await?;
-    Ok(client
-        .query_opt(&stmt, &[&source])
+    Ok(sql::query_opt(client, PROGRESS, &[&source])
         .await?
         .map(|row| Progress {
             hook: row.get(0),
@@ -49,13 +47,12 @@ on conflict (source) do update
 
 /// Records the hook id a hook's deliveries carry (learned for an App).
 pub(crate) async fn remember_hook_id(
-    client: &impl GenericClient,
+    client: &impl Session,
     source: &str,
     hook: &str,
     hook_id: &str,
 ) -> Result<(), DbError> {
-    let stmt = client.prepare_cached(REMEMBER_HOOK_ID).await?;
-    client.execute(&stmt, &[&source, &hook, &hook_id]).await?;
+    sql::execute(client, REMEMBER_HOOK_ID, &[&source, &hook, &hook_id]).await?;
     Ok(())
 }
 
@@ -75,17 +72,19 @@ on conflict (source) do update
 /// Records a complete pass: the watermark moves forward (never back), and
 /// the counts are kept for the operators.
 pub(crate) async fn completed(
-    client: &impl GenericClient,
+    client: &impl Session,
     source: &str,
     hook: &str,
     hook_id: Option<&str>,
     watermark: Option<DateTime<Utc>>,
     counts: &serde_json::Value,
 ) -> Result<(), DbError> {
-    let stmt = client.prepare_cached(COMPLETED).await?;
-    client
-        .execute(&stmt, &[&source, &hook, &hook_id, &watermark, counts])
-        .await?;
+    sql::execute(
+        client,
+        COMPLETED,
+        &[&source, &hook, &hook_id, &watermark, counts],
+    )
+    .await?;
     Ok(())
 }
 
@@ -97,15 +96,12 @@ on conflict (source) do update
 
 /// Records a pass that did not complete; the watermark stays.
 pub(crate) async fn failed(
-    client: &impl GenericClient,
+    client: &impl Session,
     source: &str,
     hook: &str,
     error: &str,
 ) -> Result<(), DbError> {
-    let stmt = client.prepare_cached(FAILED).await?;
-    client
-        .execute(&stmt, &[&source, &hook, &redact(error)])
-        .await?;
+    sql::execute(client, FAILED, &[&source, &hook, &redact(error)]).await?;
     Ok(())
 }
 
@@ -115,13 +111,11 @@ where hook = $1 and guid = any($2)";
 
 /// The redeliveries already asked for each of `guids`.
 pub(crate) async fn asked(
-    client: &impl GenericClient,
+    client: &impl Session,
     hook: &str,
     guids: &[&str],
 ) -> Result<HashMap<String, Asked>, DbError> {
-    let stmt = client.prepare_cached(ASKED).await?;
-    Ok(client
-        .query(&stmt, &[&hook, &guids])
+    Ok(sql::query(client, ASKED, &[&hook, &guids])
         .await?
         .iter()
         .map(|row| {
@@ -146,13 +140,12 @@ on conflict (hook, guid) do update
 /// between the two still counts against the cap, and a pass that follows
 /// does not ask again within the minimum age.
 pub(crate) async fn ask(
-    client: &impl GenericClient,
+    client: &impl Session,
     hook: &str,
     guid: &str,
     source: &str,
 ) -> Result<(), DbError> {
-    let stmt = client.prepare_cached(ASK).await?;
-    client.execute(&stmt, &[&hook, &guid, &source]).await?;
+    sql::execute(client, ASK, &[&hook, &guid, &source]).await?;
     Ok(())
 }
 
@@ -161,13 +154,12 @@ const ANSWERED: &str =
 
 /// Records what GitHub answered to the redelivery request.
 pub(crate) async fn answered(
-    client: &impl GenericClient,
+    client: &impl Session,
     hook: &str,
     guid: &str,
     result: &str,
 ) -> Result<(), DbError> {
-    let stmt = client.prepare_cached(ANSWERED).await?;
-    client.execute(&stmt, &[&hook, &guid, &result]).await?;
+    sql::execute(client, ANSWERED, &[&hook, &guid, &result]).await?;
     Ok(())
 }
 
@@ -181,11 +173,10 @@ delete from reconcile_redeliveries where ctid in (
 /// Forgets redeliveries asked longer ago than `older_than` (past GitHub's
 /// log, they can never be asked again).
 pub(crate) async fn forget(
-    client: &impl GenericClient,
+    client: &impl Session,
     older_than: std::time::Duration,
 ) -> Result<u64, DbError> {
-    let stmt = client.prepare_cached(FORGET).await?;
-    Ok(client.execute(&stmt, &[&older_than.as_secs_f64()]).await?)
+    Ok(sql::execute(client, FORGET, &[&older_than.as_secs_f64()]).await?)
 }
 
 /// One source's row, as operators see it.
@@ -212,10 +203,8 @@ select source, hook, watermark, last_pass_at, last_attempt_at, last_error, last_
 from reconcile_state order by source";
 
 /// Every source's reconciler state.
-pub async fn states(client: &impl GenericClient) -> Result<Vec<SourceState>, DbError> {
-    let stmt = client.prepare_cached(STATES).await?;
-    Ok(client
-        .query(&stmt, &[])
+pub async fn states(client: &impl Session) -> Result<Vec<SourceState>, DbError> {
+    Ok(sql::query(client, STATES, &[])
         .await?
         .iter()
         .map(|row| SourceState {

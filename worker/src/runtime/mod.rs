@@ -183,6 +183,7 @@ impl Worker {
         // no source names a hook).
         let reconciler = tokio::spawn(reconcile::periodically(
             self.inner.pool.clone(),
+            self.inner.leaders.clone(),
             self.inner.config.clone(),
             maintenance_stop.clone(),
         ));

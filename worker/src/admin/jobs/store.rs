@@ -2,9 +2,9 @@
 //! delivery's lineage (the jobs that replayed or purged it).
 
 use chrono::{DateTime, Utc};
-use deadpool_postgres::GenericClient;
 use hookinbox::DeliveryKey;
 use hookinbox::postgres::DbError;
+use hookinbox::postgres::sql::{self, Session};
 use uuid::Uuid;
 
 /// What a job does to each item.
@@ -98,64 +98,66 @@ fn job(r: &tokio_postgres::Row) -> Job {
 /// Creates a job over `keys`, in order. Run it in the transaction that
 /// also writes the audit row.
 pub async fn create(
-    client: &impl GenericClient,
+    client: &impl Session,
     kind: Kind,
     actor: &str,
     filter: Option<&serde_json::Value>,
     per_second: f64,
     keys: &[DeliveryKey],
 ) -> Result<i64, DbError> {
-    let id: i64 = client
-        .query_one(
-            "insert into admin_jobs (kind, actor, filter, per_second, total)
+    let id: i64 = sql::query_one(
+        client,
+        "insert into admin_jobs (kind, actor, filter, per_second, total)
              values ($1, $2, $3, $4, $5) returning id",
-            &[
-                &kind.as_str(),
-                &actor,
-                &filter,
-                &per_second,
-                &(keys.len() as i32),
-            ],
-        )
-        .await?
-        .get(0);
+        &[
+            &kind.as_str(),
+            &actor,
+            &filter,
+            &per_second,
+            &(keys.len() as i32),
+        ],
+    )
+    .await?
+    .get(0);
     let column = |f: fn(&DeliveryKey) -> &str| keys.iter().map(f).collect::<Vec<&str>>();
-    client
-        .execute(
-            "insert into admin_job_items (job_id, position, provider, source, hook_id, delivery_id)
+    sql::execute(
+        client,
+        "insert into admin_job_items (job_id, position, provider, source, hook_id, delivery_id)
              select $1, k.ord, k.p, k.s, k.h, k.d
              from unnest($2::text[], $3::text[], $4::text[], $5::text[])
                   with ordinality as k(p, s, h, d, ord)",
-            &[
-                &id,
-                &column(|k| k.provider.as_str()),
-                &column(|k| k.source.as_str()),
-                &column(|k| k.hook_id.as_str()),
-                &column(|k| k.delivery_id.as_str()),
-            ],
-        )
-        .await?;
+        &[
+            &id,
+            &column(|k| k.provider.as_str()),
+            &column(|k| k.source.as_str()),
+            &column(|k| k.hook_id.as_str()),
+            &column(|k| k.delivery_id.as_str()),
+        ],
+    )
+    .await?;
     Ok(id)
 }
 
 /// One job and its progress.
-pub async fn get(client: &impl GenericClient, id: i64) -> Result<Option<Job>, DbError> {
-    let sql = format!(
+pub async fn get(client: &impl Session, id: i64) -> Result<Option<Job>, DbError> {
+    let text = format!(
         "select {JOB_COLUMNS} from admin_jobs j left join admin_job_items i on i.job_id = j.id
          where j.id = $1 group by j.id"
     );
-    Ok(client.query_opt(&sql, &[&id]).await?.as_ref().map(job))
+    Ok(sql::query_opt(client, &text, &[&id])
+        .await?
+        .as_ref()
+        .map(job))
 }
 
 /// The newest jobs.
-pub async fn recent(client: &impl GenericClient, limit: i64) -> Result<Vec<Job>, DbError> {
-    let sql = format!(
+pub async fn recent(client: &impl Session, limit: i64) -> Result<Vec<Job>, DbError> {
+    let text = format!(
         "select {JOB_COLUMNS} from admin_jobs j left join admin_job_items i on i.job_id = j.id
          where j.id in (select id from admin_jobs order by id desc limit $1)
          group by j.id order by j.id desc"
     );
-    Ok(client
-        .query(&sql, &[&limit])
+    Ok(sql::query(client, &text, &[&limit])
         .await?
         .iter()
         .map(job)
@@ -178,27 +180,23 @@ pub struct Item {
 }
 
 /// The first `limit` items of a job.
-pub async fn items(
-    client: &impl GenericClient,
-    job_id: i64,
-    limit: i64,
-) -> Result<Vec<Item>, DbError> {
-    Ok(client
-        .query(
-            "select position, provider, source, hook_id, delivery_id, result, error, done_at
+pub async fn items(client: &impl Session, job_id: i64, limit: i64) -> Result<Vec<Item>, DbError> {
+    Ok(sql::query(
+        client,
+        "select position, provider, source, hook_id, delivery_id, result, error, done_at
              from admin_job_items where job_id = $1 order by position limit $2",
-            &[&job_id, &limit],
-        )
-        .await?
-        .iter()
-        .map(|r| Item {
-            position: r.get(0),
-            key: [r.get(1), r.get(2), r.get(3), r.get(4)],
-            result: r.get(5),
-            error: r.get(6),
-            done_at: r.get(7),
-        })
-        .collect())
+        &[&job_id, &limit],
+    )
+    .await?
+    .iter()
+    .map(|r| Item {
+        position: r.get(0),
+        key: [r.get(1), r.get(2), r.get(3), r.get(4)],
+        result: r.get(5),
+        error: r.get(6),
+        done_at: r.get(7),
+    })
+    .collect())
 }
 
 /// A job that acted on a delivery.
@@ -219,30 +217,27 @@ pub struct Lineage {
 }
 
 /// The jobs that acted on `key`, oldest first.
-pub async fn lineage(
-    client: &impl GenericClient,
-    key: &DeliveryKey,
-) -> Result<Vec<Lineage>, DbError> {
-    Ok(client
-        .query(
-            "select i.job_id, j.kind, j.actor, i.result, i.error, i.done_at
+pub async fn lineage(client: &impl Session, key: &DeliveryKey) -> Result<Vec<Lineage>, DbError> {
+    Ok(sql::query(
+        client,
+        "select i.job_id, j.kind, j.actor, i.result, i.error, i.done_at
              from admin_job_items i join admin_jobs j on j.id = i.job_id
              where i.provider = $1 and i.source = $2 and i.hook_id = $3 and i.delivery_id = $4
                and i.result is not null
              order by i.done_at",
-            &[&key.provider, &key.source, &key.hook_id, &key.delivery_id],
-        )
-        .await?
-        .iter()
-        .map(|r| Lineage {
-            job_id: r.get(0),
-            kind: Kind::parse(r.get(1)),
-            actor: r.get(2),
-            result: r.get(3),
-            error: r.get(4),
-            at: r.get(5),
-        })
-        .collect())
+        &[&key.provider, &key.source, &key.hook_id, &key.delivery_id],
+    )
+    .await?
+    .iter()
+    .map(|r| Lineage {
+        job_id: r.get(0),
+        kind: Kind::parse(r.get(1)),
+        actor: r.get(2),
+        result: r.get(3),
+        error: r.get(4),
+        at: r.get(5),
+    })
+    .collect())
 }
 
 /// What a cancel found.
@@ -258,21 +253,24 @@ pub enum Cancelled {
 
 /// Cancels a running job. The runner locks the job's row for each item,
 /// so this waits for the item in progress, and no item starts after it.
-pub async fn cancel(client: &impl GenericClient, id: i64, by: &str) -> Result<Cancelled, DbError> {
-    let n = client
-        .execute(
-            "update admin_jobs set status = 'cancelled', cancelled_by = $2, finished_at = now()
+pub async fn cancel(client: &impl Session, id: i64, by: &str) -> Result<Cancelled, DbError> {
+    let n = sql::execute(
+        client,
+        "update admin_jobs set status = 'cancelled', cancelled_by = $2, finished_at = now()
              where id = $1 and status = 'running'",
-            &[&id, &by],
-        )
-        .await?;
+        &[&id, &by],
+    )
+    .await?;
     if n == 1 {
         return Ok(Cancelled::Now);
     }
     Ok(
-        match client
-            .query_opt("select status from admin_jobs where id = $1", &[&id])
-            .await?
+        match sql::query_opt(
+            client,
+            "select status from admin_jobs where id = $1",
+            &[&id],
+        )
+        .await?
         {
             Some(r) => Cancelled::AlreadyEnded(r.get(0)),
             None => Cancelled::Unknown,
@@ -291,84 +289,84 @@ macro_rules! job_lease {
 /// Takes the oldest running job nobody holds (or whose runner's hold
 /// lapsed) for `runner`.
 pub async fn take(
-    client: &impl GenericClient,
+    client: &impl Session,
     runner: Uuid,
 ) -> Result<Option<(i64, Kind, f64)>, DbError> {
-    Ok(client
-        .query_opt(
-            concat!(
-                "update admin_jobs set runner = $1, lease_until = ",
-                job_lease!(),
-                "
+    Ok(sql::query_opt(
+        client,
+        concat!(
+            "update admin_jobs set runner = $1, lease_until = ",
+            job_lease!(),
+            "
              where id = (select id from admin_jobs
                          where status = 'running' and (runner is null or lease_until < now())
                          order by id limit 1 for update skip locked)
              returning id, kind, per_second"
-            ),
-            &[&runner],
-        )
-        .await?
-        .map(|r| (r.get(0), Kind::parse(r.get(1)), r.get(2))))
+        ),
+        &[&runner],
+    )
+    .await?
+    .map(|r| (r.get(0), Kind::parse(r.get(1)), r.get(2))))
 }
 
 /// Renews the runner's hold on a running job and locks its row for this
 /// transaction, so that a cancel waits for the item in progress. False
 /// when the job was cancelled or taken over.
-pub async fn hold(client: &impl GenericClient, id: i64, runner: Uuid) -> Result<bool, DbError> {
-    Ok(client
-        .execute(
-            concat!(
-                "update admin_jobs set lease_until = ",
-                job_lease!(),
-                " where id = $1 and runner = $2 and status = 'running'"
-            ),
-            &[&id, &runner],
-        )
-        .await?
+pub async fn hold(client: &impl Session, id: i64, runner: Uuid) -> Result<bool, DbError> {
+    Ok(sql::execute(
+        client,
+        concat!(
+            "update admin_jobs set lease_until = ",
+            job_lease!(),
+            " where id = $1 and runner = $2 and status = 'running'"
+        ),
+        &[&id, &runner],
+    )
+    .await?
         == 1)
 }
 
 /// The next pending item: its position and key parts.
 pub async fn next_item(
-    client: &impl GenericClient,
+    client: &impl Session,
     id: i64,
 ) -> Result<Option<(i32, [String; 4])>, DbError> {
-    Ok(client
-        .query_opt(
-            "select position, provider, source, hook_id, delivery_id from admin_job_items
+    Ok(sql::query_opt(
+        client,
+        "select position, provider, source, hook_id, delivery_id from admin_job_items
              where job_id = $1 and result is null order by position limit 1",
-            &[&id],
-        )
-        .await?
-        .map(|r| (r.get(0), [r.get(1), r.get(2), r.get(3), r.get(4)])))
+        &[&id],
+    )
+    .await?
+    .map(|r| (r.get(0), [r.get(1), r.get(2), r.get(3), r.get(4)])))
 }
 
 /// Records an item's result.
 pub async fn done(
-    client: &impl GenericClient,
+    client: &impl Session,
     id: i64,
     position: i32,
     result: &str,
     error: Option<&str>,
 ) -> Result<(), DbError> {
-    client
-        .execute(
-            "update admin_job_items set result = $3, error = $4, done_at = now()
+    sql::execute(
+        client,
+        "update admin_job_items set result = $3, error = $4, done_at = now()
              where job_id = $1 and position = $2",
-            &[&id, &position, &result, &error],
-        )
-        .await?;
+        &[&id, &position, &result, &error],
+    )
+    .await?;
     Ok(())
 }
 
 /// Marks a job finished (every item done).
-pub async fn finish(client: &impl GenericClient, id: i64) -> Result<(), DbError> {
-    client
-        .execute(
-            "update admin_jobs set status = 'finished', finished_at = now()
+pub async fn finish(client: &impl Session, id: i64) -> Result<(), DbError> {
+    sql::execute(
+        client,
+        "update admin_jobs set status = 'finished', finished_at = now()
              where id = $1 and status = 'running'",
-            &[&id],
-        )
-        .await?;
+        &[&id],
+    )
+    .await?;
     Ok(())
 }
