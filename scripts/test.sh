@@ -4,6 +4,13 @@
 # The integration tests start the real binaries too, so they are built
 # first (`cargo nextest run` alone builds only test targets). Extra
 # arguments go to nextest, e.g. `scripts/test.sh -E 'test(fenced)'`.
+#
+#   scripts/test.sh --through-pgbouncer
+# runs the suite's core paths (ingest, the worker, the operator commands,
+# retention, the reconciler, the console's API) with every hookinbox
+# process reaching Postgres through a private PgBouncer in transaction
+# mode (scripts/pgbouncer.sh, port 6543), as HOOKINBOX_DB_POOLER=transaction
+# deployments do. The tests' own assertions still read Postgres directly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${HOOKINBOX_GITHUB_FIXTURES:-}" ] && [ -d ../shared/fixtures/github-payloads ]; then
@@ -11,6 +18,15 @@ if [ -z "${HOOKINBOX_GITHUB_FIXTURES:-}" ] && [ -d ../shared/fixtures/github-pay
   export HOOKINBOX_GITHUB_FIXTURES
 fi
 cargo build --workspace --bins --examples
+if [ "${1:-}" = "--through-pgbouncer" ]; then
+  shift
+  scripts/pgbouncer.sh start 6543 5432
+  export HOOKINBOX_TEST_PGBOUNCER=127.0.0.1:6543
+  core='ingest_dedup|github_corpus|ingest_replay_guard|ingest_rate_limits|worker_retries'
+  core+='|worker_failures|worker_fencing|worker_forward|worker_bad_bodies|worker_shutdown'
+  core+='|operator_cli|retention|reconciler|sources|admin_api'
+  exec cargo nextest run --workspace --no-fail-fast -E "binary(it) & test(/^($core)::/)" "$@"
+fi
 cargo nextest run --workspace --no-fail-fast "$@"
 # Tests that restart the shared RabbitMQ run alone, after the suite.
 if [ "$#" -eq 0 ]; then

@@ -103,6 +103,14 @@ pub async fn drop_database(name: &str) {
         .await;
 }
 
+/// The PgBouncer the suite runs through (`HOOKINBOX_TEST_PGBOUNCER`,
+/// `host:port`), if any.
+pub fn pgbouncer() -> Option<String> {
+    std::env::var("HOOKINBOX_TEST_PGBOUNCER")
+        .ok()
+        .filter(|v| !v.is_empty())
+}
+
 /// One test's private database and queue prefix.
 pub struct TestEnv {
     /// The database's name.
@@ -145,10 +153,36 @@ impl TestEnv {
             .replace("127.0.0.1:5432", &format!("127.0.0.1:{port}"))
     }
 
+    /// The URL hookinbox's processes use: this test's database, through
+    /// the PgBouncer named by `HOOKINBOX_TEST_PGBOUNCER` (`host:port`) when
+    /// set, so that the suite's core paths can be run through a
+    /// transaction pooler (`scripts/test.sh --through-pgbouncer`).
+    pub fn app_database_url(&self) -> String {
+        match pgbouncer() {
+            Some(at) => self.database_url.replace("127.0.0.1:5432", &at),
+            None => self.database_url.clone(),
+        }
+    }
+
+    /// The environment that points a spawned binary at this test's
+    /// database: through the pooler when there is one.
+    pub fn database_env(&self) -> Vec<(&'static str, String)> {
+        let mut vars = vec![("DATABASE_URL", self.app_database_url())];
+        if pgbouncer().is_some() {
+            vars.push(("HOOKINBOX_DB_POOLER", "transaction".to_owned()));
+            vars.push(("HOOKINBOX_DIRECT_DATABASE_URL", self.database_url.clone()));
+        }
+        vars
+    }
+
     /// Shared settings pointing at this test's database and queues.
     pub fn common(&self) -> CommonArgs {
         let mut common: CommonArgs = defaults();
-        common.database_url = self.database_url.clone();
+        common.database_url = self.app_database_url();
+        if pgbouncer().is_some() {
+            common.db_pooler = hookinbox::postgres::Pooler::Transaction;
+            common.direct_database_url = Some(self.database_url.clone());
+        }
         common.amqp_url = amqp_url();
         common.queue_prefix = self.prefix.clone();
         common.auto_migrate = false;
@@ -384,7 +418,7 @@ pub fn worker_command(
     cmd.args(args)
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("DATABASE_URL", &env.database_url)
+        .envs(env.database_env())
         .env("AMQP_URL", amqp_url())
         .env("HOOKINBOX_QUEUE_PREFIX", &env.prefix)
         .env("HOOKINBOX_AUTO_MIGRATE", "false")
@@ -624,7 +658,7 @@ impl TestEnv {
         let mut cmd = tokio::process::Command::new(bin(binary));
         cmd.env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("DATABASE_URL", &self.database_url)
+            .envs(self.database_env())
             .env("AMQP_URL", amqp_url())
             .env("HOOKINBOX_QUEUE_PREFIX", &self.prefix)
             .env("HOOKINBOX_AUTO_MIGRATE", "false")

@@ -360,6 +360,9 @@ impl CommonConfig {
     /// A pool of `size` connections with every other Postgres setting, for
     /// commands that need only a few (the operator commands).
     pub fn pool_of(&self, size: usize) -> Result<Pool, DbError> {
+        if self.db_pooler == Pooler::Transaction {
+            crate::postgres::sql::use_unnamed_statements(self.direct_pool_of(1)?);
+        }
         crate::postgres::pool_with(&self.database_url, &self.pool_options(size, self.db_pooler))
     }
 

@@ -204,9 +204,6 @@ pub fn pool(url: &str, max_size: usize, request_timeout: Duration) -> Result<Poo
 /// nothing.
 pub fn pool_with(url: &str, options: &PoolOptions) -> Result<Pool, DbError> {
     let config = connect_config(url, options)?;
-    if options.pooler == Pooler::Transaction {
-        sql::use_unnamed_statements();
-    }
     let manager = Manager::from_connect(
         config,
         watchdog::Connect {
@@ -283,5 +280,38 @@ pub async fn ping(pool: &Pool) -> bool {
     match pool.get().await {
         Ok(client) => client.simple_query("select 1").await.is_ok(),
         Err(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sessions_get_keepalives_and_their_settings_unless_behind_a_transaction_pooler() {
+        let url = "postgres://u@127.0.0.1:5432/db";
+        let config = parse_url(url).expect("url");
+        assert!(config.get_keepalives());
+        assert_eq!(config.get_keepalives_idle(), Duration::from_secs(30));
+        assert_eq!(
+            config.get_keepalives_interval(),
+            Some(Duration::from_secs(10))
+        );
+        assert_eq!(config.get_keepalives_retries(), Some(3));
+
+        let direct = connect_config(url, &PoolOptions::new(1)).expect("config");
+        let options = direct.get_options().expect("options");
+        assert!(options.contains("enable_seqscan=off"), "{options}");
+        assert!(
+            options.contains("idle_in_transaction_session_timeout=60000"),
+            "{options}"
+        );
+        let pooled = PoolOptions {
+            pooler: Pooler::Transaction,
+            ..PoolOptions::new(1)
+        };
+        let behind = connect_config(url, &pooled).expect("config");
+        assert_eq!(behind.get_options(), None, "PgBouncer refuses options");
+        assert!(behind.get_keepalives());
     }
 }

@@ -8,7 +8,10 @@
 //!   before 1.21): the pooler hands each transaction to any server
 //!   connection, where a statement prepared on another one does not
 //!   exist. Each statement is then sent whole (parse, bind and execute in
-//!   one round trip) with the parameter types learned once per process.
+//!   one round trip) with the parameter types learned once per process
+//!   over a direct connection: a statement prepared through the pooler to
+//!   learn them would be left behind on a server connection that other
+//!   processes share, where its name would clash with theirs.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -43,9 +46,15 @@ impl<'a> Session for deadpool_postgres::Transaction<'a> {
 
 static UNNAMED: AtomicBool = AtomicBool::new(false);
 
+/// Where parameter types are learned in the unnamed mode.
+static DIRECT: OnceLock<deadpool_postgres::Pool> = OnceLock::new();
+
 /// From now on, this process sends unnamed statements (see the module
-/// docs). Set once at start, before any statement runs.
-pub fn use_unnamed_statements() {
+/// docs), learning their parameter types over `direct`, a pool that does
+/// not go through the pooler. Set once at start, before any statement
+/// runs; later calls keep the first pool.
+pub fn use_unnamed_statements(direct: deadpool_postgres::Pool) {
+    let _ = DIRECT.set(direct);
     UNNAMED.store(true, Ordering::Relaxed);
 }
 
@@ -61,7 +70,8 @@ fn types_cache() -> &'static Mutex<HashMap<String, Arc<[Type]>>> {
 }
 
 /// The parameter types Postgres infers for `sql`: asked once per process
-/// (a prepare, whose statement is closed at once), then remembered.
+/// over the direct connection (a prepare, whose statement is closed at
+/// once), then remembered.
 async fn param_types(session: &impl Session, sql: &str) -> Result<Arc<[Type]>, Error> {
     if let Some(types) = types_cache()
         .lock()
@@ -70,8 +80,15 @@ async fn param_types(session: &impl Session, sql: &str) -> Result<Arc<[Type]>, E
     {
         return Ok(types.clone());
     }
-    let statement = session.prepare(sql).await?;
-    let types: Arc<[Type]> = statement.params().into();
+    let types: Arc<[Type]> = match DIRECT.get().map(|pool| pool.get()) {
+        Some(direct) => match direct.await {
+            Ok(client) => client.prepare(sql).await?.params().into(),
+            // The direct connection is down: learn them where we are (the
+            // statement may be left on a pooled server connection).
+            Err(_) => session.prepare(sql).await?.params().into(),
+        },
+        None => session.prepare(sql).await?.params().into(),
+    };
     types_cache()
         .lock()
         .unwrap_or_else(|p| p.into_inner())

@@ -267,6 +267,41 @@ struct Suite {
     config: PathBuf,
     /// The fake GitHub that sends every delivery.
     github: Github,
+    /// The PgBouncer (transaction mode) ingest and the workers go through,
+    /// when `HOOKINBOX_FAULT_PGBOUNCER` is set.
+    pgbouncer: Option<PrivatePgbouncer>,
+}
+
+/// A private PgBouncer in front of the private Postgres
+/// (`scripts/pgbouncer.sh`).
+struct PrivatePgbouncer {
+    port: u16,
+}
+
+impl PrivatePgbouncer {
+    fn start(pg_port: u16) -> anyhow::Result<Self> {
+        let port = free_port();
+        let ok = std::process::Command::new("bash")
+            .args(["scripts/pgbouncer.sh", "start"])
+            .arg(port.to_string())
+            .arg(pg_port.to_string())
+            .stdout(Stdio::null())
+            .status()?
+            .success();
+        if !ok {
+            bail!("PgBouncer did not start");
+        }
+        Ok(Self { port })
+    }
+}
+
+impl Drop for PrivatePgbouncer {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("bash")
+            .args(["scripts/pgbouncer.sh", "stop"])
+            .arg(self.port.to_string())
+            .status();
+    }
 }
 
 /// The fake GitHub and its two hooks.
@@ -300,6 +335,27 @@ const LEASE_SECS: &str = "3";
 const GITHUB_TOKEN: &str = "ghp_fault_suite";
 
 impl Suite {
+    /// Where a process finds Postgres: directly, or through the proxy that
+    /// degrades the workers' connections (`via_proxy`). With a PgBouncer,
+    /// that path leads to it (the proxy stands in front of it), and the
+    /// direct URL the leader locks and migrations need goes to Postgres.
+    fn database_env(&self, via_proxy: bool) -> Vec<(&'static str, String)> {
+        let front = match (&self.pgbouncer, via_proxy) {
+            (_, true) => self.pg_proxy.port(),
+            (Some(pgbouncer), false) => pgbouncer.port,
+            (None, false) => self.pg.port,
+        };
+        let mut env = vec![("DATABASE_URL", self.pg.url(front, &self.db))];
+        if self.pgbouncer.is_some() {
+            env.push(("HOOKINBOX_DB_POOLER", "transaction".to_owned()));
+            env.push((
+                "HOOKINBOX_DIRECT_DATABASE_URL",
+                self.pg.url(self.pg.port, &self.db),
+            ));
+        }
+        env
+    }
+
     fn log(&self, name: &str) -> std::fs::File {
         std::fs::OpenOptions::new()
             .create(true)
@@ -312,7 +368,7 @@ impl Suite {
         let mut cmd = Command::new(self.bins.join("hookinbox-ingest"));
         cmd.env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("DATABASE_URL", self.pg.url(self.pg.port, &self.db))
+            .envs(self.database_env(false))
             .env("AMQP_URL", self.rabbit.url(self.amqp_proxy.port()))
             .env("HOOKINBOX_CONFIG", &self.config)
             .env("HOOKINBOX_AUTO_MIGRATE", "false")
@@ -341,7 +397,7 @@ impl Suite {
         let mut cmd = Command::new(self.bins.join("hookinbox-worker"));
         cmd.env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("DATABASE_URL", self.pg.url(self.pg_proxy.port(), &self.db))
+            .envs(self.database_env(true))
             .env("AMQP_URL", self.rabbit.url(self.rabbit.port))
             .env("HOOKINBOX_CONFIG", &self.config)
             .env("HOOKINBOX_DB_TIMEOUT_MS", "2000")
@@ -688,7 +744,19 @@ async fn main() -> anyhow::Result<()> {
             reconcile("relay"),
         ),
     )?;
-    let pg_proxy = Proxy::start(&format!("127.0.0.1:{}", pg.port)).await;
+    let pgbouncer = match std::env::var_os("HOOKINBOX_FAULT_PGBOUNCER") {
+        Some(v) if !v.is_empty() => {
+            let pgbouncer = PrivatePgbouncer::start(pg.port)?;
+            eprintln!(
+                "faults: ingest and workers go through PgBouncer on port {}",
+                pgbouncer.port
+            );
+            Some(pgbouncer)
+        }
+        _ => None,
+    };
+    let front = pgbouncer.as_ref().map_or(pg.port, |p| p.port);
+    let pg_proxy = Proxy::start(&format!("127.0.0.1:{front}")).await;
     let amqp_proxy = Proxy::start(&format!("127.0.0.1:{}", rabbit.port)).await;
     let ledger = Arc::new(Mutex::new(Ledger::default()));
     let mut suite = Suite {
@@ -706,6 +774,7 @@ async fn main() -> anyhow::Result<()> {
         windows: Vec::new(),
         config,
         github,
+        pgbouncer,
     };
     suite.spawn_ingest(None)?;
     for i in 0..3 {
@@ -821,7 +890,7 @@ async fn main() -> anyhow::Result<()> {
             .args(["reconcile", "--json", "--max-wait", "30s"])
             .env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("DATABASE_URL", suite.pg.url(suite.pg.port, &suite.db))
+            .envs(suite.database_env(false))
             .env("AMQP_URL", suite.rabbit.url(suite.rabbit.port))
             .env("HOOKINBOX_CONFIG", &suite.config)
             .env("HOOKINBOX_AUTO_MIGRATE", "false")
@@ -993,8 +1062,13 @@ async fn main() -> anyhow::Result<()> {
         );
         let mut report = String::new();
         report.push_str(&format!(
-        "Fault-injection run: {cycles} cycle(s), {kills_per_cycle} worker kill(s) per cycle, {:.0} s, 3 workers, 40 deliveries/s (two thirds to a `store` source, one third to a `forward` source).\n\n| fault | injected |\n|---|---|\n",
-        started.elapsed().as_secs_f64()
+        "Fault-injection run: {cycles} cycle(s), {kills_per_cycle} worker kill(s) per cycle, {:.0} s, 3 workers, 40 deliveries/s (two thirds to a `store` source, one third to a `forward` source){}.\n\n| fault | injected |\n|---|---|\n",
+        started.elapsed().as_secs_f64(),
+        if suite.pgbouncer.is_some() {
+            "; ingest and workers reach Postgres through PgBouncer in transaction mode"
+        } else {
+            ""
+        }
     ));
         let mut counts: Vec<_> = suite.counts.iter().collect();
         counts.sort();

@@ -20,6 +20,7 @@ mod observability;
 mod operator_cli;
 mod outages;
 mod plans;
+mod postgres_connections;
 mod reconciler;
 mod retention;
 mod settings;

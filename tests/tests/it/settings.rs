@@ -182,6 +182,35 @@ fn each_bad_setting_is_refused_by_name() {
         ),
         (
             "hookinbox-worker",
+            vec![("HOOKINBOX_DB_POOLER", "transaction")],
+            "HOOKINBOX_DIRECT_DATABASE_URL: required with HOOKINBOX_DB_POOLER=transaction",
+        ),
+        (
+            "hookinbox-ingest",
+            vec![
+                ("HOOKINBOX_GITHUB_SECRET", "s"),
+                ("HOOKINBOX_DB_POOLER", "session"),
+            ],
+            "'session' is not a pooler mode (none or transaction)",
+        ),
+        (
+            "hookinbox-worker",
+            vec![
+                ("HOOKINBOX_DB_POOLER", "transaction"),
+                (
+                    "HOOKINBOX_DIRECT_DATABASE_URL",
+                    "postgres://host:notaport/db",
+                ),
+            ],
+            "HOOKINBOX_DIRECT_DATABASE_URL: not a valid Postgres URL",
+        ),
+        (
+            "hookinbox-worker",
+            vec![("HOOKINBOX_DB_IDLE_IN_TRANSACTION_TIMEOUT_MS", "30000")],
+            "HOOKINBOX_DB_IDLE_IN_TRANSACTION_TIMEOUT_MS: must be longer than HOOKINBOX_HANDLER_TIMEOUT_MS",
+        ),
+        (
+            "hookinbox-worker",
             vec![("HOOKINBOX_RETENTION_COMPLETED", "6d")],
             "HOOKINBOX_RETENTION_COMPLETED: is under 7 days",
         ),

@@ -190,7 +190,7 @@ async fn worker_killed_mid_job_is_finished_by_another_after_the_lease() {
         std::fs::File::create(std::env::temp_dir().join(format!("{}-worker.log", env.prefix)))
             .expect("log");
     let mut child = tokio::process::Command::new(bin("hookinbox-worker"))
-        .env("DATABASE_URL", &env.database_url)
+        .envs(env.database_env())
         .env("AMQP_URL", hookinbox_tests::amqp_url())
         .env("HOOKINBOX_QUEUE_PREFIX", &env.prefix)
         .env("HOOKINBOX_LEASE_SECS", "3")

@@ -23,7 +23,7 @@ async fn blocked_on_lock(env: &TestEnv) -> bool {
 
 fn spawn_worker(env: &TestEnv, extra: &[(&str, &str)]) -> tokio::process::Child {
     let mut cmd = tokio::process::Command::new(bin("hookinbox-worker"));
-    cmd.env("DATABASE_URL", &env.database_url)
+    cmd.envs(env.database_env())
         .env("AMQP_URL", hookinbox_tests::amqp_url())
         .env("HOOKINBOX_QUEUE_PREFIX", &env.prefix)
         .env("HOOKINBOX_AUTO_MIGRATE", "false")
