@@ -50,8 +50,15 @@ pub const REAPED: &str = "hookinbox_reaped_total";
 pub const DELIVERIES: &str = "hookinbox_deliveries";
 /// Age of the oldest processing claim.
 pub const OLDEST_PROCESSING_SECONDS: &str = "hookinbox_oldest_processing_age_seconds";
-/// How long the oldest due retry has been due.
+/// How long the oldest due retry the scheduler can republish (its body is
+/// parked) has been due.
 pub const OLDEST_DUE_RETRY_SECONDS: &str = "hookinbox_oldest_due_retry_age_seconds";
+/// Claims the reaper marked `lost` that have no parked body: only a
+/// redelivery from GitHub can finish them.
+pub const AWAITING_REDELIVERY: &str = "hookinbox_deliveries_awaiting_redelivery";
+/// How long ago the oldest of [`AWAITING_REDELIVERY`] was reaped.
+pub const OLDEST_AWAITING_REDELIVERY_SECONDS: &str =
+    "hookinbox_oldest_awaiting_redelivery_age_seconds";
 /// Ready messages by `queue` (work, dlq).
 pub const QUEUE_MESSAGES: &str = "hookinbox_queue_messages";
 /// Consumers by `queue`.
@@ -260,7 +267,16 @@ fn describe() {
     describe_gauge!(
         OLDEST_DUE_RETRY_SECONDS,
         Unit::Seconds,
-        "How long the oldest due retry has waited"
+        "How long the oldest due retry with a parked body has waited"
+    );
+    describe_gauge!(
+        AWAITING_REDELIVERY,
+        "Claims reaped lost with no parked body: only a redelivery from GitHub finishes them"
+    );
+    describe_gauge!(
+        OLDEST_AWAITING_REDELIVERY_SECONDS,
+        Unit::Seconds,
+        "How long ago the oldest claim awaiting a redelivery was reaped"
     );
     describe_gauge!(QUEUE_MESSAGES, "Ready messages by queue");
     describe_gauge!(QUEUE_CONSUMERS, "Consumers by queue");
