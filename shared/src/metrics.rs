@@ -82,6 +82,10 @@ pub const RECONCILE_LAST_SUCCESS: &str = "hookinbox_reconcile_last_success_times
 pub const GITHUB_RATE_LIMIT_REMAINING: &str = "hookinbox_github_rate_limit_remaining";
 /// 1 on the worker that samples the gauges above, 0 elsewhere.
 pub const SAMPLER_LEADER: &str = "hookinbox_sampler_leader";
+/// The lease this process gives a claim or a take
+/// (`HOOKINBOX_LEASE_SECS`), set at start: the stuck-processing alert's
+/// threshold is a multiple of it.
+pub const LEASE_SECONDS: &str = "hookinbox_lease_seconds";
 
 /// GitHub's webhook events. `X-GitHub-Event` is not covered by the
 /// signature, so only these names become an `event` label; any other is
@@ -281,6 +285,11 @@ fn describe() {
     describe_gauge!(QUEUE_MESSAGES, "Ready messages by queue");
     describe_gauge!(QUEUE_CONSUMERS, "Consumers by queue");
     describe_gauge!(SAMPLER_LEADER, "1 on the worker sampling the state gauges");
+    describe_gauge!(
+        LEASE_SECONDS,
+        Unit::Seconds,
+        "The lease of a claim or take (HOOKINBOX_LEASE_SECS)"
+    );
     describe_counter!(RECONCILE_RUNS, "Reconciler passes by source and outcome");
     describe_counter!(
         RECONCILE_REDELIVERIES,

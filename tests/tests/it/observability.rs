@@ -693,3 +693,40 @@ async fn stuck_work_gauges_report_their_counts_and_ages_and_clear_once_resolved(
     ingest.stop().await;
     env.cleanup().await;
 }
+
+/// Both binaries export the lease they were given, which the
+/// stuck-processing alert's threshold is a multiple of.
+#[tokio::test]
+async fn both_binaries_export_their_configured_lease() {
+    let env = TestEnv::new().await;
+    let worker = env.spawn("hookinbox-worker", &[("HOOKINBOX_LEASE_SECS", "45")]);
+    let ingest = env.spawn(
+        "hookinbox-ingest",
+        &[
+            ("HOOKINBOX_GITHUB_SECRET", SECRET),
+            ("HOOKINBOX_LEASE_SECS", "90"),
+        ],
+    );
+    for (who, spawned, lease) in [("worker", &worker, 45.0), ("ingest", &ingest, 90.0)] {
+        wait_until(
+            &format!("the {who}'s lease gauge"),
+            Duration::from_secs(30),
+            || async {
+                value(
+                    &spawned.scrape("/metrics").await.1,
+                    "hookinbox_lease_seconds",
+                    &[],
+                )
+                .is_some()
+            },
+        )
+        .await;
+        let scrape = spawned.scrape("/metrics").await.1;
+        assert_eq!(
+            value(&scrape, "hookinbox_lease_seconds", &[]),
+            Some(lease),
+            "{who}\n{scrape}"
+        );
+    }
+    env.cleanup().await;
+}
