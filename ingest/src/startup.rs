@@ -70,6 +70,7 @@ impl IngestApp {
         let (metrics_port, metrics_server) =
             hookinbox::metrics::serve(config.metrics_listen, readiness.clone())?;
         tokio::spawn(metrics_server);
+        metrics::gauge!(hookinbox::metrics::LEASE_SECONDS).set(common.lease.as_secs_f64());
         let secret_matches = Arc::new(SecretMatches::default());
         let in_flight = Arc::new(tokio::sync::Semaphore::new(config.max_in_flight));
         let batcher = (config.claim_batch > 1)

@@ -50,8 +50,15 @@ pub const REAPED: &str = "hookinbox_reaped_total";
 pub const DELIVERIES: &str = "hookinbox_deliveries";
 /// Age of the oldest processing claim.
 pub const OLDEST_PROCESSING_SECONDS: &str = "hookinbox_oldest_processing_age_seconds";
-/// How long the oldest due retry has been due.
+/// How long the oldest due retry the scheduler can republish (its body is
+/// parked) has been due.
 pub const OLDEST_DUE_RETRY_SECONDS: &str = "hookinbox_oldest_due_retry_age_seconds";
+/// Claims the reaper marked `lost` that have no parked body: only a
+/// redelivery from GitHub can finish them.
+pub const AWAITING_REDELIVERY: &str = "hookinbox_deliveries_awaiting_redelivery";
+/// How long ago the oldest of [`AWAITING_REDELIVERY`] was reaped.
+pub const OLDEST_AWAITING_REDELIVERY_SECONDS: &str =
+    "hookinbox_oldest_awaiting_redelivery_age_seconds";
 /// Ready messages by `queue` (work, dlq).
 pub const QUEUE_MESSAGES: &str = "hookinbox_queue_messages";
 /// Consumers by `queue`.
@@ -75,6 +82,10 @@ pub const RECONCILE_LAST_SUCCESS: &str = "hookinbox_reconcile_last_success_times
 pub const GITHUB_RATE_LIMIT_REMAINING: &str = "hookinbox_github_rate_limit_remaining";
 /// 1 on the worker that samples the gauges above, 0 elsewhere.
 pub const SAMPLER_LEADER: &str = "hookinbox_sampler_leader";
+/// The lease this process gives a claim or a take
+/// (`HOOKINBOX_LEASE_SECS`), set at start: the stuck-processing alert's
+/// threshold is a multiple of it.
+pub const LEASE_SECONDS: &str = "hookinbox_lease_seconds";
 
 /// GitHub's webhook events. `X-GitHub-Event` is not covered by the
 /// signature, so only these names become an `event` label; any other is
@@ -260,11 +271,25 @@ fn describe() {
     describe_gauge!(
         OLDEST_DUE_RETRY_SECONDS,
         Unit::Seconds,
-        "How long the oldest due retry has waited"
+        "How long the oldest due retry with a parked body has waited"
+    );
+    describe_gauge!(
+        AWAITING_REDELIVERY,
+        "Claims reaped lost with no parked body: only a redelivery from GitHub finishes them"
+    );
+    describe_gauge!(
+        OLDEST_AWAITING_REDELIVERY_SECONDS,
+        Unit::Seconds,
+        "How long ago the oldest claim awaiting a redelivery was reaped"
     );
     describe_gauge!(QUEUE_MESSAGES, "Ready messages by queue");
     describe_gauge!(QUEUE_CONSUMERS, "Consumers by queue");
     describe_gauge!(SAMPLER_LEADER, "1 on the worker sampling the state gauges");
+    describe_gauge!(
+        LEASE_SECONDS,
+        Unit::Seconds,
+        "The lease of a claim or take (HOOKINBOX_LEASE_SECS)"
+    );
     describe_counter!(RECONCILE_RUNS, "Reconciler passes by source and outcome");
     describe_counter!(
         RECONCILE_REDELIVERIES,

@@ -449,3 +449,284 @@ async fn logs_never_carry_the_secret_the_signature_or_the_payload() {
     assert!(payload_bits.len() > 10, "the check looked for something");
     env.cleanup().await;
 }
+
+/// Inserts a delivery of `hook` (default source) as the state machine
+/// leaves it: `status`, claimed `claimed_ago` seconds ago, its lease ending
+/// `lease_in` seconds from now (negative: expired), failed `failed_ago`
+/// seconds ago with `class`, due `due_in` seconds from now, and its body
+/// parked if `parked`.
+#[allow(clippy::too_many_arguments)]
+async fn insert_delivery(
+    env: &TestEnv,
+    hook: &Hook,
+    status: &str,
+    retryable: bool,
+    attempts: i32,
+    claimed_ago: f64,
+    lease_in: Option<f64>,
+    failure: Option<(&str, f64, f64)>,
+    parked: bool,
+) {
+    let (class, failed_ago, due_in) = match failure {
+        Some((class, failed_ago, due_in)) => (Some(class), Some(failed_ago), Some(due_in)),
+        None => (None, None, None),
+    };
+    env.db
+        .execute(
+            "insert into deliveries (provider, source, hook_id, delivery_id, event, body_sha256,
+                 status, retryable, claim_token, lease_until, claimed_at, created_at, attempts,
+                 failed_at, first_failed_at, last_error_class, last_error, next_attempt_at)
+             select 'github', 'default', $1, $2, $3, sha256($4), $5, $6, gen_random_uuid(),
+                 now() + make_interval(secs => $7), t, t, $8,
+                 now() - make_interval(secs => $9), now() - make_interval(secs => $9),
+                 $10, case when $10::text is not null then 'inserted by the test' end,
+                 now() + make_interval(secs => $11)
+             from (select now() - make_interval(secs => $12) as t) at",
+            &[
+                &hook.hook_id.as_deref().expect("hook id"),
+                &hook.id(),
+                &hook.event.as_deref().expect("event"),
+                &hook.body,
+                &status,
+                &retryable,
+                &lease_in,
+                &attempts,
+                &failed_ago,
+                &class,
+                &due_in,
+                &claimed_ago,
+            ],
+        )
+        .await
+        .expect("insert delivery");
+    if parked {
+        env.db
+            .execute(
+                "insert into parked_bodies (provider, source, hook_id, delivery_id, content_type, headers, body)
+                 values ('github', 'default', $1, $2, 'application/json',
+                         jsonb_build_array(jsonb_build_array('x-github-event', $3::text),
+                                           jsonb_build_array('x-github-delivery', $2::text)),
+                         $4)",
+                &[
+                    &hook.hook_id.as_deref().expect("hook id"),
+                    &hook.id(),
+                    &hook.event.as_deref().expect("event"),
+                    &hook.body,
+                ],
+            )
+            .await
+            .expect("park body");
+    }
+}
+
+/// Asserts that `got` lies in `[at_least, at_least + slack]`: an age read
+/// some seconds after the rows were written.
+fn assert_age(name: &str, got: Option<f64>, at_least: f64, scrape: &str) {
+    let slack = 30.0;
+    assert!(
+        got.is_some_and(|v| v >= at_least && v <= at_least + slack),
+        "{name}: {got:?}, expected {at_least}..{}\n{scrape}",
+        at_least + slack
+    );
+}
+
+/// The state gauges by value, as a real worker exports them: stuck
+/// processing, a due retry the scheduler cannot get to, and a claim the
+/// reaper marked `lost` that only a redelivery from GitHub can finish.
+/// Once each is resolved, the gauges go back to zero.
+#[tokio::test]
+async fn stuck_work_gauges_report_their_counts_and_ages_and_clear_once_resolved() {
+    let env = TestEnv::new().await;
+    // A claim taken by a worker that died: its lease ran out 340 s ago,
+    // not yet long enough for the reaper (600 s past the lease).
+    let stuck = Hook::fixture("push");
+    insert_delivery(
+        &env,
+        &stuck,
+        "processing",
+        false,
+        1,
+        400.0,
+        Some(-340.0),
+        None,
+        false,
+    )
+    .await;
+    // A transient failure due 120 s ago, its body parked.
+    let retry = Hook::fixture("push");
+    insert_delivery(
+        &env,
+        &retry,
+        "failed",
+        true,
+        1,
+        200.0,
+        None,
+        Some(("transient", 180.0, -120.0)),
+        true,
+    )
+    .await;
+    // An untaken claim whose ingest died before publishing: reaped `lost`
+    // 300 s ago (due at once, as the reaper leaves it), nothing parked.
+    let lost = Hook::fixture("push");
+    insert_delivery(
+        &env,
+        &lost,
+        "failed",
+        true,
+        0,
+        1000.0,
+        Some(-940.0),
+        Some(("lost", 300.0, -300.0)),
+        false,
+    )
+    .await;
+    // The scheduler passes over a row locked elsewhere (`skip locked`):
+    // holding the retry's lock keeps it due, as a scheduler that cannot
+    // keep up would leave it.
+    let locker = hookinbox_tests::connect(&env.database_url).await;
+    locker.batch_execute("begin").await.expect("begin");
+    locker
+        .execute(
+            "select 1 from deliveries where delivery_id = $1 for update",
+            &[&retry.id()],
+        )
+        .await
+        .expect("lock the retry");
+
+    let worker = env.spawn("hookinbox-worker", &[("HOOKINBOX_LEASE_SECS", "60")]);
+    wait_until(
+        "the sampler's first sample",
+        Duration::from_secs(30),
+        || async {
+            let scrape = worker.scrape("/metrics").await.1;
+            value(&scrape, "hookinbox_sampler_leader", &[]) == Some(1.0)
+                && value(&scrape, "hookinbox_deliveries", &[("state", "processing")]).is_some()
+        },
+    )
+    .await;
+    // Nothing changes the rows meanwhile: a later sample says the same.
+    let scrape = worker.scrape("/metrics").await.1;
+    for (state, n) in [
+        ("processing", 1.0),
+        ("retrying", 2.0),
+        ("completed", 0.0),
+        ("dead", 0.0),
+    ] {
+        assert_eq!(
+            value(&scrape, "hookinbox_deliveries", &[("state", state)]),
+            Some(n),
+            "hookinbox_deliveries{{state={state}}}\n{scrape}"
+        );
+    }
+    assert_age(
+        "hookinbox_oldest_processing_age_seconds",
+        value(&scrape, "hookinbox_oldest_processing_age_seconds", &[]),
+        400.0,
+        &scrape,
+    );
+    // The scheduler republishes parked bodies only: the due retry it
+    // cannot get to is what this gauge is for, not the lost claim.
+    assert_age(
+        "hookinbox_oldest_due_retry_age_seconds",
+        value(&scrape, "hookinbox_oldest_due_retry_age_seconds", &[]),
+        120.0,
+        &scrape,
+    );
+    assert_eq!(
+        value(&scrape, "hookinbox_deliveries_awaiting_redelivery", &[]),
+        Some(1.0),
+        "hookinbox_deliveries_awaiting_redelivery\n{scrape}"
+    );
+    assert_age(
+        "hookinbox_oldest_awaiting_redelivery_age_seconds",
+        value(
+            &scrape,
+            "hookinbox_oldest_awaiting_redelivery_age_seconds",
+            &[],
+        ),
+        300.0,
+        &scrape,
+    );
+
+    // Resolve each: the scheduler gets the retry once the lock goes, and
+    // GitHub's redeliveries of the other two are claimed by ingest, which
+    // takes over the expired lease and the lost claim.
+    locker.batch_execute("commit").await.expect("unlock");
+    let ingest = env.ingest().await;
+    for hook in [&stuck, &lost] {
+        let answer = ingest.send(hook).await;
+        assert_eq!(answer.status, 202, "{answer:?}");
+    }
+    wait_until(
+        "all three deliveries to complete",
+        Duration::from_secs(60),
+        || async {
+            env.count("select count(*) from deliveries where status = 'completed'")
+                .await
+                == 3
+        },
+    )
+    .await;
+    // The next sample after that sees every delivery completed.
+    wait_until("the gauges to clear", Duration::from_secs(40), || async {
+        let scrape = worker.scrape("/metrics").await.1;
+        value(&scrape, "hookinbox_deliveries", &[("state", "completed")]) == Some(3.0)
+    })
+    .await;
+    let scrape = worker.scrape("/metrics").await.1;
+    for (name, labels) in [
+        ("hookinbox_deliveries", vec![("state", "processing")]),
+        ("hookinbox_deliveries", vec![("state", "retrying")]),
+        ("hookinbox_deliveries", vec![("state", "dead")]),
+        ("hookinbox_oldest_processing_age_seconds", vec![]),
+        ("hookinbox_oldest_due_retry_age_seconds", vec![]),
+        ("hookinbox_deliveries_awaiting_redelivery", vec![]),
+        ("hookinbox_oldest_awaiting_redelivery_age_seconds", vec![]),
+    ] {
+        assert_eq!(
+            value(&scrape, name, &labels),
+            Some(0.0),
+            "{name} {labels:?}\n{scrape}"
+        );
+    }
+    ingest.stop().await;
+    env.cleanup().await;
+}
+
+/// Both binaries export the lease they were given, which the
+/// stuck-processing alert's threshold is a multiple of.
+#[tokio::test]
+async fn both_binaries_export_their_configured_lease() {
+    let env = TestEnv::new().await;
+    let worker = env.spawn("hookinbox-worker", &[("HOOKINBOX_LEASE_SECS", "45")]);
+    let ingest = env.spawn(
+        "hookinbox-ingest",
+        &[
+            ("HOOKINBOX_GITHUB_SECRET", SECRET),
+            ("HOOKINBOX_LEASE_SECS", "90"),
+        ],
+    );
+    for (who, spawned, lease) in [("worker", &worker, 45.0), ("ingest", &ingest, 90.0)] {
+        wait_until(
+            &format!("the {who}'s lease gauge"),
+            Duration::from_secs(30),
+            || async {
+                value(
+                    &spawned.scrape("/metrics").await.1,
+                    "hookinbox_lease_seconds",
+                    &[],
+                )
+                .is_some()
+            },
+        )
+        .await;
+        let scrape = spawned.scrape("/metrics").await.1;
+        assert_eq!(
+            value(&scrape, "hookinbox_lease_seconds", &[]),
+            Some(lease),
+            "{who}\n{scrape}"
+        );
+    }
+    env.cleanup().await;
+}

@@ -170,6 +170,8 @@ impl Worker {
         let metrics_handle = metrics_server.handle();
         tokio::spawn(metrics_server);
         tracing::info!(port, "metrics listening");
+        metrics::gauge!(hookinbox::metrics::LEASE_SECONDS)
+            .set(self.inner.policy.lease.as_secs_f64());
         let stop = Stop::default();
         let mut jobs = JoinSet::new();
         let mut delays = reconnect_backoff();
