@@ -336,7 +336,10 @@ async fn deliveries_completed_here_but_failed_at_github_are_counted_late_and_not
     let (status, page) = admin.page("/", &cookie).await;
     assert_eq!(status, 200);
     assert!(page.contains("<h2>Reconciler</h2>"), "{page}");
-    assert!(page.contains(state["hook"].as_str().expect("hook")), "{page}");
+    assert!(
+        page.contains(state["hook"].as_str().expect("hook")),
+        "{page}"
+    );
     admin.stop().await;
     env.cleanup().await;
 }
