@@ -190,7 +190,8 @@ pub enum DeliveriesCommand {
         after_help = "Examples:\n  hookinbox-worker deliveries list --status failed --since 2h\n  hookinbox-worker deliveries list --event push --limit 20 --json"
     )]
     List(ListArgs),
-    /// Show every delivery with this X-GitHub-Delivery id.
+    /// Show every delivery with this X-GitHub-Delivery id. Exits 1 when
+    /// none has it.
     #[command(
         after_help = "Example:\n  hookinbox-worker deliveries show 72d3162e-cc78-11e3-81ab-4c9367dc0958"
     )]
@@ -286,7 +287,7 @@ pub async fn run(
         OpsCommand::Deliveries(DeliveriesCommand::Show { id, json }) => {
             let client = pool.get().await.map_err(DbError::from)?;
             let filter = Filter {
-                ids: Some(vec![id]),
+                ids: Some(vec![id.clone()]),
                 limit: i64::MAX,
                 order: Order::RecentlyActive,
                 ..Filter::default()
@@ -294,6 +295,8 @@ pub async fn run(
             let rows = deliveries::list(&client, &filter).await?;
             if json {
                 print_rows(out, &rows, true)?;
+            } else if rows.is_empty() {
+                writeln!(out, "no delivery has the X-GitHub-Delivery id '{id}'")?;
             } else {
                 print_fields(out, &rows)?;
             }
