@@ -1,6 +1,6 @@
 //! The operator CLI: every filter of the lists against known rows, show,
-//! replay (one, filtered, dry run, at a rate) and purge dead letters, and
-//! its exit codes.
+//! replay (one, filtered, dry run, at a rate) and purge dead letters
+//! (filtered too), and its exit codes.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -10,7 +10,7 @@ use hookinbox::Job;
 use hookinbox::deliveries::ErrorClass;
 use hookinbox_tests::admin::{Seed, seed};
 use hookinbox_tests::handlers::Scripted;
-use hookinbox_tests::{Hook, TestEnv, TestIngest, fixtures, settle, worker_cli};
+use hookinbox_tests::{Hook, TestEnv, TestIngest, fixtures, settle, worker_cli, worker_command};
 use hookinbox_worker::JobOutcome;
 use hookinbox_worker::{Effect, Handler, HandlerError};
 use serde_json::Value;
@@ -308,6 +308,10 @@ async fn deliveries_list_filters_match_exactly_the_known_rows_in_table_and_json(
                 "r01", "r02", "r03", "r04", "r05", "r07", "r08", "r09", "r10",
             ],
         ),
+        (vec!["--action", "opened"], vec!["r02", "r04", "r07"]),
+        (vec!["--action", "closed"], vec!["r05"]),
+        (vec!["--repository", "acme/other"], vec!["r02", "r06"]),
+        (vec!["--repository", "acme/nothing"], vec![]),
         (vec!["--event", "deployment"], vec![]),
         // Combinations: every filter narrows the others.
         (
@@ -327,6 +331,26 @@ async fn deliveries_list_filters_match_exactly_the_known_rows_in_table_and_json(
             vec![],
         ),
         (vec!["--status", "completed", "--since", "1h"], vec!["r04"]),
+        (
+            vec!["--repository", "acme/other", "--since", "1h"],
+            vec!["r02"],
+        ),
+        (
+            vec![
+                "--event",
+                "issues",
+                "--action",
+                "opened",
+                "--repository",
+                "acme/inbox",
+            ],
+            vec!["r07"],
+        ),
+        (
+            vec!["--action", "closed", "--status", "processing"],
+            vec!["r05"],
+        ),
+        (vec!["--action", "closed", "--status", "failed"], vec![]),
     ];
     for (filters, want) in &cases {
         let args: Vec<&str> = ["deliveries", "list"]
@@ -379,6 +403,18 @@ async fn dlq_list_filters_match_exactly_the_known_dead_letters_in_table_and_json
         (vec!["--status", "failed"], vec!["r01", "r02", "r06"]),
         (vec!["--status", "completed"], vec![]),
         (vec!["--status", "awaiting_redelivery"], vec![]),
+        (vec!["--repository", "acme/other"], vec!["r02", "r06"]),
+        (vec!["--repository", "acme/inbox"], vec!["r01"]),
+        (vec!["--action", "opened"], vec!["r02"]),
+        (
+            vec![
+                "--repository",
+                "acme/other",
+                "--error-class",
+                "max_attempts",
+            ],
+            vec!["r06"],
+        ),
         (
             vec![
                 "--event",
@@ -398,6 +434,10 @@ async fn dlq_list_filters_match_exactly_the_known_dead_letters_in_table_and_json
                 "default",
                 "--event",
                 "issues",
+                "--action",
+                "opened",
+                "--repository",
+                "acme/other",
                 "--error-class",
                 "poison",
                 "--since",
@@ -405,6 +445,7 @@ async fn dlq_list_filters_match_exactly_the_known_dead_letters_in_table_and_json
             ],
             vec!["r02"],
         ),
+        (vec!["--event", "issues", "--action", "closed"], vec![]),
     ];
     for (filters, want) in &cases {
         let args: Vec<&str> = ["dlq", "list"]
@@ -614,6 +655,191 @@ async fn filtered_replay_dry_run_changes_nothing_then_replays_only_the_matching(
     assert_eq!(code, 1, "nothing matches any more");
     let outcomes = settle(&env, &env.store_worker().await).await;
     assert_eq!(outcomes, vec![JobOutcome::Completed]);
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn repository_and_action_filters_select_what_replay_and_purge_act_on() {
+    let (env, ingest) = TestEnv::with_ingest().await;
+    let dead = DeadLetters::make(&env, &ingest).await;
+    let before = snapshot(&env).await;
+
+    let (code, out) = worker_cli(
+        &env,
+        &["dlq", "list", "--repository", "acme/other", "--json"],
+    );
+    assert_eq!(code, 0, "{out}");
+    let listed: BTreeSet<String> = serde_json::from_str::<Value>(&out)
+        .expect("JSON")
+        .as_array()
+        .expect("array")
+        .iter()
+        .map(|d| d["delivery_id"].as_str().expect("id").to_owned())
+        .collect();
+    assert_eq!(
+        listed,
+        ids(&[&dead.issue_closed_other, &dead.pr_opened_other])
+    );
+
+    // Replay: the dry run names it and changes nothing; the replay starts
+    // it alone.
+    let filter = ["--repository", "acme/other", "--action", "closed"];
+    let replay = |extra: &[&'static str]| -> Vec<&str> {
+        ["dlq", "replay"]
+            .into_iter()
+            .chain(filter)
+            .chain(extra.iter().copied())
+            .collect()
+    };
+    let (code, out) = worker_cli(&env, &replay(&["--dry-run", "--json"]));
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(would_replay(&out), ids(&[&dead.issue_closed_other]));
+    assert_eq!(snapshot(&env).await, before);
+    assert_eq!(env.dead_depth().await, 5);
+    let (code, out) = worker_cli(&env, &replay(&["--json"]));
+    assert_eq!(code, 0, "{out}");
+    let v: Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(
+        v["replayed"],
+        serde_json::json!([dead.issue_closed_other.id()])
+    );
+    let after = snapshot(&env).await;
+    for hook in dead.all() {
+        let changed = after[hook.id()] != before[hook.id()];
+        assert_eq!(changed, hook.id() == dead.issue_closed_other.id());
+    }
+    assert_eq!(env.dead_depth().await, 4);
+    assert_eq!(env.work_depth().await, 1);
+
+    // Purge: only the old dead letters of that repository and event.
+    env.db
+        .execute(
+            "update deliveries set failed_at = now() - interval '2 hours' where status = 'failed'",
+            &[],
+        )
+        .await
+        .expect("age them");
+    let purge = |extra: &[&'static str]| -> Vec<&str> {
+        [
+            "dlq",
+            "purge",
+            "--older-than",
+            "1h",
+            "--repository",
+            "acme/other",
+        ]
+        .into_iter()
+        .chain(extra.iter().copied())
+        .collect()
+    };
+    let (code, out) = worker_cli(&env, &purge(&["--action", "opened", "--dry-run"]));
+    assert_eq!((code, out.trim()), (0, "would purge 1 dead letter(s)"));
+    let (code, out) = worker_cli(&env, &purge(&["--action", "closed", "--dry-run"]));
+    assert_eq!(
+        (code, out.trim()),
+        (1, "would purge 0 dead letter(s)"),
+        "the closed one is replayed: not a dead letter"
+    );
+    assert_eq!(env.deliveries().await, 5, "dry runs purge nothing");
+    let (code, out) = worker_cli(&env, &purge(&["--event", "pull_request", "--json"]));
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&out).expect("JSON"),
+        serde_json::json!({"purged": 1, "dry_run": false})
+    );
+    let left: BTreeSet<String> = snapshot(&env).await.into_keys().collect();
+    assert_eq!(
+        left,
+        ids(&[
+            &dead.push,
+            &dead.push_exhausted,
+            &dead.issue_opened,
+            &dead.issue_closed_other
+        ])
+    );
+    assert_eq!(env.dead_depth().await, 3, "the purged copy left the queue");
+    let (code, _) = worker_cli(&env, &purge(&[]));
+    assert_eq!(code, 1, "no dead letter of acme/other is left");
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn bad_filter_values_are_usage_errors_that_name_the_flag() {
+    let env = TestEnv::new().await;
+    for (args, flag) in [
+        (
+            vec!["deliveries", "list", "--repository", "acme"],
+            "--repository",
+        ),
+        (
+            vec!["deliveries", "list", "--repository", ""],
+            "--repository",
+        ),
+        (vec!["dlq", "list", "--repository", "a/b/c"], "--repository"),
+        (
+            vec!["dlq", "list", "--repository", "acme /inbox"],
+            "--repository",
+        ),
+        (
+            vec!["dlq", "replay", "--repository", "/inbox", "--dry-run"],
+            "--repository",
+        ),
+        (
+            vec![
+                "dlq",
+                "purge",
+                "--older-than",
+                "14d",
+                "--repository",
+                "acme/",
+            ],
+            "--repository",
+        ),
+        (vec!["deliveries", "list", "--action", ""], "--action"),
+        (vec!["dlq", "list", "--action", "two words"], "--action"),
+        (
+            vec!["dlq", "purge", "--older-than", "14d", "--action", " "],
+            "--action",
+        ),
+        (vec!["deliveries", "list", "--source", ""], "--source"),
+        (vec!["dlq", "list", "--event", ""], "--event"),
+        (
+            vec!["dlq", "list", "--error-class", "oops"],
+            "--error-class",
+        ),
+        (vec!["deliveries", "list", "--status", "dead"], "--status"),
+    ] {
+        let output = worker_command(&env, &args, &[]).output().expect("runs");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("invalid value") && stderr.contains(flag),
+            "{args:?}: a bad value of {flag}: {stderr}"
+        );
+        assert!(output.stdout.is_empty(), "{args:?}");
+    }
+    let output = worker_command(&env, &["dlq", "list", "--repository", "acme"], &[])
+        .output()
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("OWNER/NAME"), "{stderr}");
+    // --help lists them, with an example.
+    for args in [
+        vec!["deliveries", "list", "--help"],
+        vec!["dlq", "list", "--help"],
+        vec!["dlq", "replay", "--help"],
+        vec!["dlq", "purge", "--help"],
+    ] {
+        let (code, help) = worker_cli(&env, &args);
+        assert_eq!(code, 0, "{args:?}");
+        for text in [
+            "--repository <OWNER/NAME>",
+            "--action <ACTION>",
+            "--repository octo-org/octo-repo",
+        ] {
+            assert!(help.contains(text), "{args:?} shows {text}:\n{help}");
+        }
+    }
     env.cleanup().await;
 }
 
