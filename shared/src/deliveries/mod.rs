@@ -208,7 +208,8 @@ mod schedule;
 mod take;
 
 pub use admin::{
-    DeadLetter, Delivery, PayloadOrigin, StoredPayload, find, get, replay, stored_payload, unreplay,
+    DeadLetter, Delivery, NO_BODY_TO_REPLAY, PayloadOrigin, Replayed, StoredPayload, find, get,
+    replay, stored_payload, unreplay,
 };
 pub use claim::{Claim, ClaimRequest, claim, claim_batch, park_copy, park_due};
 pub use complete::{

@@ -1,6 +1,7 @@
 //! The operator CLI: every filter of the lists against known rows, show,
-//! replay (one, filtered, dry run, at a rate) and purge dead letters
-//! (filtered too), and its exit codes.
+//! replay (one, filtered, dry run, at a rate, and of deliveries only GitHub
+//! has the body of) and purge dead letters (filtered too), and its exit
+//! codes.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -924,5 +925,200 @@ async fn deliveries_show_prints_one_delivery_and_exits_1_for_an_unknown_id() {
     );
     let (code, out) = worker_cli(&env, &["deliveries", "show", "no-such-delivery", "--json"]);
     assert_eq!((code, out.trim()), (1, "[]"));
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn replaying_a_delivery_only_github_has_the_body_of_says_so_and_names_the_reconciler() {
+    let (env, ingest) = TestEnv::with_ingest().await;
+    // One real dead letter, with its body.
+    let dead = Hook::fixture("push");
+    assert_eq!(ingest.send(&dead).await.status, 202);
+    let broken = Scripted::new(vec![HandlerError::permanent("no")]);
+    settle(&env, &env.worker(broken).await).await;
+    // Two claims whose ingest died before publishing: one reaped `lost`,
+    // one not yet. Only GitHub has their bodies.
+    let lost = Hook::fixture("push");
+    env.claim_unpublished(&lost).await;
+    assert_eq!(env.reap_now().await, 1);
+    let unpublished = Hook::fixture("issues");
+    env.claim_unpublished(&unpublished).await;
+    let before = snapshot(&env).await;
+    let (code, listed) = worker_cli(
+        &env,
+        &[
+            "deliveries",
+            "list",
+            "--status",
+            "awaiting_redelivery",
+            "--json",
+        ],
+    );
+    assert_eq!(code, 0, "{listed}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&listed)
+            .expect("JSON")
+            .as_array()
+            .map(Vec::len),
+        Some(2)
+    );
+    let says_why = |out: &str| {
+        out.contains("No body to replay")
+            && out.contains("only GitHub has its body")
+            && out.contains("hookinbox-worker reconcile")
+            && out.contains("Redeliver")
+    };
+
+    // By id: nothing replayed (exit 1), and why, and what to do instead.
+    let (code, out) = worker_cli(&env, &["dlq", "replay", lost.id()]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.starts_with("replayed 0, skipped 0 (no longer dead), failed 0\n"),
+        "{out}"
+    );
+    assert!(out.contains("not replayed, 1 delivery(ies):"), "{out}");
+    assert!(
+        out.contains(&format!(
+            "  {}  source default  hook 123456  retrying (lost)",
+            lost.id()
+        )),
+        "{out}"
+    );
+    assert!(says_why(&out), "{out}");
+    let (code, out) = worker_cli(&env, &["dlq", "replay", lost.id(), "--dry-run"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("would replay 0 dead letter(s)"), "{out}");
+    assert!(
+        out.contains("would not replay, 1 delivery(ies):") && says_why(&out),
+        "{out}"
+    );
+    let (code, out) = worker_cli(&env, &["dlq", "replay", lost.id(), "--json"]);
+    assert_eq!(code, 1, "{out}");
+    let v: Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(v["replayed"], serde_json::json!([]));
+    assert_eq!(v["no_body"], serde_json::json!([lost.id()]));
+
+    // By filter: the claims awaiting redelivery, or the lost ones.
+    let (code, out) = worker_cli(&env, &["dlq", "replay", "--status", "awaiting_redelivery"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("not replayed, 2 delivery(ies):") && says_why(&out),
+        "{out}"
+    );
+    assert!(
+        out.contains(lost.id()) && out.contains(unpublished.id()),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!(
+            "  {}  source default  hook 123456  processing",
+            unpublished.id()
+        )),
+        "{out}"
+    );
+    let (code, out) = worker_cli(&env, &["dlq", "replay", "--error-class", "lost", "--json"]);
+    assert_eq!(code, 1, "{out}");
+    let v: Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(v["no_body"], serde_json::json!([lost.id()]));
+    assert_eq!(snapshot(&env).await, before, "nothing changed");
+    assert_eq!(env.work_depth().await, 0);
+
+    // Named with a dead letter and an unknown id: the dead letter is
+    // replayed (exit 0), each other id says why it was not.
+    let (code, out) = worker_cli(
+        &env,
+        &[
+            "dlq",
+            "replay",
+            dead.id(),
+            lost.id(),
+            unpublished.id(),
+            "no-such-delivery",
+        ],
+    );
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.starts_with("replayed 1, skipped 0 (no longer dead), failed 0\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains("not replayed, 2 delivery(ies):") && says_why(&out),
+        "{out}"
+    );
+    assert!(
+        out.contains("not replayed no-such-delivery: no delivery has this id"),
+        "{out}"
+    );
+    assert_eq!(env.work_depth().await, 1, "the dead letter's job alone");
+    let (code, out) = worker_cli(&env, &["dlq", "replay", dead.id()]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains(&format!(
+            "not replayed {}: processing, not a dead letter",
+            dead.id()
+        )),
+        "{out}"
+    );
+
+    // A dead letter without a body (a lost claim whose attempts ran out):
+    // selected as a dead letter, refused by the replay itself, same words.
+    env.db
+        .execute(
+            "update deliveries set retryable = false, last_error_class = 'max_attempts',
+                 dead_lettered_at = now()
+             where delivery_id = $1",
+            &[&lost.id()],
+        )
+        .await
+        .expect("exhaust it");
+    let (code, out) = worker_cli(&env, &["dlq", "replay", lost.id()]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("not replayed, 1 delivery(ies):") && says_why(&out),
+        "{out}"
+    );
+    assert!(out.contains("dead (max_attempts)"), "{out}");
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn the_replay_library_call_tells_a_delivery_without_a_body_from_one_not_failed() {
+    use hookinbox::deliveries::{self, Replayed};
+
+    let (env, ingest) = TestEnv::with_ingest().await;
+    let dead = Hook::fixture("push");
+    assert_eq!(ingest.send(&dead).await.status, 202);
+    let broken = Scripted::new(vec![HandlerError::permanent("no")]);
+    settle(&env, &env.worker(broken).await).await;
+    let lost = Hook::fixture("push");
+    env.claim_unpublished(&lost).await;
+    env.reap_now().await;
+    let unpublished = Hook::fixture("issues");
+    env.claim_unpublished(&unpublished).await;
+    let pool = env.pool(1);
+    let client = pool.get().await.expect("client");
+    let policy = env.policy();
+    let replay = async |hook: &Hook| {
+        deliveries::replay(&client, &policy, &hook.key())
+            .await
+            .expect("replay")
+    };
+    assert!(matches!(replay(&lost).await, Replayed::NoBody));
+    assert!(matches!(replay(&unpublished).await, Replayed::NoBody));
+    assert!(
+        matches!(replay(&Hook::fixture("push")).await, Replayed::NotFailed),
+        "unknown"
+    );
+    assert!(matches!(replay(&dead).await, Replayed::Started(_)));
+    assert!(
+        matches!(replay(&dead).await, Replayed::NotFailed),
+        "replayed already"
+    );
+    assert_eq!(
+        env.count("select count(*) from deliveries where replays > 0")
+            .await,
+        1,
+        "only the dead letter changed"
+    );
     env.cleanup().await;
 }

@@ -3,7 +3,9 @@
 //! subcommands. They read Postgres (the record) and keep the dead-letter
 //! queue's copies in step with it.
 //!
-//! Exit codes: 0 done, 1 nothing matched, 2 usage or connection error.
+//! Exit codes: 0 done, 1 nothing matched (or, for `dlq replay`, nothing
+//! could be replayed: the output says why), 2 usage or connection error
+//! (and a replay that could not be published).
 
 use std::io::Write;
 use std::time::Duration;
@@ -124,6 +126,11 @@ pub enum DlqCommand {
     List(ListArgs),
     /// Replay dead letters from their parked bodies: attempts back to 0,
     /// replays + 1. Atomic and idempotent: replaying one twice starts one job.
+    /// A delivery hookinbox holds no body of (awaiting redelivery) is not
+    /// replayed: the output names it and says what brings it back. Exits 0
+    /// when something was (or, with --dry-run, would be) replayed, 1 when
+    /// nothing was, 2 on a usage error or when a replay could not be
+    /// published.
     #[command(
         after_help = "Examples:\n  hookinbox-worker dlq replay 72d3162e-cc78-11e3-81ab-4c9367dc0958\n  hookinbox-worker dlq replay --error-class transient --since 1d --dry-run\n  hookinbox-worker dlq replay --repository octo-org/octo-repo --action opened --dry-run\n  hookinbox-worker dlq replay --all --rate 20"
     )]
@@ -235,11 +242,17 @@ pub async fn run(
             if rate.is_some_and(|r| r.is_nan() || r <= 0.0 || r.is_infinite()) {
                 return Err(OpsError::Usage("--rate must be above 0".to_owned()));
             }
-            let mut filter = filter.filter(true, (!ids.is_empty()).then_some(ids));
-            if all || filter.ids.is_some() {
+            let named = (!ids.is_empty()).then_some(ids);
+            let mut filter = filter.filter(true, named.clone());
+            if all || named.is_some() {
                 filter.limit = i64::MAX;
             }
-            replay::replay(&pool, config, &filter, dry_run, rate, json, out).await
+            let options = replay::Options {
+                dry_run,
+                rate,
+                json,
+            };
+            replay::replay(&pool, config, &filter, named.as_deref(), options, out).await
         }
         OpsCommand::Dlq(DlqCommand::Purge {
             older_than,
