@@ -324,6 +324,45 @@ impl TestEnv {
         self.queue_depth(&format!("{}.dlq", self.prefix)).await
     }
 
+    /// Claims `hook` as an ingest that died between the claim and the
+    /// publish leaves it: a processing claim whose lease is already over,
+    /// no job, and no body anywhere but at GitHub (awaiting redelivery).
+    pub async fn claim_unpublished(&self, hook: &Hook) {
+        use hookinbox::deliveries::{self, Claim, ClaimRequest};
+        use sha2::Digest;
+
+        let mut policy = self.policy();
+        policy.lease = Duration::ZERO;
+        let pool = self.pool(1);
+        let client = pool.get().await.expect("client");
+        let claim = deliveries::claim(
+            &client,
+            &policy,
+            &ClaimRequest {
+                key: hook.key(),
+                event: hook.event.clone().expect("an event"),
+                action: None,
+                repository: None,
+                body_sha256: Sha256::digest(&hook.body).into(),
+                guarded: false,
+                pinned: false,
+            },
+        )
+        .await
+        .expect("claim");
+        assert!(matches!(claim, Claim::Claimed { .. }), "{claim:?}");
+    }
+
+    /// Runs the reaper with no grace: every claim whose lease is over
+    /// becomes failed, retryable, class `lost`. Returns how many.
+    pub async fn reap_now(&self) -> u64 {
+        let pool = self.pool(1);
+        let client = pool.get().await.expect("client");
+        hookinbox::deliveries::reap(&client, Duration::ZERO, 1000)
+            .await
+            .expect("reap")
+    }
+
     /// Drops the database and the queues. Call at the end of a test; a
     /// failed test leaves them behind for inspection.
     pub async fn cleanup(self) {

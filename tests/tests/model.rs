@@ -383,12 +383,15 @@ impl Sut {
                 }
             }
             Op::Replay => {
-                if let Some(job) = deliveries::replay(&client, &self.policy, &self.key)
+                match deliveries::replay(&client, &self.policy, &self.key)
                     .await
                     .expect("replay")
                 {
-                    self.tokens
-                        .push(job.expect("a readable parked row").job.token);
+                    deliveries::Replayed::Started(parked) => self.tokens.push(parked.job.token),
+                    deliveries::Replayed::Unreadable(row) => {
+                        panic!("a readable parked row: {}", row.reason)
+                    }
+                    deliveries::Replayed::NoBody | deliveries::Replayed::NotFailed => {}
                 }
             }
             Op::Sweep => {

@@ -2,7 +2,8 @@
 //! worker; `migrate`, `healthcheck` and the operator commands do one thing
 //! and exit.
 //!
-//! Exit codes: 0 done, 1 nothing matched, 2 usage or connection error.
+//! Exit codes: 0 done, 1 nothing matched (for `dlq replay`: nothing could
+//! be replayed, the output saying why), 2 usage or connection error.
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -26,7 +27,7 @@ use crate::{Worker, handlers, ops};
     name = "hookinbox-worker",
     version,
     about,
-    after_help = "Exit codes: 0 done, 1 nothing matched, 2 usage or connection error.\n\nExamples:\n  hookinbox-worker                       # run the worker\n  hookinbox-worker migrate\n  hookinbox-worker dlq list --json\n  hookinbox-worker dlq replay --all --dry-run\n  hookinbox-worker deliveries show <X-GitHub-Delivery>\n  hookinbox-worker admin                 # the admin console on 127.0.0.1:9900"
+    after_help = "Exit codes: 0 done, 1 nothing matched (for dlq replay: nothing replayed, the output saying why), 2 usage or connection error.\n\nExamples:\n  hookinbox-worker                       # run the worker\n  hookinbox-worker migrate\n  hookinbox-worker dlq list --json\n  hookinbox-worker dlq replay --all --dry-run\n  hookinbox-worker deliveries show <X-GitHub-Delivery>\n  hookinbox-worker admin                 # the admin console on 127.0.0.1:9900"
 )]
 pub struct Cli {
     #[command(subcommand)]

@@ -128,18 +128,70 @@ returning d.provider, d.source, d.hook_id, d.delivery_id, d.event, d.action,
           d.claim_token, d.attempts, p.content_type, p.headers, p.body"
 );
 
+/// What an operator replay of one delivery came to.
+#[derive(Clone, Debug)]
+pub enum Replayed {
+    /// Back to `processing` under a new token: publish this job.
+    Started(Parked),
+    /// Its parked body cannot become a job; dead-letter it with the reason
+    /// ([`super::dead_letter_unreadable`]).
+    Unreadable(Unreadable),
+    /// Nothing changed: hookinbox holds no body of this delivery (see
+    /// [`super::Held::AwaitingRedelivery`]), so only a redelivery from
+    /// GitHub can bring it back. [`NO_BODY_TO_REPLAY`] says so to operators.
+    NoBody,
+    /// Nothing changed: the delivery is not failed (any more): replayed or
+    /// taken meanwhile, completed, or gone.
+    NotFailed,
+}
+
+/// Why a delivery with no parked body is not replayed, and what brings it
+/// back; the CLI and the console say the same.
+pub const NO_BODY_TO_REPLAY: &str = "No body to replay: ingest claimed this delivery but \
+     never published it, so only GitHub has its body. Ask GitHub to redeliver it: run \
+     `hookinbox-worker reconcile` (the reconciler asks GitHub to redeliver every claim \
+     awaiting redelivery), or press Redeliver on it in the webhook's Recent Deliveries on GitHub";
+
+const REPLAY_REFUSED: &str = concat!(
+    "
+select not exists (
+           select 1 from parked_bodies p
+           where p.provider = d.provider and p.source = d.source
+             and p.hook_id = d.hook_id and p.delivery_id = d.delivery_id)
+       and (d.status = 'failed' or ",
+    awaiting_redelivery!("d"),
+    ")
+from deliveries d
+where ",
+    key!("d")
+);
+
 /// Operator replay of a failed delivery: back to `processing` under a new
 /// token with `attempts = 0` and `replays + 1`, in one compare-and-set on
-/// `status = 'failed'`. Replaying the same delivery twice starts one job:
-/// the second finds it processing and changes nothing (`None`). A row whose
-/// parked body cannot become a job comes back as [`Unreadable`].
+/// `status = 'failed'` with a parked body. Replaying the same delivery
+/// twice starts one job: the second finds it processing and changes
+/// nothing ([`Replayed::NotFailed`]). When the compare-and-set changes
+/// nothing, a read that follows says why: no body to replay
+/// ([`Replayed::NoBody`]), or not failed.
 pub async fn replay(
     client: &impl Session,
     policy: &Policy,
     key: &DeliveryKey,
-) -> Result<Option<Result<Parked, Unreadable>>, DbError> {
-    let row = query_opt(client, REPLAY, key, &[&secs(policy.lease)]).await?;
-    Ok(row.as_ref().map(parked))
+) -> Result<Replayed, DbError> {
+    if let Some(row) = query_opt(client, REPLAY, key, &[&secs(policy.lease)]).await? {
+        return Ok(match parked(&row) {
+            Ok(job) => Replayed::Started(job),
+            Err(unreadable) => Replayed::Unreadable(unreadable),
+        });
+    }
+    let no_body = query_opt(client, REPLAY_REFUSED, key, &[])
+        .await?
+        .is_some_and(|row| row.get::<_, bool>(0));
+    Ok(if no_body {
+        Replayed::NoBody
+    } else {
+        Replayed::NotFailed
+    })
 }
 
 const UNREPLAY: &str = concat!(

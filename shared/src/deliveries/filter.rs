@@ -1,6 +1,6 @@
 //! The one filter of the operator CLI and the admin console, and the
-//! statements it builds: a list (newest first, keyset-paginated) and a
-//! count.
+//! statements it builds: a list (newest first, keyset-paginated), a count,
+//! and the purge of the dead letters it matches.
 //!
 //! A statement holds only the predicates that are set, so each shape of
 //! filter gets a plan of its own that uses the index led by its most
@@ -403,6 +403,21 @@ fn count_statement(f: &Filter) -> (String, Statement) {
 pub async fn count(client: &impl Session, filter: &Filter) -> Result<i64, DbError> {
     let (text, st) = count_statement(filter);
     Ok(sql::query_one(client, &text, &st.refs()).await?.get(0))
+}
+
+/// Deletes the dead letters matching `filter` (its limit and order aside),
+/// with their parked bodies, in one statement; returns how many. Only dead
+/// letters are deleted, whatever the filter says of the state; the CLI's
+/// `dlq purge` counts with the same filter for its dry run.
+pub async fn purge_dead(client: &impl Session, filter: &Filter) -> Result<u64, DbError> {
+    let dead = Filter {
+        dead: true,
+        ..filter.clone()
+    };
+    let mut st = Statement::default();
+    let pred = predicates(&dead, &mut st);
+    let text = format!("delete from deliveries where {SETTLED} and {pred}");
+    Ok(sql::execute(client, &text, &st.refs()).await?)
 }
 
 /// The statements a filter runs, for `EXPLAIN` in tests: the list's first

@@ -8,10 +8,10 @@
 //! | [`take`](self::take) | worker | `take`, `take_batch`, `renew`, `fence`, `release_lease` |
 //! | [`complete`](self::complete) | worker | `complete`, `complete_batch`, `store_event`, `fail`, `mark_dead_lettered` |
 //! | [`schedule`](self::schedule) | scheduler, reaper | `schedule_due`, `reschedule`, `exhaust_due`, `needing_copy`, `dead_letter_unreadable`, `reap` |
-//! | [`retention`](self::retention) | sweeper, operators | `sweep`, `purge_dead` |
+//! | [`retention`](self::retention) | sweeper, operators | `sweep`, `purge` |
 //! | [`admin`](self::admin) | operators | `get`, `find`, `stored_payload`, `replay`, `unreplay`, `purge` |
 //! | [`reconcile`](self::reconcile) | the reconciler | `held` (reads only) |
-//! | [`filter`](self::filter) | operators | `list`, `list_page`, `count`: the one filter of the CLI and the console |
+//! | [`filter`](self::filter) | operators | `list`, `list_page`, `count`, `purge_dead`: the one filter of the CLI and the console |
 //! | [`overview`](self::overview) | operators | `overview`: the console's counts and ages |
 //!
 //! `parked` holds the parked-body form of a job, `row` reads rows back into
@@ -208,7 +208,8 @@ mod schedule;
 mod take;
 
 pub use admin::{
-    DeadLetter, Delivery, PayloadOrigin, StoredPayload, find, get, replay, stored_payload, unreplay,
+    DeadLetter, Delivery, NO_BODY_TO_REPLAY, PayloadOrigin, Replayed, StoredPayload, find, get,
+    replay, stored_payload, unreplay,
 };
 pub use claim::{Claim, ClaimRequest, claim, claim_batch, park_copy, park_due};
 pub use complete::{
@@ -216,13 +217,13 @@ pub use complete::{
 };
 #[doc(hidden)]
 pub use filter::statements_for_explain;
-pub use filter::{Cursor, CursorError, Filter, Order, Page, count, list, list_page};
+pub use filter::{Cursor, CursorError, Filter, Order, Page, count, list, list_page, purge_dead};
 #[doc(hidden)]
 pub use overview::STATEMENTS as OVERVIEW_STATEMENTS;
 pub use overview::{Overview, SourceCounts, overview};
 pub use parked::{Parked, ParkedBody, Unreadable};
 pub use reconcile::{Held, held};
-pub use retention::{Retention, Swept, purge, purge_dead, sweep};
+pub use retention::{Retention, Swept, purge, sweep};
 pub use schedule::{
     dead_letter_unreadable, exhaust_due, needing_copy, reap, reschedule, schedule_due,
 };

@@ -1,7 +1,8 @@
 //! Retention: completed and failed rows past their retention are deleted
 //! in small batches, with the replay guard's bodies and the stored events,
-//! and operators purge old dead letters. Processing rows are never swept:
-//! the reaper deals with them.
+//! and operators purge dead letters one at a time (the console's jobs; the
+//! CLI's filtered purge is `filter::purge_dead`). Processing rows are never
+//! swept: the reaper deals with them.
 
 use std::time::Duration;
 
@@ -107,22 +108,6 @@ pub async fn sweep(
         }
     }
     Ok(swept)
-}
-
-const PURGE: &str = "
-delete from deliveries
-where status = 'failed' and not retryable
-  and failed_at < now() - make_interval(secs => $1)
-  and ($2::text[] is null or delivery_id = any($2))";
-
-/// Deletes dead letters that failed more than `older_than` ago (and their
-/// parked bodies), optionally only these delivery ids.
-pub async fn purge_dead(
-    client: &impl Session,
-    older_than: Duration,
-    ids: Option<&[String]>,
-) -> Result<u64, DbError> {
-    Ok(sql::execute(client, PURGE, &[&secs(older_than), &ids]).await?)
 }
 
 const PURGE_ONE: &str = concat!(

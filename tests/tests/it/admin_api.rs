@@ -1,12 +1,13 @@
 //! The admin console's JSON API: each filter and the pages against known
-//! rows, the status codes, bulk replay at a set rate and its cancel, and
-//! the audit row of each action. Every answer is checked against
+//! rows, the status codes, bulk replay at a set rate and its cancel, a
+//! replay of a delivery only GitHub has the body of, and the audit row of
+//! each action. Every answer is checked against
 //! `docs/admin-openapi.json` by the client itself.
 
 use std::time::{Duration, Instant};
 
 use hookinbox_tests::admin::{OPERATOR, Seed, VIEWER, seed, seed_dead_letters};
-use hookinbox_tests::{TestEnv, settle, wait_until};
+use hookinbox_tests::{Hook, TestEnv, settle, wait_until};
 use serde_json::{Value, json};
 
 fn seeds() -> Vec<Seed> {
@@ -550,6 +551,94 @@ async fn each_change_writes_one_audit_row_with_who_what_count_and_result() {
         )
         .await;
     assert_eq!(rest.body["items"].as_array().map(Vec::len), Some(1));
+    admin.stop().await;
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_replay_of_a_delivery_without_a_body_fails_saying_only_github_has_it() {
+    let env = TestEnv::new().await;
+    // Claimed by an ingest that died before publishing, then reaped `lost`:
+    // failed, so the console selects it, but only GitHub has its body.
+    let hook = Hook::fixture("push");
+    env.claim_unpublished(&hook).await;
+    assert_eq!(env.reap_now().await, 1);
+    let admin = env.admin().await;
+    let r = admin
+        .post(
+            "/api/v1/replays",
+            Some(OPERATOR),
+            &json!({"ids": [hook.id()], "per_second": 100}),
+        )
+        .await;
+    assert_eq!(r.status, 202, "{}", r.text);
+    let job = r.body["job"].as_i64().expect("job");
+    wait_until("the job to end", Duration::from_secs(20), || async {
+        admin
+            .get(&format!("/api/v1/replays/{job}"), Some(VIEWER))
+            .await
+            .body["status"]
+            == "finished"
+    })
+    .await;
+    let done = admin
+        .get(&format!("/api/v1/replays/{job}"), Some(VIEWER))
+        .await;
+    assert_eq!(
+        (
+            done.body["replayed"].clone(),
+            done.body["skipped"].clone(),
+            done.body["failed"].clone()
+        ),
+        (json!(0), json!(0), json!(1)),
+        "{}",
+        done.text
+    );
+    let item = &done.body["items"][0];
+    assert_eq!(item["result"], "failed", "{item}");
+    let says_why = |text: &str| {
+        text.contains("No body to replay")
+            && text.contains("only GitHub has its body")
+            && text.contains("hookinbox-worker reconcile")
+            && text.contains("Redeliver")
+    };
+    assert!(says_why(item["error"].as_str().unwrap_or("")), "{item}");
+    assert_eq!(
+        env.count(
+            "select count(*) from deliveries
+             where status = 'failed' and retryable and last_error_class = 'lost' and replays = 0"
+        )
+        .await,
+        1,
+        "the row is as it was"
+    );
+    // Its timeline says the same; its page too, and offers no Replay.
+    let detail = admin
+        .get(
+            &format!("/api/v1/deliveries/default/{}", hook.id()),
+            Some(VIEWER),
+        )
+        .await;
+    let step = detail.body["timeline"]
+        .as_array()
+        .expect("timeline")
+        .iter()
+        .find(|s| s["event"] == "replay failed")
+        .unwrap_or_else(|| panic!("a failed replay in {}", detail.text))
+        .clone();
+    assert!(says_why(step["detail"].as_str().unwrap_or("")), "{step}");
+    let cookie = admin.sign_in(OPERATOR).await;
+    let (status, html) = admin
+        .page(&format!("/deliveries/default/{}", hook.id()), &cookie)
+        .await;
+    assert_eq!(status, 200);
+    assert!(html.contains("id=\"no-body\""), "{html}");
+    assert!(html.contains("hookinbox-worker reconcile"), "{html}");
+    assert!(!html.contains("id=\"replay\""), "no Replay button: {html}");
+    assert!(
+        !html.contains("id=\"purge\""),
+        "not a dead letter: no Purge"
+    );
     admin.stop().await;
     env.cleanup().await;
 }

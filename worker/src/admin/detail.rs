@@ -51,6 +51,9 @@ pub struct Detail {
     pub lineage: Vec<Lineage>,
     /// The payload: operators only, `None` for a viewer (never read).
     pub payload: Option<Payload>,
+    /// Whether a body is parked, so that a replay can publish it. A failed
+    /// delivery without one is awaiting a redelivery from GitHub.
+    pub parked: bool,
 }
 
 /// A header that may carry a signature or a credential is never shown,
@@ -129,6 +132,8 @@ fn timeline(d: &Delivery, lineage: &[Lineage]) -> Vec<Step> {
             what: match (l.kind, l.result.as_str()) {
                 (Kind::Replay, "replayed") => "replayed",
                 (Kind::Purge, "purged") => "purged",
+                (Kind::Replay, "failed") => "replay failed",
+                (Kind::Purge, "failed") => "purge failed",
                 _ => "job skipped it",
             },
             detail: Some(format!(
@@ -235,6 +240,9 @@ pub async fn load(
     };
     let lineage = store::lineage(client, &delivery.key).await?;
     let stored = deliveries::stored_payload(client, &delivery.key).await?;
+    let parked = stored
+        .as_ref()
+        .is_some_and(|s| s.origin == PayloadOrigin::Parked);
     let headers = stored
         .as_ref()
         .map(|s| {
@@ -255,6 +263,7 @@ pub async fn load(
         headers,
         lineage,
         payload,
+        parked,
     })
 }
 

@@ -3,23 +3,27 @@
 //! subcommands. They read Postgres (the record) and keep the dead-letter
 //! queue's copies in step with it.
 //!
-//! Exit codes: 0 done, 1 nothing matched, 2 usage or connection error.
+//! Exit codes: 0 done, 1 nothing matched (or, for `dlq replay`, nothing
+//! could be replayed: the output says why), 2 usage or connection error
+//! (and a replay that could not be published).
 
 use std::io::Write;
 use std::time::Duration;
 
 use hookinbox::broker::BrokerError;
 use hookinbox::config::{WorkerConfig, parse_duration_text};
-use hookinbox::deliveries::{self, ErrorClass, Filter, Order, Status};
+use hookinbox::deliveries::{self, Filter, Order};
 use hookinbox::postgres::DbError;
 use serde_json::json;
 
 use crate::context::RuntimeError;
 use crate::maintenance;
 
+mod args;
 mod print;
 mod replay;
 
+pub use args::{FilterArgs, ListArgs, MatchArgs, StatusFilter, parse_action, parse_repository};
 use print::{print_fields, print_rows};
 pub use replay::reconcile_dead_letter_queue;
 
@@ -75,99 +79,6 @@ impl Found {
     }
 }
 
-/// `--status`: a stored status, or the claims awaiting a redelivery from
-/// GitHub.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StatusFilter {
-    /// `processing`, `completed` or `failed`.
-    Is(Status),
-    /// `awaiting_redelivery`: claims with no body and no job, which only a
-    /// redelivery from GitHub finishes (the reconciler asks for it).
-    AwaitingRedelivery,
-}
-
-impl std::str::FromStr for StatusFilter {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        if s == "awaiting_redelivery" {
-            return Ok(Self::AwaitingRedelivery);
-        }
-        s.parse().map(Self::Is).map_err(|_| {
-            "status is one of processing, completed, failed, awaiting_redelivery".to_owned()
-        })
-    }
-}
-
-/// Filters shared by the listing commands.
-#[derive(clap::Args, Clone, Debug)]
-pub struct FilterArgs {
-    /// Only this status: processing, completed, failed, or
-    /// awaiting_redelivery (claims with no body and no job, which only a
-    /// redelivery from GitHub can finish).
-    #[arg(long)]
-    pub status: Option<StatusFilter>,
-    /// Only this source.
-    #[arg(long)]
-    pub source: Option<String>,
-    /// Only this event, e.g. push.
-    #[arg(long)]
-    pub event: Option<String>,
-    /// Only this error class, e.g. permanent, poison, max_attempts.
-    #[arg(long)]
-    pub error_class: Option<ErrorClass>,
-    /// Only deliveries active within this long, e.g. 2h or 7d.
-    #[arg(long, value_parser = parse_duration_text)]
-    pub since: Option<Duration>,
-    /// At most this many rows, newest first (0: no limit).
-    #[arg(long, default_value_t = 100)]
-    pub limit: i64,
-}
-
-impl FilterArgs {
-    fn filter(&self, dead: bool, ids: Option<Vec<String>>) -> Filter {
-        Filter {
-            status: match self.status {
-                Some(StatusFilter::Is(status)) => Some(status),
-                _ => None,
-            },
-            awaiting_redelivery: self.status == Some(StatusFilter::AwaitingRedelivery),
-            dead,
-            source: self.source.clone(),
-            event: self.event.clone(),
-            error_class: self.error_class,
-            active_within: self.since,
-            ids,
-            limit: if self.limit <= 0 {
-                i64::MAX
-            } else {
-                self.limit
-            },
-            order: Order::RecentlyActive,
-            ..Filter::default()
-        }
-    }
-
-    fn is_set(&self) -> bool {
-        self.status.is_some()
-            || self.source.is_some()
-            || self.event.is_some()
-            || self.error_class.is_some()
-            || self.since.is_some()
-    }
-}
-
-/// What the `list` commands take: the filters, and the output form.
-#[derive(clap::Args, Clone, Debug)]
-pub struct ListArgs {
-    /// Filters.
-    #[command(flatten)]
-    pub filter: FilterArgs,
-    /// Print JSON instead of a table.
-    #[arg(long)]
-    pub json: bool,
-}
-
 /// Operator subcommands of `hookinbox-worker`.
 #[derive(clap::Subcommand, Debug)]
 pub enum OpsCommand {
@@ -185,12 +96,14 @@ pub enum OpsCommand {
 /// `deliveries …`
 #[derive(clap::Subcommand, Debug)]
 pub enum DeliveriesCommand {
-    /// List deliveries.
+    /// List deliveries, most recently active first. Exits 1 when none
+    /// matches.
     #[command(
-        after_help = "Examples:\n  hookinbox-worker deliveries list --status failed --since 2h\n  hookinbox-worker deliveries list --event push --limit 20 --json"
+        after_help = "Examples:\n  hookinbox-worker deliveries list --status failed --since 2h\n  hookinbox-worker deliveries list --event push --limit 20 --json\n  hookinbox-worker deliveries list --repository octo-org/octo-repo --action opened\n  hookinbox-worker deliveries list --status awaiting_redelivery"
     )]
     List(ListArgs),
-    /// Show every delivery with this X-GitHub-Delivery id.
+    /// Show every delivery with this X-GitHub-Delivery id. Exits 1 when
+    /// none has it.
     #[command(
         after_help = "Example:\n  hookinbox-worker deliveries show 72d3162e-cc78-11e3-81ab-4c9367dc0958"
     )]
@@ -206,15 +119,20 @@ pub enum DeliveriesCommand {
 /// `dlq …`
 #[derive(clap::Subcommand, Debug)]
 pub enum DlqCommand {
-    /// List dead letters.
+    /// List dead letters. Exits 1 when none matches.
     #[command(
-        after_help = "Examples:\n  hookinbox-worker dlq list\n  hookinbox-worker dlq list --error-class permanent --since 1d --json"
+        after_help = "Examples:\n  hookinbox-worker dlq list\n  hookinbox-worker dlq list --error-class permanent --since 1d --json\n  hookinbox-worker dlq list --repository octo-org/octo-repo --event issues --action opened"
     )]
     List(ListArgs),
     /// Replay dead letters from their parked bodies: attempts back to 0,
     /// replays + 1. Atomic and idempotent: replaying one twice starts one job.
+    /// A delivery hookinbox holds no body of (awaiting redelivery) is not
+    /// replayed: the output names it and says what brings it back. Exits 0
+    /// when something was (or, with --dry-run, would be) replayed, 1 when
+    /// nothing was, 2 on a usage error or when a replay could not be
+    /// published.
     #[command(
-        after_help = "Examples:\n  hookinbox-worker dlq replay 72d3162e-cc78-11e3-81ab-4c9367dc0958\n  hookinbox-worker dlq replay --error-class transient --since 1d --dry-run\n  hookinbox-worker dlq replay --all --rate 20"
+        after_help = "Examples:\n  hookinbox-worker dlq replay 72d3162e-cc78-11e3-81ab-4c9367dc0958\n  hookinbox-worker dlq replay --error-class transient --since 1d --dry-run\n  hookinbox-worker dlq replay --repository octo-org/octo-repo --action opened --dry-run\n  hookinbox-worker dlq replay --all --rate 20"
     )]
     Replay {
         /// Delivery ids to replay.
@@ -235,12 +153,18 @@ pub enum DlqCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Delete dead letters older than a duration, with their parked bodies.
-    #[command(after_help = "Example:\n  hookinbox-worker dlq purge --older-than 14d")]
+    /// Delete dead letters older than a duration, with their parked bodies;
+    /// the filters narrow them. Exits 1 when none matches.
+    #[command(
+        after_help = "Examples:\n  hookinbox-worker dlq purge --older-than 14d\n  hookinbox-worker dlq purge --older-than 2d --repository octo-org/octo-repo --error-class permanent --dry-run"
+    )]
     Purge {
         /// Age, e.g. 14d.
         #[arg(long, value_parser = parse_duration_text)]
         older_than: Duration,
+        /// Filters.
+        #[command(flatten)]
+        matching: MatchArgs,
         /// Show what would be purged; change nothing.
         #[arg(long)]
         dry_run: bool,
@@ -286,7 +210,7 @@ pub async fn run(
         OpsCommand::Deliveries(DeliveriesCommand::Show { id, json }) => {
             let client = pool.get().await.map_err(DbError::from)?;
             let filter = Filter {
-                ids: Some(vec![id]),
+                ids: Some(vec![id.clone()]),
                 limit: i64::MAX,
                 order: Order::RecentlyActive,
                 ..Filter::default()
@@ -294,6 +218,8 @@ pub async fn run(
             let rows = deliveries::list(&client, &filter).await?;
             if json {
                 print_rows(out, &rows, true)?;
+            } else if rows.is_empty() {
+                writeln!(out, "no delivery has the X-GitHub-Delivery id '{id}'")?;
             } else {
                 print_fields(out, &rows)?;
             }
@@ -316,31 +242,34 @@ pub async fn run(
             if rate.is_some_and(|r| r.is_nan() || r <= 0.0 || r.is_infinite()) {
                 return Err(OpsError::Usage("--rate must be above 0".to_owned()));
             }
-            let mut filter = filter.filter(true, (!ids.is_empty()).then_some(ids));
-            if all || filter.ids.is_some() {
+            let named = (!ids.is_empty()).then_some(ids);
+            let mut filter = filter.filter(true, named.clone());
+            if all || named.is_some() {
                 filter.limit = i64::MAX;
             }
-            replay::replay(&pool, config, &filter, dry_run, rate, json, out).await
+            let options = replay::Options {
+                dry_run,
+                rate,
+                json,
+            };
+            replay::replay(&pool, config, &filter, named.as_deref(), options, out).await
         }
         OpsCommand::Dlq(DlqCommand::Purge {
             older_than,
+            matching,
             dry_run,
             json,
         }) => {
             let client = pool.get().await.map_err(DbError::from)?;
-            let doomed = deliveries::count(
-                &client,
-                &Filter {
-                    dead: true,
-                    failed_before: Some(older_than),
-                    ..Filter::default()
-                },
-            )
-            .await?;
+            let filter = matching.narrow(Filter {
+                dead: true,
+                failed_before: Some(older_than),
+                ..Filter::default()
+            });
             let purged = if dry_run {
-                doomed as u64
+                deliveries::count(&client, &filter).await? as u64
             } else {
-                let n = deliveries::purge_dead(&client, older_than, None).await?;
+                let n = deliveries::purge_dead(&client, &filter).await?;
                 replay::reconcile_dead_letter_queue(&pool, config).await?;
                 n
             };

@@ -1,13 +1,14 @@
 //! Replaying dead letters, and keeping the dead-letter queue's copies in
 //! step with Postgres.
 
+use std::collections::HashSet;
 use std::io::Write;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
 use hookinbox::broker;
 use hookinbox::config::WorkerConfig;
-use hookinbox::deliveries::{self, Filter};
+use hookinbox::deliveries::{self, Delivery, Filter, Replayed, Status};
 use hookinbox::postgres::DbError;
 use lapin::options::{BasicAckOptions, BasicGetOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
@@ -16,34 +17,134 @@ use serde_json::json;
 use super::print::{print_table, to_json};
 use super::{Found, OpsError};
 
+/// How `dlq replay` runs.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Options {
+    /// Show what would be replayed; change nothing.
+    pub dry_run: bool,
+    /// At most this many replays per second.
+    pub rate: Option<f64>,
+    /// Print JSON.
+    pub json: bool,
+}
+
+/// What a delivery is, as an operator reads it: `retrying` and `dead` for
+/// failures, with the class.
+fn state(d: &Delivery) -> String {
+    let state = match d.status {
+        Status::Failed if d.retryable => "retrying",
+        Status::Failed => "dead",
+        other => other.as_str(),
+    };
+    match d.last_error_class {
+        Some(class) if d.status == Status::Failed => format!("{state} ({})", class.as_str()),
+        _ => state.to_owned(),
+    }
+}
+
+/// Why each `named` id that is in none of `acted_on` was left alone:
+/// unknown, not a dead letter, or not one the filters match.
+async fn unmatched_reasons(
+    client: &impl hookinbox::postgres::sql::Session,
+    named: Option<&[String]>,
+    acted_on: &[&[Delivery]],
+) -> Result<Vec<(String, String)>, OpsError> {
+    let seen: HashSet<&str> = acted_on
+        .iter()
+        .flat_map(|rows| rows.iter())
+        .map(|d| d.key.delivery_id.as_str())
+        .collect();
+    let rest: Vec<String> = named
+        .unwrap_or_default()
+        .iter()
+        .filter(|id| !seen.contains(id.as_str()))
+        .cloned()
+        .collect();
+    if rest.is_empty() {
+        return Ok(Vec::new());
+    }
+    let rows = deliveries::list(
+        client,
+        &Filter {
+            ids: Some(rest.clone()),
+            limit: i64::MAX,
+            ..Filter::default()
+        },
+    )
+    .await?;
+    let mut reasons = Vec::new();
+    for id in rest {
+        let of_id: Vec<&Delivery> = rows
+            .iter()
+            .filter(|d| d.key.delivery_id.as_str() == id)
+            .collect();
+        if of_id.is_empty() {
+            reasons.push((id, "no delivery has this id".to_owned()));
+            continue;
+        }
+        for d in of_id {
+            let why = if d.is_dead() {
+                "a dead letter, but not one the filters match".to_owned()
+            } else {
+                format!("{}, not a dead letter", state(d))
+            };
+            reasons.push((id.clone(), why));
+        }
+    }
+    Ok(reasons)
+}
+
+/// `dlq replay`: replays the dead letters `filter` selects. Deliveries it
+/// names or matches that hookinbox holds no body of (awaiting a redelivery
+/// from GitHub) are listed with what brings them back, and each named id
+/// left alone with why.
 pub(super) async fn replay(
     pool: &Pool,
     config: &WorkerConfig,
     filter: &Filter,
-    dry_run: bool,
-    rate: Option<f64>,
-    json: bool,
+    named: Option<&[String]>,
+    options: Options,
     out: &mut impl Write,
 ) -> Result<Found, OpsError> {
     let client = pool.get().await.map_err(DbError::from)?;
     let targets = deliveries::list(&client, filter).await?;
-    if dry_run {
-        if json {
+    // Never dead letters, so never among the targets: only GitHub has
+    // their bodies.
+    let mut no_body = deliveries::list(
+        &client,
+        &Filter {
+            dead: false,
+            awaiting_redelivery: true,
+            ..filter.clone()
+        },
+    )
+    .await?;
+    if options.dry_run {
+        let unmatched = unmatched_reasons(&client, named, &[&targets, &no_body]).await?;
+        if options.json {
             writeln!(
                 out,
                 "{}",
-                json!({"dry_run": true, "would_replay": targets.iter().map(to_json).collect::<Vec<_>>()})
+                json!({
+                    "dry_run": true,
+                    "would_replay": targets.iter().map(to_json).collect::<Vec<_>>(),
+                    "no_body": ids_of(&no_body),
+                    "not_replayed": not_replayed_json(&unmatched),
+                })
             )?;
         } else {
             print_table(out, &targets)?;
             writeln!(out, "would replay {} dead letter(s)", targets.len())?;
+            print_left_alone(out, &no_body, &unmatched, true)?;
         }
         return Ok(Found::from_count(targets.len()));
     }
     let publisher = config.common.publisher("hookinbox-ops");
-    publisher.connect().await?;
+    if !targets.is_empty() {
+        publisher.connect().await?;
+    }
     let policy = config.common.policy();
-    let mut ticker = rate.map(|r| {
+    let mut ticker = options.rate.map(|r| {
         let mut t = tokio::time::interval(Duration::from_secs_f64(1.0 / r));
         t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         t
@@ -56,12 +157,16 @@ pub(super) async fn replay(
         // The compare-and-set decides: a delivery replayed meanwhile (or by
         // a second run of this command) is skipped, never started twice.
         let parked = match deliveries::replay(&client, &policy, &target.key).await? {
-            None => {
+            Replayed::Started(parked) => parked,
+            Replayed::NotFailed => {
                 skipped += 1;
                 continue;
             }
-            Some(Ok(parked)) => parked,
-            Some(Err(unreadable)) => {
+            Replayed::NoBody => {
+                no_body.push(target.clone());
+                continue;
+            }
+            Replayed::Unreadable(unreadable) => {
                 // Its parked body cannot become a job: back among the dead
                 // letters, with the reason.
                 deliveries::dead_letter_unreadable(&client, &unreadable).await?;
@@ -86,11 +191,18 @@ pub(super) async fn replay(
     if !replayed.is_empty() {
         reconcile_dead_letter_queue(pool, config).await?;
     }
-    if json {
+    let unmatched = unmatched_reasons(&client, named, &[&targets, &no_body]).await?;
+    if options.json {
         writeln!(
             out,
             "{}",
-            json!({"replayed": replayed, "skipped": skipped, "failed": failed})
+            json!({
+                "replayed": replayed,
+                "skipped": skipped,
+                "failed": failed,
+                "no_body": ids_of(&no_body),
+                "not_replayed": not_replayed_json(&unmatched),
+            })
         )?;
     } else {
         writeln!(
@@ -98,11 +210,56 @@ pub(super) async fn replay(
             "replayed {}, skipped {skipped} (no longer dead), failed {failed}",
             replayed.len()
         )?;
+        print_left_alone(out, &no_body, &unmatched, false)?;
     }
     if failed > 0 {
         return Err(OpsError::Publish { failed });
     }
     Ok(Found::from_count(replayed.len()))
+}
+
+fn ids_of(rows: &[Delivery]) -> Vec<&str> {
+    rows.iter().map(|d| d.key.delivery_id.as_str()).collect()
+}
+
+fn not_replayed_json(unmatched: &[(String, String)]) -> Vec<serde_json::Value> {
+    unmatched
+        .iter()
+        .map(|(id, why)| json!({"delivery_id": id, "reason": why}))
+        .collect()
+}
+
+/// The deliveries without a body, once, with what brings them back; then
+/// each named id left alone, with why.
+fn print_left_alone(
+    out: &mut impl Write,
+    no_body: &[Delivery],
+    unmatched: &[(String, String)],
+    dry_run: bool,
+) -> std::io::Result<()> {
+    let not = if dry_run {
+        "would not replay"
+    } else {
+        "not replayed"
+    };
+    if !no_body.is_empty() {
+        writeln!(out, "{not}, {} delivery(ies):", no_body.len())?;
+        for d in no_body {
+            writeln!(
+                out,
+                "  {}  source {}  hook {}  {}",
+                d.key.delivery_id.as_str(),
+                d.key.source.as_str(),
+                d.key.hook_id.as_str(),
+                state(d)
+            )?;
+        }
+        writeln!(out, "{}.", deliveries::NO_BODY_TO_REPLAY)?;
+    }
+    for (id, why) in unmatched {
+        writeln!(out, "{not} {id}: {why}")?;
+    }
+    Ok(())
 }
 
 /// Rewrites the dead-letter queue so that it holds one copy per dead

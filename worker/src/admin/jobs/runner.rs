@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use actix_web::web;
 use hookinbox::DeliveryKey;
-use hookinbox::deliveries;
+use hookinbox::deliveries::{self, Replayed};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -132,16 +132,28 @@ async fn step(state: &State, runner: Uuid, id: i64, kind: Kind) -> Result<Step, 
         // The compare-and-set decides: a delivery replayed meanwhile (or
         // no longer failed) is skipped, never started twice.
         Kind::Replay => match deliveries::replay(&tx, &state.worker.common.policy(), &key).await? {
-            None => {
+            Replayed::NotFailed => {
                 store::done(&tx, id, position, "skipped", None).await?;
                 None
             }
-            Some(Err(unreadable)) => {
+            // Only GitHub has its body: the item says so, and what to do.
+            Replayed::NoBody => {
+                store::done(
+                    &tx,
+                    id,
+                    position,
+                    "failed",
+                    Some(deliveries::NO_BODY_TO_REPLAY),
+                )
+                .await?;
+                None
+            }
+            Replayed::Unreadable(unreadable) => {
                 deliveries::dead_letter_unreadable(&tx, &unreadable).await?;
                 store::done(&tx, id, position, "failed", Some(&unreadable.reason)).await?;
                 None
             }
-            Some(Ok(parked)) => {
+            Replayed::Started(parked) => {
                 store::done(&tx, id, position, "replayed", None).await?;
                 Some(Box::new(parked))
             }

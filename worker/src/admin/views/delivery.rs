@@ -1,7 +1,7 @@
 //! One delivery: its key, headers, timeline, payload (operators only) and
 //! the actions that apply to it.
 
-use hookinbox::deliveries::{ErrorClass, Status};
+use hookinbox::deliveries::{ErrorClass, NO_BODY_TO_REPLAY, Status};
 use maud::{Markup, html};
 
 use super::{badge, page, stamp, when};
@@ -46,12 +46,18 @@ pub(crate) fn delivery(d: &Detail, session: &Session) -> Markup {
                     @else { dt { "Earlier error" } dd.muted { (e) } }
                 }
                 }
+                @if row.status == Status::Failed && !d.parked {
+                    // Nothing to publish: say why and what brings it back.
+                    p.hint #no-body { (NO_BODY_TO_REPLAY) "." }
+                }
                 @if operator && row.status == Status::Failed {
                     div.actions {
-                        form method="post" action={(base) "/replay"} {
-                            input type="hidden" name="csrf" value=(session.csrf);
-                            input type="hidden" name="hook_id" value=(key.hook_id.as_str());
-                            button #replay type="submit" { "Replay" }
+                        @if d.parked {
+                            form method="post" action={(base) "/replay"} {
+                                input type="hidden" name="csrf" value=(session.csrf);
+                                input type="hidden" name="hook_id" value=(key.hook_id.as_str());
+                                button #replay type="submit" { "Replay" }
+                            }
                         }
                         @if !row.retryable {
                             form method="post" action={(base) "/purge"} {

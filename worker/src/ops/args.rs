@@ -1,0 +1,211 @@
+//! The filters the operator commands take, and how each value is checked:
+//! a bad value is a usage error (exit 2) that names its flag.
+
+use std::time::Duration;
+
+use hookinbox::config::parse_duration_text;
+use hookinbox::deliveries::{ErrorClass, Filter, Order, Status};
+
+/// `--status`: a stored status, or the claims awaiting a redelivery from
+/// GitHub.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StatusFilter {
+    /// `processing`, `completed` or `failed`.
+    Is(Status),
+    /// `awaiting_redelivery`: claims with no body and no job, which only a
+    /// redelivery from GitHub finishes (the reconciler asks for it).
+    AwaitingRedelivery,
+}
+
+impl std::str::FromStr for StatusFilter {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s == "awaiting_redelivery" {
+            return Ok(Self::AwaitingRedelivery);
+        }
+        s.parse().map(Self::Is).map_err(|_| {
+            "status is one of processing, completed, failed, awaiting_redelivery".to_owned()
+        })
+    }
+}
+
+/// The longest `--action` ingest stores (longer ones are cut there).
+const MAX_ACTION: usize = 64;
+/// The longest `--repository` ingest stores: GitHub's owner (39), `/`,
+/// name (100).
+const MAX_REPOSITORY: usize = 140;
+
+/// `--source`, `--event`: any non-empty text.
+fn non_empty(s: &str) -> Result<String, String> {
+    if s.trim().is_empty() {
+        return Err("empty; name one".to_owned());
+    }
+    Ok(s.to_owned())
+}
+
+/// `--action`: one word, as in the payload's `action` (`opened`,
+/// `ready_for_review`, a `repository_dispatch` event type).
+pub fn parse_action(s: &str) -> Result<String, String> {
+    if s.is_empty()
+        || s.len() > MAX_ACTION
+        || s.chars().any(|c| c.is_whitespace() || c.is_control())
+    {
+        return Err(format!(
+            "an action is the payload's `action`: 1 to {MAX_ACTION} characters, no spaces \
+             (e.g. opened)"
+        ));
+    }
+    Ok(s.to_owned())
+}
+
+/// `--repository`: `OWNER/NAME`, the payload's `repository.full_name`.
+pub fn parse_repository(s: &str) -> Result<String, String> {
+    let part = |p: &str| {
+        !p.is_empty()
+            && p.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    };
+    match s.split_once('/') {
+        Some((owner, name)) if part(owner) && part(name) && s.len() <= MAX_REPOSITORY => {
+            Ok(s.to_owned())
+        }
+        _ => Err(
+            "a repository is OWNER/NAME as GitHub spells it (letters, digits, '-', '_', '.'), \
+             e.g. octo-org/octo-repo"
+                .to_owned(),
+        ),
+    }
+}
+
+/// What a delivery is: the filters every command that selects deliveries
+/// takes (`list`, `dlq replay`, `dlq purge`).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct MatchArgs {
+    /// Only this source.
+    #[arg(long, value_parser = non_empty)]
+    pub source: Option<String>,
+    /// Only this event, e.g. push.
+    #[arg(long, value_parser = non_empty)]
+    pub event: Option<String>,
+    /// Only this action (the payload's `action`), e.g. opened.
+    #[arg(long, value_name = "ACTION", value_parser = parse_action)]
+    pub action: Option<String>,
+    /// Only this repository (the payload's `repository.full_name`, as
+    /// GitHub spells it), e.g. octo-org/octo-repo.
+    #[arg(long, value_name = "OWNER/NAME", value_parser = parse_repository)]
+    pub repository: Option<String>,
+    /// Only this error class, e.g. permanent, poison, max_attempts, lost.
+    #[arg(long)]
+    pub error_class: Option<ErrorClass>,
+}
+
+impl MatchArgs {
+    /// `filter` narrowed to these.
+    pub fn narrow(&self, filter: Filter) -> Filter {
+        Filter {
+            source: self.source.clone(),
+            event: self.event.clone(),
+            action: self.action.clone(),
+            repository: self.repository.clone(),
+            error_class: self.error_class,
+            ..filter
+        }
+    }
+
+    /// Whether any is given.
+    pub fn is_set(&self) -> bool {
+        self.source.is_some()
+            || self.event.is_some()
+            || self.action.is_some()
+            || self.repository.is_some()
+            || self.error_class.is_some()
+    }
+}
+
+/// Filters shared by the listing commands and `dlq replay`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct FilterArgs {
+    /// Only this status: processing, completed, failed, or
+    /// awaiting_redelivery (claims with no body and no job, which only a
+    /// redelivery from GitHub can finish).
+    #[arg(long)]
+    pub status: Option<StatusFilter>,
+    /// What the deliveries are.
+    #[command(flatten)]
+    pub matching: MatchArgs,
+    /// Only deliveries active within this long, e.g. 2h or 7d.
+    #[arg(long, value_parser = parse_duration_text)]
+    pub since: Option<Duration>,
+    /// At most this many rows, newest first (0: no limit).
+    #[arg(long, default_value_t = 100)]
+    pub limit: i64,
+}
+
+impl FilterArgs {
+    /// The filter: dead letters only with `dead`; only `ids` when named.
+    pub fn filter(&self, dead: bool, ids: Option<Vec<String>>) -> Filter {
+        self.matching.narrow(Filter {
+            status: match self.status {
+                Some(StatusFilter::Is(status)) => Some(status),
+                _ => None,
+            },
+            awaiting_redelivery: self.status == Some(StatusFilter::AwaitingRedelivery),
+            dead,
+            active_within: self.since,
+            ids,
+            limit: if self.limit <= 0 {
+                i64::MAX
+            } else {
+                self.limit
+            },
+            order: Order::RecentlyActive,
+            ..Filter::default()
+        })
+    }
+
+    /// Whether any filter is given.
+    pub fn is_set(&self) -> bool {
+        self.status.is_some() || self.matching.is_set() || self.since.is_some()
+    }
+}
+
+/// What the `list` commands take: the filters, and the output form.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ListArgs {
+    /// Filters.
+    #[command(flatten)]
+    pub filter: FilterArgs,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_repository_is_owner_slash_name() {
+        for good in ["octo-org/octo-repo", "a/b", "me_emu/x.y_z-1"] {
+            assert_eq!(parse_repository(good).as_deref(), Ok(good));
+        }
+        for bad in [
+            "", "octo", "/repo", "owner/", "a/b/c", "a b/c", "a/b c", "ö/x", "a//b",
+        ] {
+            assert!(parse_repository(bad).is_err(), "{bad:?}");
+        }
+        assert!(parse_repository(&format!("o/{}", "n".repeat(MAX_REPOSITORY))).is_err());
+    }
+
+    #[test]
+    fn an_action_is_one_word() {
+        for good in ["opened", "ready_for_review", "deploy-prod"] {
+            assert_eq!(parse_action(good).as_deref(), Ok(good));
+        }
+        for bad in ["", " ", "two words", "tab\there", "x\n"] {
+            assert!(parse_action(bad).is_err(), "{bad:?}");
+        }
+        assert!(parse_action(&"a".repeat(MAX_ACTION + 1)).is_err());
+    }
+}
