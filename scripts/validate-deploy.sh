@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Validates the deployment material: Dockerfile, docker-compose.yml, the
 # Prometheus config, alert rules and their unit tests, the Grafana dashboard
-# and the Kubernetes manifests (every kustomize overlay).
+# and the Kubernetes manifests (every kustomize overlay), with each
+# overlay's Postgres connection budget (scripts/lib/connection_budget.py).
 #
 #   scripts/validate-deploy.sh
 #
@@ -257,5 +258,16 @@ PYEOF
 done
 "$KUBERNETES_VALIDATE" --strict --quiet deploy/k8s/base/secret.example.yaml
 ok "secret.example.yaml valid"
+
+step "Postgres connection budget of each overlay (docs/operations.md#the-connection-budget)"
+# The most connections an overlay's processes can hold at once (each
+# Deployment at its most replicas plus its rollout surge, × its pool; the
+# migrate Job; the reserve; behind PgBouncer, its server pool and the
+# direct connections) against the max_connections it declares.
+budget_failed=0
+for overlay in base "${OVERLAYS[@]}"; do
+  "$PY" scripts/lib/connection_budget.py "$overlay" "$WORK/$overlay.yaml" || budget_failed=1
+done
+[ "$budget_failed" = 0 ] || die "an overlay's connections exceed its Postgres max_connections (above)"
 
 printf '\nall deployment checks passed\n'
