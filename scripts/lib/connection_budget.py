@@ -234,7 +234,7 @@ def main():
         if through_bouncer and pooler != "transaction":
             ov.fail(f"{name}: DATABASE_URL points at PgBouncer ({url_origin}) but HOOKINBOX_DB_POOLER is {pooler!r}, "
                     "not 'transaction' (named prepared statements do not survive transaction pooling)")
-        if pooler == "transaction":
+        if pooler == "transaction" or through_bouncer:
             if ov.env(container, "HOOKINBOX_DIRECT_DATABASE_URL")[1] is None:
                 ov.fail(f"{name}: HOOKINBOX_DB_POOLER=transaction needs HOOKINBOX_DIRECT_DATABASE_URL "
                         "(migrations and session advisory locks go straight to Postgres)")
