@@ -31,9 +31,9 @@ HOOKINBOX_DB_POOLER=transaction connect their pool to PgBouncer: those pools
 count against PgBouncer's max_client_conn (each PgBouncer pod must take all
 of them, as when the other pods restart), and Postgres sees PgBouncer's
 server connections (max_db_connections per pod) plus the direct ones:
-DIRECT_PER_POOLED_WORKER per worker pod (session advisory locks through
-HOOKINBOX_DIRECT_DATABASE_URL), the processes that do not pool, the migrate
-Job, and the reserve.
+LEADER_CONNECTIONS per worker pod (its leaders' session advisory locks,
+through HOOKINBOX_DIRECT_DATABASE_URL; read from shared/src/config/mod.rs),
+the processes that do not pool, the migrate Job, and the reserve.
 """
 
 import configparser
@@ -47,9 +47,6 @@ import yaml
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MAX_ANNOTATION = "hookinbox.io/postgres-max-connections"
 RESERVE_ANNOTATION = "hookinbox.io/postgres-reserved-connections"
-# A worker behind PgBouncer keeps its leader locks (the gauge sampler, the
-# sweeper, the reconciler) on direct connections.
-DIRECT_PER_POOLED_WORKER = 2
 PGBOUNCER_DATABASE = "hookinbox"
 
 
@@ -58,6 +55,16 @@ def code_default_pool():
     m = re.search(r'env = "HOOKINBOX_DB_POOL_SIZE",.*?default_value_t = (\d+)', src, re.S)
     if not m:
         sys.exit("FAIL: cannot find the default of HOOKINBOX_DB_POOL_SIZE in shared/src/config/mod.rs")
+    return int(m.group(1))
+
+
+def code_leader_connections():
+    """Direct connections a worker's leaders (the gauge sampler, the
+    sweeper, the reconciler) hold behind a transaction pooler."""
+    src = (ROOT / "shared/src/config/mod.rs").read_text()
+    m = re.search(r"pub const LEADER_CONNECTIONS: usize = (\d+);", src)
+    if not m:
+        sys.exit("FAIL: cannot find LEADER_CONNECTIONS in shared/src/config/mod.rs")
     return int(m.group(1))
 
 
@@ -185,6 +192,7 @@ def main():
         ov = Overlay(overlay, [d for d in yaml.safe_load_all(f) if d])
     default_pool = code_default_pool()
     admin_cap = code_admin_cap()
+    leader_connections = code_leader_connections()
 
     cms = ov.find("ConfigMap", "hookinbox-config")
     ann = cms[0]["metadata"].get("annotations", {}) if cms else {}
@@ -240,8 +248,8 @@ def main():
                         "(migrations and session advisory locks go straight to Postgres)")
             clients.append((f"{name}: {pods_text} × {pool_text}", pods * pool))
             if kind == "worker":
-                postgres.append((f"{name} direct: {pods_text} × {DIRECT_PER_POOLED_WORKER} (leader locks)",
-                                 pods * DIRECT_PER_POOLED_WORKER))
+                postgres.append((f"{name} direct: {pods_text} × LEADER_CONNECTIONS {leader_connections} (leader locks)",
+                                 pods * leader_connections))
         else:
             postgres.append((f"{name}: {pods_text} × {pool_text}", pods * pool))
 
