@@ -6,8 +6,17 @@
 #   scripts/bench.sh            full run (about 45–60 minutes)
 #   scripts/bench.sh --smoke    a 10-second load-generator run, no figures
 #   scripts/bench.sh --search   only S, with the settings in the environment
-#   scripts/bench.sh --sizes RATE   fixed-rate runs across pool sizes and
-#                               worker concurrency (prefetch), to size them
+#   scripts/bench.sh --sizes RATE   fixed-rate runs (STEP seconds each) across
+#                               ingest's pool, the worker's pool and the
+#                               worker's concurrency (prefetch), each with
+#                               the peak Postgres connections of each
+#                               process, to size the pools
+#
+# The stack's processes take their pools from INGEST_POOL and WORKER_POOL
+# (HOOKINBOX_DB_POOL_SIZE of ingest and of the worker, default 16 each) and
+# the worker's concurrency from WORKER_CONCURRENCY (default 32); --sizes
+# sweeps INGEST_POOLS, WORKER_POOLS and CONCURRENCIES (defaults below; an
+# empty list skips that sweep).
 #
 # Settings: STEP (seconds per search step, default 10), HOLD (seconds S
 # must hold for the headline figure, default 600), VERIFY (seconds each
@@ -59,13 +68,16 @@ start_stack() {
   DB_URL="$base/$name"; PREFIX="$name"
   local port; port=$(free_port)
   DATABASE_URL="$DB_URL" HOOKINBOX_QUEUE_PREFIX="$PREFIX" "$bin/hookinbox-worker" migrate >/dev/null
-  DATABASE_URL="$DB_URL" HOOKINBOX_QUEUE_PREFIX="$PREFIX" HOOKINBOX_AUTO_MIGRATE=false \
+  # Each process names its sessions (application_name), so that
+  # pg_stat_activity tells their connections apart (see count_connections).
+  DATABASE_URL="$DB_URL?application_name=bench-ingest" HOOKINBOX_QUEUE_PREFIX="$PREFIX" HOOKINBOX_AUTO_MIGRATE=false \
     HOOKINBOX_LISTEN="127.0.0.1:$port" HOOKINBOX_METRICS_LISTEN="127.0.0.1:0" RUST_LOG=warn \
+    HOOKINBOX_DB_POOL_SIZE="${INGEST_POOL:-16}" \
     HOOKINBOX_CLAIM_BATCH="${CLAIM_BATCH:-64}" HOOKINBOX_PUBLISH_WINDOW="${PUBLISH_WINDOW:-256}" \
     "$bin/hookinbox-ingest" 2>/dev/null & INGEST_PID=$!; pids+=("$INGEST_PID"); stack_pids+=("$INGEST_PID")
-  DATABASE_URL="$DB_URL" HOOKINBOX_QUEUE_PREFIX="$PREFIX" HOOKINBOX_AUTO_MIGRATE=false \
+  DATABASE_URL="$DB_URL?application_name=bench-worker" HOOKINBOX_QUEUE_PREFIX="$PREFIX" HOOKINBOX_AUTO_MIGRATE=false \
     HOOKINBOX_METRICS_LISTEN="127.0.0.1:0" HOOKINBOX_CONCURRENCY="${WORKER_CONCURRENCY:-32}" RUST_LOG=warn \
-    HOOKINBOX_DB_POOL_SIZE="${DB_POOL:-16}" \
+    HOOKINBOX_DB_POOL_SIZE="${WORKER_POOL:-16}" \
     HOOKINBOX_COMPLETE_BATCH="${COMPLETE_BATCH:-64}" HOOKINBOX_TAKE_BATCH="${TAKE_BATCH:-64}" \
     "$bin/hookinbox-worker" 2>/dev/null & pids+=($!); stack_pids+=($!)
   INGEST_URL="http://127.0.0.1:$port/webhooks/github"
@@ -78,15 +90,47 @@ loadgen() {
     "$bin/loadgen" --url "$INGEST_URL" --hold-lag "$HOLD_LAG" --depth-log "$depth_log" "$@"
 }
 
+# Samples pg_stat_activity every half second, through one session, until
+# the file $work/stop-counting appears; prints the peaks of each process:
+# connections open (a pool opens one only when all its open ones are in
+# use, so this is the most it needed at once) and connections running a
+# statement or inside a transaction at a sample.
+count_connections() { # DATABASE
+  local samples="$work/connections"
+  rm -f "$work/stop-counting"
+  while [ ! -e "$work/stop-counting" ]; do
+    echo "select application_name, count(*), count(*) filter (where state <> 'idle')
+          from pg_stat_activity where datname = '$1' and application_name like 'bench-%'
+          group by 1;"
+    sleep 0.5
+  done | psql -qtA -F ' ' "$base/postgres" > "$samples"
+  awk '{ if ($2 > open[$1]) open[$1] = $2; if ($3 > busy[$1]) busy[$1] = $3 }
+       END { printf "connections: ingest open max %d (busy max %d), worker open max %d (busy max %d)\n",
+             open["bench-ingest"], busy["bench-ingest"], open["bench-worker"], busy["bench-worker"] }' "$samples"
+}
+
+# One fixed-rate run on a fresh stack, with its peak connections.
+sized_run() { # LABEL RATE
+  start_stack "$1"
+  count_connections "$PREFIX" > "$work/peaks" & local counter=$!
+  local out; out=$(loadgen --rate "$2" --duration "$STEP" --redeliver 0.1)
+  touch "$work/stop-counting"; wait "$counter"
+  echo "ingest pool ${INGEST_POOL:-16}, worker pool ${WORKER_POOL:-16}, concurrency ${WORKER_CONCURRENCY:-32}: $out; $(cat "$work/peaks")"
+}
+
 if [ "$mode" = "--sizes" ]; then
   rate="${2:?usage: scripts/bench.sh --sizes RATE}"
-  for pool in 4 8 16 32; do
-    DB_POOL=$pool start_stack "pool$pool"
-    echo "worker HOOKINBOX_DB_POOL_SIZE=$pool: $(loadgen --rate "$rate" --duration "$STEP" --redeliver 0.1)"
+  echo "== ingest's pool (HOOKINBOX_DB_POOL_SIZE of ingest), $rate/s for $STEP s each"
+  for pool in ${INGEST_POOLS-2 4 8 16}; do
+    INGEST_POOL=$pool sized_run "ingest$pool" "$rate"
   done
-  for c in 8 16 32 64; do
-    WORKER_CONCURRENCY=$c start_stack "conc$c"
-    echo "worker HOOKINBOX_CONCURRENCY=$c: $(loadgen --rate "$rate" --duration "$STEP" --redeliver 0.1)"
+  echo "== the worker's pool (HOOKINBOX_DB_POOL_SIZE of the worker)"
+  for pool in ${WORKER_POOLS-2 4 8 16}; do
+    WORKER_POOL=$pool sized_run "worker$pool" "$rate"
+  done
+  echo "== the worker's concurrency (HOOKINBOX_CONCURRENCY, also its prefetch)"
+  for c in ${CONCURRENCIES-8 16 32 64}; do
+    WORKER_CONCURRENCY=$c sized_run "conc$c" "$rate"
   done
   exit 0
 fi

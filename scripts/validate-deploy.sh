@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Validates the deployment material: Dockerfile, docker-compose.yml, the
 # Prometheus config, alert rules and their unit tests, the Grafana dashboard
-# and the Kubernetes manifests (every kustomize overlay).
+# and the Kubernetes manifests (every kustomize overlay), with each
+# overlay's Postgres connection budget (scripts/lib/connection_budget.py).
 #
 #   scripts/validate-deploy.sh
 #
@@ -22,7 +23,7 @@ DCLINT_VERSION=3.1.0             # npm dclint
 TOOLS_DIR="${HOOKINBOX_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/hookinbox-tools}"
 VENV="$TOOLS_DIR/venv"
 NPM_PREFIX="$TOOLS_DIR/npm"
-OVERLAYS=(dev prod hpa-fallback)
+OVERLAYS=(dev prod hpa-fallback pgbouncer)
 
 step() { printf '\n== %s\n' "$*"; }
 ok() { printf 'ok: %s\n' "$*"; }
@@ -197,6 +198,12 @@ for kind, name in [
     ("ServiceMonitor", "hookinbox"), ("PrometheusRule", "hookinbox"),
 ]:
     need(kind, name)
+if overlay == "pgbouncer":
+    for kind in ("Deployment", "Service", "NetworkPolicy", "PodDisruptionBudget"):
+        need(kind, "hookinbox-pgbouncer")
+    assert any(n.startswith("hookinbox-pgbouncer") for n in kinds["ConfigMap"]), f"{overlay}: the pgbouncer.ini ConfigMap"
+else:
+    absent("Deployment", "hookinbox-pgbouncer")
 if overlay == "hpa-fallback":
     absent("ScaledObject", "hookinbox-worker")
     absent("TriggerAuthentication", "hookinbox-rabbitmq")
@@ -231,7 +238,11 @@ for d in docs:
         assert sc.get("allowPrivilegeEscalation") is False, f"{c['name']}: allowPrivilegeEscalation"
         assert sc.get("capabilities", {}).get("drop") == ["ALL"], f"{c['name']}: capabilities"
         assert c.get("resources", {}).get("limits") and c["resources"].get("requests"), f"{c['name']}: resources"
-    if d["kind"] == "Deployment":
+    if d["kind"] == "Deployment" and d["metadata"]["name"] == "hookinbox-pgbouncer":
+        c = pod["containers"][0]
+        assert c["readinessProbe"]["tcpSocket"], "pgbouncer: readiness"
+        assert c["livenessProbe"]["tcpSocket"], "pgbouncer: liveness"
+    elif d["kind"] == "Deployment":
         c = pod["containers"][0]
         assert c["readinessProbe"]["httpGet"]["path"] == "/readyz", f"{d['metadata']['name']}: readiness"
         assert c["livenessProbe"]["httpGet"]["path"] == "/healthz", f"{d['metadata']['name']}: liveness"
@@ -257,5 +268,18 @@ PYEOF
 done
 "$KUBERNETES_VALIDATE" --strict --quiet deploy/k8s/base/secret.example.yaml
 ok "secret.example.yaml valid"
+"$KUBERNETES_VALIDATE" --strict --quiet deploy/k8s/overlays/pgbouncer/userlist.example.yaml
+ok "pgbouncer/userlist.example.yaml valid"
+
+step "Postgres connection budget of each overlay (docs/operations.md#the-connection-budget)"
+# The most connections an overlay's processes can hold at once (each
+# Deployment at its most replicas plus its rollout surge, × its pool; the
+# migrate Job; the reserve; behind PgBouncer, its server pool and the
+# direct connections) against the max_connections it declares.
+budget_failed=0
+for overlay in base "${OVERLAYS[@]}"; do
+  "$PY" scripts/lib/connection_budget.py "$overlay" "$WORK/$overlay.yaml" || budget_failed=1
+done
+[ "$budget_failed" = 0 ] || die "an overlay's connections exceed its Postgres max_connections (above)"
 
 printf '\nall deployment checks passed\n'
