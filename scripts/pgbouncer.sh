@@ -48,6 +48,7 @@ default_pool_size = 20
 max_db_connections = 20
 max_user_connections = 60
 idle_transaction_timeout = 60
+server_login_retry = 1
 logfile = $dir/pgbouncer.log
 pidfile = $dir/pgbouncer.pid
 INI

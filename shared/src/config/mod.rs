@@ -360,10 +360,20 @@ impl CommonConfig {
     /// A pool of `size` connections with every other Postgres setting, for
     /// commands that need only a few (the operator commands).
     pub fn pool_of(&self, size: usize) -> Result<Pool, DbError> {
+        let options = self.pool_options(size, self.db_pooler);
         if self.db_pooler == Pooler::Transaction {
-            crate::postgres::sql::use_unnamed_statements(self.direct_pool_of(1)?);
+            // One more connection through the pooler, where the parameter
+            // types of unnamed statements are learned.
+            let learn = crate::postgres::pool_with(
+                &self.database_url,
+                &PoolOptions {
+                    max_size: 1,
+                    ..options
+                },
+            )?;
+            crate::postgres::sql::use_unnamed_statements(learn);
         }
-        crate::postgres::pool_with(&self.database_url, &self.pool_options(size, self.db_pooler))
+        crate::postgres::pool_with(&self.database_url, &options)
     }
 
     /// A pool of `size` connections that keep their sessions (the direct

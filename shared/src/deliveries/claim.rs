@@ -258,8 +258,8 @@ from claimed c"
 );
 
 /// Whether `e` is the replay guard's refusal.
-fn replayed(e: &tokio_postgres::Error) -> bool {
-    e.code().is_some_and(|c| c.code() == REPLAYED_BODY)
+fn replayed(e: &DbError) -> bool {
+    e.refusal().is_some_and(|r| r.code == REPLAYED_BODY)
 }
 
 /// [`CLAIM_STATE`] for many keys.

@@ -264,7 +264,7 @@ async fn execute(
     key: &DeliveryKey,
     rest: &[Param<'_>],
 ) -> Result<u64, DbError> {
-    Ok(sql::execute(client, statement, &params(key, rest)).await?)
+    sql::execute(client, statement, &params(key, rest)).await
 }
 
 /// Like [`execute`], for a statement that returns at most one row.
@@ -274,7 +274,7 @@ async fn query_opt(
     key: &DeliveryKey,
     rest: &[Param<'_>],
 ) -> Result<Option<tokio_postgres::Row>, DbError> {
-    Ok(sql::query_opt(client, statement, &params(key, rest)).await?)
+    sql::query_opt(client, statement, &params(key, rest)).await
 }
 
 /// Like [`execute`], for a statement that returns exactly one row.
@@ -284,7 +284,7 @@ async fn query_one(
     key: &DeliveryKey,
     rest: &[Param<'_>],
 ) -> Result<tokio_postgres::Row, DbError> {
-    Ok(sql::query_one(client, statement, &params(key, rest)).await?)
+    sql::query_one(client, statement, &params(key, rest)).await
 }
 
 /// Why a delivery failed. Stored in `last_error_class`; bounded, so it can

@@ -108,7 +108,7 @@ pub async fn exhaust_due(
     policy: &Policy,
     limit: i64,
 ) -> Result<u64, DbError> {
-    Ok(sql::execute(client, EXHAUST, &[&policy.max_attempts, &limit]).await?)
+    sql::execute(client, EXHAUST, &[&policy.max_attempts, &limit]).await
 }
 
 const NEEDING_COPY: &str = "
@@ -199,5 +199,5 @@ where ctid in (
 /// otherwise the next redelivery (or, with a parked body, the scheduler)
 /// takes it at once.
 pub async fn reap(client: &impl Session, after: Duration, limit: i64) -> Result<u64, DbError> {
-    Ok(sql::execute(client, REAP, &[&secs(after), &limit]).await?)
+    sql::execute(client, REAP, &[&secs(after), &limit]).await
 }

@@ -8,19 +8,22 @@
 //!   before 1.21): the pooler hands each transaction to any server
 //!   connection, where a statement prepared on another one does not
 //!   exist. Each statement is then sent whole (parse, bind and execute in
-//!   one round trip) with the parameter types learned once per process
-//!   over a direct connection: a statement prepared through the pooler to
-//!   learn them would be left behind on a server connection that other
-//!   processes share, where its name would clash with theirs.
+//!   one round trip) with the parameter types learned once per process:
+//!   prepared and closed again inside one transaction, on a connection of
+//!   its own, so that the pooler keeps both on the same server connection
+//!   and no named statement is left behind there (where its name would
+//!   clash with another process's).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use futures::{StreamExt, pin_mut};
 use tokio_postgres::GenericClient as _;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Error, Row};
+
+use super::DbError;
 
 /// A connection, or a transaction on one: where statements run.
 pub trait Session: deadpool_postgres::GenericClient + Sync {
@@ -47,14 +50,14 @@ impl<'a> Session for deadpool_postgres::Transaction<'a> {
 static UNNAMED: AtomicBool = AtomicBool::new(false);
 
 /// Where parameter types are learned in the unnamed mode.
-static DIRECT: OnceLock<deadpool_postgres::Pool> = OnceLock::new();
+static LEARN: RwLock<Option<deadpool_postgres::Pool>> = RwLock::new(None);
 
 /// From now on, this process sends unnamed statements (see the module
-/// docs), learning their parameter types over `direct`, a pool that does
-/// not go through the pooler. Set once at start, before any statement
-/// runs; later calls keep the first pool.
-pub fn use_unnamed_statements(direct: deadpool_postgres::Pool) {
-    let _ = DIRECT.set(direct);
+/// docs), learning their parameter types on `learn`, a pool of one
+/// connection of their own (through the pooler, like the others). Set at
+/// start, before any statement runs; a later call replaces the pool.
+pub fn use_unnamed_statements(learn: deadpool_postgres::Pool) {
+    *LEARN.write().unwrap_or_else(|p| p.into_inner()) = Some(learn);
     UNNAMED.store(true, Ordering::Relaxed);
 }
 
@@ -69,10 +72,9 @@ fn types_cache() -> &'static Mutex<HashMap<String, Arc<[Type]>>> {
     CACHE.get_or_init(Default::default)
 }
 
-/// The parameter types Postgres infers for `sql`: asked once per process
-/// over the direct connection (a prepare, whose statement is closed at
-/// once), then remembered.
-async fn param_types(session: &impl Session, sql: &str) -> Result<Arc<[Type]>, Error> {
+/// The parameter types Postgres infers for `sql`: asked once per process,
+/// then remembered.
+async fn param_types(sql: &str) -> Result<Arc<[Type]>, DbError> {
     if let Some(types) = types_cache()
         .lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -80,15 +82,7 @@ async fn param_types(session: &impl Session, sql: &str) -> Result<Arc<[Type]>, E
     {
         return Ok(types.clone());
     }
-    let types: Arc<[Type]> = match DIRECT.get().map(|pool| pool.get()) {
-        Some(direct) => match direct.await {
-            Ok(client) => client.prepare(sql).await?.params().into(),
-            // The direct connection is down: learn them where we are (the
-            // statement may be left on a pooled server connection).
-            Err(_) => session.prepare(sql).await?.params().into(),
-        },
-        None => session.prepare(sql).await?.params().into(),
-    };
+    let types = learn(sql).await?;
     types_cache()
         .lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -96,15 +90,39 @@ async fn param_types(session: &impl Session, sql: &str) -> Result<Arc<[Type]>, E
     Ok(types)
 }
 
+/// Prepares `sql` on the learning connection and closes it again, in one
+/// transaction: the prepare, the close and the commit reach the same
+/// server connection, whatever the pooler does between transactions.
+async fn learn(sql: &str) -> Result<Arc<[Type]>, DbError> {
+    let pool = LEARN.read().unwrap_or_else(|p| p.into_inner()).clone();
+    let Some(pool) = pool else {
+        unreachable!("unnamed statements are switched on with their learning pool")
+    };
+    let client = pool.get().await?;
+    Ok(prepare_and_close(&client, sql).await?)
+}
+
+async fn prepare_and_close(
+    client: &tokio_postgres::Client,
+    sql: &str,
+) -> Result<Arc<[Type]>, Error> {
+    client.batch_execute("begin").await?;
+    let types = match client.prepare(sql).await {
+        // Dropping the statement sends its close before the commit below.
+        Ok(statement) => Ok(statement.params().into()),
+        Err(e) => Err(e),
+    };
+    let ended = client.batch_execute("commit").await;
+    let types = types?;
+    ended?;
+    Ok(types)
+}
+
 type Param<'a> = &'a (dyn ToSql + Sync);
 
 /// `params` with their types, for an unnamed statement.
-async fn typed<'a>(
-    session: &impl Session,
-    sql: &str,
-    params: &[Param<'a>],
-) -> Result<Vec<(Param<'a>, Type)>, Error> {
-    let types = param_types(session, sql).await?;
+async fn typed<'a>(sql: &str, params: &[Param<'a>]) -> Result<Vec<(Param<'a>, Type)>, DbError> {
+    let types = param_types(sql).await?;
     Ok(params
         .iter()
         .zip(types.iter())
@@ -117,13 +135,13 @@ pub async fn query(
     session: &impl Session,
     sql: &str,
     params: &[Param<'_>],
-) -> Result<Vec<Row>, Error> {
+) -> Result<Vec<Row>, DbError> {
     if unnamed_statements() {
-        let params = typed(session, sql, params).await?;
-        session.pg().query_typed(sql, &params).await
+        let params = typed(sql, params).await?;
+        Ok(session.pg().query_typed(sql, &params).await?)
     } else {
         let statement = session.prepare_cached(sql).await?;
-        session.query(&statement, params).await
+        Ok(session.query(&statement, params).await?)
     }
 }
 
@@ -132,13 +150,13 @@ pub async fn query_opt(
     session: &impl Session,
     sql: &str,
     params: &[Param<'_>],
-) -> Result<Option<Row>, Error> {
+) -> Result<Option<Row>, DbError> {
     if unnamed_statements() {
-        let params = typed(session, sql, params).await?;
-        session.pg().query_typed_opt(sql, &params).await
+        let params = typed(sql, params).await?;
+        Ok(session.pg().query_typed_opt(sql, &params).await?)
     } else {
         let statement = session.prepare_cached(sql).await?;
-        session.query_opt(&statement, params).await
+        Ok(session.query_opt(&statement, params).await?)
     }
 }
 
@@ -147,13 +165,13 @@ pub async fn query_one(
     session: &impl Session,
     sql: &str,
     params: &[Param<'_>],
-) -> Result<Row, Error> {
+) -> Result<Row, DbError> {
     if unnamed_statements() {
-        let params = typed(session, sql, params).await?;
-        session.pg().query_typed_one(sql, &params).await
+        let params = typed(sql, params).await?;
+        Ok(session.pg().query_typed_one(sql, &params).await?)
     } else {
         let statement = session.prepare_cached(sql).await?;
-        session.query_one(&statement, params).await
+        Ok(session.query_one(&statement, params).await?)
     }
 }
 
@@ -162,9 +180,9 @@ pub async fn execute(
     session: &impl Session,
     sql: &str,
     params: &[Param<'_>],
-) -> Result<u64, Error> {
+) -> Result<u64, DbError> {
     if unnamed_statements() {
-        let params = typed(session, sql, params).await?;
+        let params = typed(sql, params).await?;
         let rows = session.pg().query_typed_raw(sql, params).await?;
         pin_mut!(rows);
         while let Some(row) = rows.next().await {
@@ -173,6 +191,6 @@ pub async fn execute(
         Ok(rows.rows_affected().unwrap_or(0))
     } else {
         let statement = session.prepare_cached(sql).await?;
-        session.execute(&statement, params).await
+        Ok(session.execute(&statement, params).await?)
     }
 }

@@ -66,7 +66,7 @@ impl Sampler {
                     drop(deadpool_postgres::Object::take(client));
                 }
                 metrics::gauge!(hookinbox::metrics::SAMPLER_LEADER).set(0.0);
-                return Err(DbError::from(e).into());
+                return Err(e.into());
             }
         };
         metrics::gauge!(hookinbox::metrics::SAMPLER_LEADER).set(1.0);
