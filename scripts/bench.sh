@@ -6,11 +6,17 @@
 #   scripts/bench.sh            full run (about 45–60 minutes)
 #   scripts/bench.sh --smoke    a 10-second load-generator run, no figures
 #   scripts/bench.sh --search   only S, with the settings in the environment
+#   scripts/bench.sh --duplicates   only the duplicate-redelivery search
+#                               (the same key and body again: the dedup path)
 #   scripts/bench.sh --sizes RATE   fixed-rate runs (STEP seconds each) across
 #                               ingest's pool, the worker's pool and the
 #                               worker's concurrency (prefetch), each with
 #                               the peak Postgres connections of each
 #                               process, to size the pools
+#
+# STACK_BINS names another build's folder for the stack's ingest and worker
+# (say, an earlier commit's, to compare), the load generator staying this
+# tree's.
 #
 # The stack's processes take their pools from INGEST_POOL and WORKER_POOL
 # (HOOKINBOX_DB_POOL_SIZE of ingest and of the worker, default 16 each) and
@@ -52,6 +58,7 @@ profile=release
 cargo build -q --profile "$( [ $profile = debug ] && echo dev || echo release )" \
   -p hookinbox-ingest -p hookinbox-worker -p hookinbox-tests --bins
 bin="target/$profile"
+stack_bin="${STACK_BINS:-$bin}"
 
 . scripts/lib/native.sh
 
@@ -67,19 +74,19 @@ start_stack() {
   scratch_db "$name"
   DB_URL="$base/$name"; PREFIX="$name"
   local port; port=$(free_port)
-  DATABASE_URL="$DB_URL" HOOKINBOX_QUEUE_PREFIX="$PREFIX" "$bin/hookinbox-worker" migrate >/dev/null
+  DATABASE_URL="$DB_URL" HOOKINBOX_QUEUE_PREFIX="$PREFIX" "$stack_bin/hookinbox-worker" migrate >/dev/null
   # Each process names its sessions (application_name), so that
   # pg_stat_activity tells their connections apart (see count_connections).
   DATABASE_URL="$DB_URL?application_name=bench-ingest" HOOKINBOX_QUEUE_PREFIX="$PREFIX" HOOKINBOX_AUTO_MIGRATE=false \
     HOOKINBOX_LISTEN="127.0.0.1:$port" HOOKINBOX_METRICS_LISTEN="127.0.0.1:0" RUST_LOG=warn \
     HOOKINBOX_DB_POOL_SIZE="${INGEST_POOL:-16}" \
     HOOKINBOX_CLAIM_BATCH="${CLAIM_BATCH:-64}" HOOKINBOX_PUBLISH_WINDOW="${PUBLISH_WINDOW:-256}" \
-    "$bin/hookinbox-ingest" 2>/dev/null & INGEST_PID=$!; pids+=("$INGEST_PID"); stack_pids+=("$INGEST_PID")
+    "$stack_bin/hookinbox-ingest" 2>/dev/null & INGEST_PID=$!; pids+=("$INGEST_PID"); stack_pids+=("$INGEST_PID")
   DATABASE_URL="$DB_URL?application_name=bench-worker" HOOKINBOX_QUEUE_PREFIX="$PREFIX" HOOKINBOX_AUTO_MIGRATE=false \
     HOOKINBOX_METRICS_LISTEN="127.0.0.1:0" HOOKINBOX_CONCURRENCY="${WORKER_CONCURRENCY:-32}" RUST_LOG=warn \
     HOOKINBOX_DB_POOL_SIZE="${WORKER_POOL:-16}" \
     HOOKINBOX_COMPLETE_BATCH="${COMPLETE_BATCH:-64}" HOOKINBOX_TAKE_BATCH="${TAKE_BATCH:-64}" \
-    "$bin/hookinbox-worker" 2>/dev/null & pids+=($!); stack_pids+=($!)
+    "$stack_bin/hookinbox-worker" 2>/dev/null & pids+=($!); stack_pids+=($!)
   INGEST_URL="http://127.0.0.1:$port/webhooks/github"
   for _ in $(seq 1 100); do curl -fsS "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && return; sleep 0.1; done
   echo "stack did not start" >&2; exit 1
@@ -139,6 +146,12 @@ if [ "$mode" = "--search" ]; then
   start_stack s
   loadgen --search --rate 100 --step-duration "$STEP" --verify "$VERIFY" --hold "$HOLD" --redeliver 0.1 \
     --pid "$INGEST_PID"
+  exit 0
+fi
+
+if [ "$mode" = "--duplicates" ]; then
+  start_stack dup
+  loadgen --duplicates-only --search --rate 200 --step-duration "$STEP" --no-e2e
   exit 0
 fi
 
