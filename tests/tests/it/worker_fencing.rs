@@ -143,8 +143,14 @@ async fn worker_whose_claim_was_taken_over_is_fenced_and_acks() {
     let worker = env.worker(gate.clone()).await;
     let hook = Hook::fixture("push");
     assert_eq!(ingest.send(&hook).await.status, 202);
-    let draining = tokio::spawn(async move { worker.drain().await });
-    gate.entered.notified().await;
+    let mut draining = tokio::spawn(async move { worker.drain().await });
+    // The job must reach its effect; a drain that ends first (a broken
+    // broker, say) fails the test instead of leaving it waiting.
+    tokio::select! {
+        () = gate.entered.notified() => {}
+        ended = &mut draining => panic!("the drain ended before the job started: {ended:?}"),
+        () = tokio::time::sleep(Duration::from_secs(60)) => panic!("the job never started"),
+    }
 
     // Its lease lapses and a redelivery takes the delivery over.
     env.db
