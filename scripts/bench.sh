@@ -8,6 +8,8 @@
 #   scripts/bench.sh --search   only S, with the settings in the environment
 #   scripts/bench.sh --duplicates   only the duplicate-redelivery search
 #                               (the same key and body again: the dedup path)
+#   scripts/bench.sh --cost RATE...   CPU µs per delivery of each process at
+#                               fixed rates (STEP seconds each), see cost_run
 #   scripts/bench.sh --sizes RATE   fixed-rate runs (STEP seconds each) across
 #                               ingest's pool, the worker's pool and the
 #                               worker's concurrency (prefetch), each with
@@ -86,7 +88,7 @@ start_stack() {
     HOOKINBOX_METRICS_LISTEN="127.0.0.1:0" HOOKINBOX_CONCURRENCY="${WORKER_CONCURRENCY:-32}" RUST_LOG=warn \
     HOOKINBOX_DB_POOL_SIZE="${WORKER_POOL:-16}" \
     HOOKINBOX_COMPLETE_BATCH="${COMPLETE_BATCH:-64}" HOOKINBOX_TAKE_BATCH="${TAKE_BATCH:-64}" \
-    "$stack_bin/hookinbox-worker" 2>/dev/null & pids+=($!); stack_pids+=($!)
+    "$stack_bin/hookinbox-worker" 2>/dev/null & WORKER_PID=$!; pids+=($!); stack_pids+=($!)
   INGEST_URL="http://127.0.0.1:$port/webhooks/github"
   for _ in $(seq 1 100); do curl -fsS "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && return; sleep 0.1; done
   echo "stack did not start" >&2; exit 1
@@ -124,6 +126,67 @@ sized_run() { # LABEL RATE
   touch "$work/stop-counting"; wait "$counter"
   echo "ingest pool ${INGEST_POOL:-16}, worker pool ${WORKER_POOL:-16}, concurrency ${WORKER_CONCURRENCY:-32}: $out; $(cat "$work/peaks")"
 }
+
+# CPU time (user + system) of processes, in clock ticks, from
+# /proc/PID/stat (fields 14 and 15; the names here hold no spaces).
+ticks() { # PID...
+  local total=0 pid t
+  for pid in "$@"; do
+    t=$(awk '{print $14 + $15}' "/proc/$pid/stat" 2>/dev/null || echo 0)
+    total=$((total + ${t:-0}))
+  done
+  echo "$total"
+}
+# Busy ticks of the whole machine: user, nice, system, irq, softirq, steal.
+machine_ticks() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8 + $9}' /proc/stat; }
+
+# One fixed-rate run on a fresh stack, costed: the CPU each process spent
+# from the first request until the last delivery completed (the load
+# generator waits for that), divided by the deliveries completed. Postgres
+# is every process of the server (backends, WAL writer, checkpointer),
+# RabbitMQ its Erlang VM; the load generator's time comes from
+# /usr/bin/time. Every request is a new delivery with the real payload mix.
+cost_run() { # RATE
+  start_stack "cost$1"
+  local hz; hz=$(getconf CLK_TCK)
+  local pg mq
+  pg=$(pgrep -x postgres | tr '\n' ' '); mq=$(pgrep -x beam.smp | tr '\n' ' ')
+  # shellcheck disable=SC2086
+  local i0 w0 p0 m0 all0
+  i0=$(ticks "$INGEST_PID"); w0=$(ticks "$WORKER_PID"); p0=$(ticks $pg); m0=$(ticks $mq); all0=$(machine_ticks)
+  local out
+  out=$(/usr/bin/time -f '%U %S' -o "$work/loadgen-time" \
+    env DATABASE_URL="$DB_URL" HOOKINBOX_QUEUE_PREFIX="$PREFIX" AMQP_URL="$amqp" \
+    "$bin/loadgen" --url "$INGEST_URL" --rate "$1" --duration "$STEP" --hold-lag "$HOLD_LAG")
+  # shellcheck disable=SC2086
+  local i1 w1 p1 m1 all1
+  i1=$(ticks "$INGEST_PID"); w1=$(ticks "$WORKER_PID"); p1=$(ticks $pg); m1=$(ticks $mq); all1=$(machine_ticks)
+  local done
+  done=$(psql -tAq "$DB_URL" -c "select count(*) from deliveries where status = 'completed'")
+  python3 - "$1" "$hz" "$done" "$((i1 - i0))" "$((w1 - w0))" "$((p1 - p0))" "$((m1 - m0))" \
+    "$(cat "$work/loadgen-time")" "$((all1 - all0))" <<'PY'
+import sys
+rate, hz, done = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+ingest, worker, pg, mq = (int(x) for x in sys.argv[4:8])
+user, system = (float(x) for x in sys.argv[8].split())
+machine = int(sys.argv[9])
+us = lambda t: t * 1e6 / hz / max(done, 1)
+gen = (user + system) * 1e6 / max(done, 1)
+print(f"| {rate:,} | {done:,} | {us(ingest):,.0f} | {us(worker):,.0f} | {us(pg):,.0f} | {us(mq):,.0f} "
+      f"| {gen:,.0f} | {us(ingest + worker + pg + mq):,.0f} | {us(machine):,.0f} |")
+PY
+  echo "$out" >&2
+}
+
+if [ "$mode" = "--cost" ]; then
+  shift
+  [ "$#" -gt 0 ] || { echo "usage: scripts/bench.sh --cost RATE..." >&2; exit 2; }
+  echo "CPU µs per delivery, $STEP s at each rate (ingest pool ${INGEST_POOL:-16}, worker pool ${WORKER_POOL:-16}, concurrency ${WORKER_CONCURRENCY:-32})"
+  echo "| rate /s | deliveries | ingest | worker | Postgres | RabbitMQ | load generator | stack (no generator) | whole machine |"
+  echo "|---|---|---|---|---|---|---|---|---|"
+  for rate in "$@"; do cost_run "$rate"; done
+  exit 0
+fi
 
 if [ "$mode" = "--sizes" ]; then
   rate="${2:?usage: scripts/bench.sh --sizes RATE}"

@@ -11,7 +11,7 @@ use hookinbox::broker::Publisher;
 use hookinbox::config::IngestConfig;
 use hookinbox::deliveries::group_commit;
 use hookinbox::metrics::{Readiness, Ready};
-use hookinbox::postgres::{self, DbError};
+use hookinbox::postgres::{self, BatchShape, DbError};
 use serde_json::json;
 
 use crate::limits::RateLimits;
@@ -73,8 +73,14 @@ impl IngestApp {
         metrics::gauge!(hookinbox::metrics::LEASE_SECONDS).set(common.lease.as_secs_f64());
         let secret_matches = Arc::new(SecretMatches::default());
         let in_flight = Arc::new(tokio::sync::Semaphore::new(config.max_in_flight));
-        let batcher = (config.claim_batch > 1)
-            .then(|| group_commit::claims(pool.clone(), common.policy(), config.claim_batch));
+        let batcher = (config.claim_batch > 1).then(|| {
+            let shape = BatchShape {
+                max_batch: config.claim_batch,
+                linger: common.batch_linger,
+                observe: hookinbox::metrics::claim_batch_rows,
+            };
+            group_commit::claims(pool.clone(), common.policy(), shape)
+        });
         let state = web::Data::new(State {
             rate_limits: RateLimits::new(config.sources.values()),
             batcher,

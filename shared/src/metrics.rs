@@ -19,6 +19,9 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 pub const INGEST_REQUESTS: &str = "hookinbox_ingest_requests_total";
 /// Ingest request duration.
 pub const INGEST_REQUEST_SECONDS: &str = "hookinbox_ingest_request_duration_seconds";
+/// Rows per group-commit statement, by `statement` (claim, take,
+/// complete): whether batches form.
+pub const BATCH_ROWS: &str = "hookinbox_batch_rows";
 /// Duration of the claim statement.
 pub const CLAIM_SECONDS: &str = "hookinbox_claim_duration_seconds";
 /// Time from publish to the broker's confirm.
@@ -181,6 +184,24 @@ const BUCKETS: &[f64] = &[
     60.0, 300.0,
 ];
 
+/// Buckets of [`BATCH_ROWS`], in rows.
+const ROW_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
+
+/// Records the size of a claim batch in [`BATCH_ROWS`].
+pub fn claim_batch_rows(rows: usize) {
+    metrics::histogram!(BATCH_ROWS, "statement" => "claim").record(rows as f64);
+}
+
+/// Records the size of a take batch in [`BATCH_ROWS`].
+pub fn take_batch_rows(rows: usize) {
+    metrics::histogram!(BATCH_ROWS, "statement" => "take").record(rows as f64);
+}
+
+/// Records the size of a completion batch in [`BATCH_ROWS`].
+pub fn complete_batch_rows(rows: usize) {
+    metrics::histogram!(BATCH_ROWS, "statement" => "complete").record(rows as f64);
+}
+
 /// How often histogram samples are folded into their buckets.
 const UPKEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -193,6 +214,12 @@ pub fn install() -> PrometheusHandle {
             let builder = PrometheusBuilder::new();
             let builder = builder
                 .set_buckets(BUCKETS)
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        metrics_exporter_prometheus::Matcher::Full(BATCH_ROWS.to_owned()),
+                        ROW_BUCKETS,
+                    )
+                })
                 .unwrap_or_else(|_| PrometheusBuilder::new());
             let recorder = builder.build_recorder();
             let handle = recorder.handle();
@@ -234,6 +261,11 @@ fn describe() {
         "Webhook request duration"
     );
     describe_histogram!(CLAIM_SECONDS, Unit::Seconds, "Claim statement duration");
+    describe_histogram!(
+        BATCH_ROWS,
+        Unit::Count,
+        "Rows per group-commit statement, by statement"
+    );
     describe_histogram!(PUBLISH_CONFIRM_SECONDS, Unit::Seconds, "Publish to confirm");
     describe_counter!(
         SIGNATURE_FAILURES,

@@ -251,7 +251,24 @@ pub struct CommonArgs {
         default_value_t = crate::postgres::DEFAULT_IDLE_IN_TRANSACTION.as_millis() as u64
     )]
     pub db_idle_in_transaction_timeout_ms: u64,
+
+    /// Microseconds a group commit (claims, takes, completions) may wait
+    /// for more rows while another of its statements is in flight; 0 sends
+    /// at once. Up to 100000.
+    #[arg(
+        long,
+        env = "HOOKINBOX_BATCH_LINGER_US",
+        value_name = "HOOKINBOX_BATCH_LINGER_US",
+        default_value_t = DEFAULT_BATCH_LINGER.as_micros() as u64
+    )]
+    pub batch_linger_us: u64,
 }
+
+/// `HOOKINBOX_BATCH_LINGER_US` when unset.
+pub const DEFAULT_BATCH_LINGER: Duration = Duration::ZERO;
+
+/// The longest linger accepted: more would only add latency.
+const MAX_BATCH_LINGER: Duration = Duration::from_millis(100);
 
 /// `none` or `transaction`.
 fn parse_pooler(value: &str) -> Result<Pooler, String> {
@@ -294,6 +311,8 @@ pub struct CommonConfig {
     pub direct_database_url: Option<String>,
     /// Postgres's `idle_in_transaction_session_timeout` for our sessions.
     pub db_idle_in_transaction: Duration,
+    /// How long a group commit may wait for more rows.
+    pub batch_linger: Duration,
 }
 
 impl CommonArgs {
@@ -333,6 +352,13 @@ impl CommonArgs {
                 "must be 1 to 100 characters of letters, digits, '-', '_' and '.'",
             ));
         }
+        let batch_linger = Duration::from_micros(self.batch_linger_us);
+        if batch_linger > MAX_BATCH_LINGER {
+            return Err(invalid(
+                "HOOKINBOX_BATCH_LINGER_US",
+                "must be at most 100000 (100 ms)",
+            ));
+        }
         Ok(CommonConfig {
             database_url: self.database_url,
             amqp_url: self.amqp_url,
@@ -347,6 +373,7 @@ impl CommonArgs {
             db_pooler: self.db_pooler,
             direct_database_url: self.direct_database_url,
             db_idle_in_transaction: Duration::from_millis(self.db_idle_in_transaction_timeout_ms),
+            batch_linger,
         })
     }
 }

@@ -18,15 +18,15 @@ use crate::postgres::sql::Session;
 
 use super::{Claim, ClaimRequest, Completing, Policy, Take};
 use crate::key::{ClaimToken, DeliveryKey};
-use crate::postgres::{Batcher, DbError, Refusal};
+use crate::postgres::{BatchShape, Batcher, DbError, Refusal};
 
 /// Ingest's claims, `HOOKINBOX_CLAIM_BATCH` per statement; a claim Postgres
 /// refused on its own answers its refusal.
 pub type ClaimBatcher = Batcher<ClaimRequest, Result<Claim, Refusal>>;
 
 /// Starts the claim collector.
-pub fn claims(pool: Pool, policy: Policy, max_batch: usize) -> ClaimBatcher {
-    Batcher::start(max_batch, move |claims: Vec<ClaimRequest>| {
+pub fn claims(pool: Pool, policy: Policy, shape: BatchShape) -> ClaimBatcher {
+    Batcher::start(shape, move |claims: Vec<ClaimRequest>| {
         let pool = pool.clone();
         async move {
             let client = pool.get().await?;
@@ -54,8 +54,8 @@ pub fn claims(pool: Pool, policy: Policy, max_batch: usize) -> ClaimBatcher {
 pub type TakeBatcher = Batcher<(DeliveryKey, ClaimToken), Option<Take>>;
 
 /// Starts the take collector.
-pub fn takes(pool: Pool, policy: Policy, max_batch: usize) -> TakeBatcher {
-    Batcher::start(max_batch, move |items: Vec<(DeliveryKey, ClaimToken)>| {
+pub fn takes(pool: Pool, policy: Policy, shape: BatchShape) -> TakeBatcher {
+    Batcher::start(shape, move |items: Vec<(DeliveryKey, ClaimToken)>| {
         let pool = pool.clone();
         async move {
             let client = pool.get().await?;
@@ -73,8 +73,8 @@ pub fn takes(pool: Pool, policy: Policy, max_batch: usize) -> TakeBatcher {
 pub type CompletionBatcher = Batcher<Completing, Result<bool, Refusal>>;
 
 /// Starts the completion collector.
-pub fn completions(pool: Pool, max_batch: usize) -> CompletionBatcher {
-    Batcher::start(max_batch, move |items: Vec<Completing>| {
+pub fn completions(pool: Pool, shape: BatchShape) -> CompletionBatcher {
+    Batcher::start(shape, move |items: Vec<Completing>| {
         let pool = pool.clone();
         async move {
             let client = pool.get().await?;

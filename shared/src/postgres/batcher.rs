@@ -6,11 +6,18 @@
 //! system therefore adds no delay (a lone item goes out at once), and a busy
 //! one turns many commits, and their fsyncs, into one.
 //!
+//! At moderate rates that is not enough: a slot is nearly always free, so
+//! each item goes out alone and the batches never form. A *linger* lets a
+//! batch wait a little for company, but only while another batch is in
+//! flight (so Postgres is busy anyway, and a lone item on an idle system
+//! still goes out at once), and only until the batch is full.
+//!
 //! The statements themselves belong to the state machine
 //! (`deliveries::group_commit`); this is only the mechanism.
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
@@ -46,6 +53,30 @@ pub enum BatchError {
 
 type Reply<O> = oneshot::Sender<Result<O, BatchError>>;
 
+/// How a collector forms its batches.
+#[derive(Clone, Copy, Debug)]
+pub struct BatchShape {
+    /// Items per statement at most (1: no batching).
+    pub max_batch: usize,
+    /// How long a batch may wait for more items while another batch is in
+    /// flight (zero: never). Tokio's timers tick in milliseconds, so a
+    /// linger under one rounds up to about one.
+    pub linger: Duration,
+    /// Called with the size of every batch as it goes out (a metric).
+    pub observe: fn(usize),
+}
+
+impl BatchShape {
+    /// Up to `max_batch` items, no linger, nothing observed.
+    pub fn of(max_batch: usize) -> Self {
+        Self {
+            max_batch,
+            linger: Duration::ZERO,
+            observe: |_| {},
+        }
+    }
+}
+
 /// Hands items to a collector that runs them in batches.
 pub struct Batcher<I, O> {
     tx: mpsc::Sender<(I, Reply<O>)>,
@@ -61,14 +92,14 @@ impl<I, O> Clone for Batcher<I, O> {
 
 impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
     /// Starts the collector on the current runtime. `run` gets up to
-    /// `max_batch` items and must answer with one output per item, in order;
-    /// an error fails every item of that batch.
-    pub fn start<F, Fut>(max_batch: usize, run: F) -> Self
+    /// `shape.max_batch` items and must answer with one output per item, in
+    /// order; an error fails every item of that batch.
+    pub fn start<F, Fut>(shape: BatchShape, run: F) -> Self
     where
         F: Fn(Vec<I>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Vec<O>, DbError>> + Send + 'static,
     {
-        let max_batch = max_batch.max(1);
+        let max_batch = shape.max_batch.max(1);
         let (tx, mut rx) = mpsc::channel::<(I, Reply<O>)>(max_batch * 64);
         let slots = Arc::new(Semaphore::new(BATCHES_IN_FLIGHT));
         tokio::spawn(async move {
@@ -78,12 +109,24 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
                     return;
                 };
                 let mut batch = vec![first];
-                while batch.len() < max_batch {
-                    match rx.try_recv() {
-                        Ok(item) => batch.push(item),
-                        Err(_) => break,
+                take_waiting(&mut rx, &mut batch, max_batch);
+                // Linger only while another batch holds a slot: Postgres is
+                // busy then, and the wait costs a caller nothing it would
+                // not have waited anyway. Alone, the item goes out now.
+                let others_in_flight = slots.available_permits() + 1 < BATCHES_IN_FLIGHT;
+                if !shape.linger.is_zero() && others_in_flight && batch.len() < max_batch {
+                    let until = tokio::time::Instant::now() + shape.linger;
+                    while batch.len() < max_batch {
+                        match tokio::time::timeout_at(until, rx.recv()).await {
+                            Ok(Some(item)) => {
+                                batch.push(item);
+                                take_waiting(&mut rx, &mut batch, max_batch);
+                            }
+                            Ok(None) | Err(_) => break,
+                        }
                     }
                 }
+                (shape.observe)(batch.len());
                 let (items, replies): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
                 let running = run(items);
                 tokio::spawn(async move {
@@ -124,5 +167,89 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
             .await
             .map_err(|_| BatchError::Stopped)?;
         answer.await.map_err(|_| BatchError::Dropped)?
+    }
+}
+
+/// Moves what is already waiting into `batch`, up to `max_batch` items.
+fn take_waiting<T>(rx: &mut mpsc::Receiver<T>, batch: &mut Vec<T>, max_batch: usize) {
+    while batch.len() < max_batch {
+        match rx.try_recv() {
+            Ok(item) => batch.push(item),
+            Err(_) => break,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use tokio::sync::Semaphore;
+
+    use super::*;
+
+    /// Sizes of the batches that went out, in order.
+    static SIZES: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+
+    /// A collector whose first batch holds its slot until `gate` opens; every
+    /// item answers itself.
+    fn gated(linger: Duration, gate: Arc<Semaphore>) -> Batcher<u32, u32> {
+        let shape = BatchShape {
+            max_batch: 2,
+            linger,
+            observe: |n| SIZES.lock().expect("sizes").push(n),
+        };
+        Batcher::start(shape, move |items: Vec<u32>| {
+            let gate = gate.clone();
+            async move {
+                if items.contains(&0) {
+                    let _open = gate.acquire().await;
+                }
+                Ok(items)
+            }
+        })
+    }
+
+    /// Sends item 0 (held in flight), then 1, then 2 a little later, and
+    /// returns the batch sizes.
+    async fn sizes_with(linger: Duration) -> Vec<usize> {
+        SIZES.lock().expect("sizes").clear();
+        let gate = Arc::new(Semaphore::new(0));
+        let batcher = gated(linger, gate.clone());
+        let first = tokio::spawn({
+            let b = batcher.clone();
+            async move { b.submit(0).await }
+        });
+        while SIZES.lock().expect("sizes").is_empty() {
+            tokio::task::yield_now().await;
+        }
+        let second = tokio::spawn({
+            let b = batcher.clone();
+            async move { b.submit(1).await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let third = batcher.submit(2).await.expect("answer");
+        assert_eq!(third, 2);
+        assert_eq!(second.await.expect("join").expect("answer"), 1);
+        gate.add_permits(1);
+        assert_eq!(first.await.expect("join").expect("answer"), 0);
+        SIZES.lock().expect("sizes").clone()
+    }
+
+    #[tokio::test]
+    async fn a_linger_gathers_items_while_another_batch_is_in_flight_and_only_then() {
+        // The sizes are a static: one test runs both cases in turn.
+        assert_eq!(sizes_with(Duration::ZERO).await, vec![1, 1, 1]);
+        // Item 1 waits (up to 10 s) for company while batch 0 is in flight;
+        // item 2 fills the batch, which then goes out at once.
+        assert_eq!(sizes_with(Duration::from_secs(10)).await, vec![1, 2]);
+
+        // Alone, an item never waits for its linger.
+        SIZES.lock().expect("sizes").clear();
+        let gate = Arc::new(Semaphore::new(1));
+        let lone = gated(Duration::from_secs(10), gate);
+        let answered = tokio::time::timeout(Duration::from_secs(5), lone.submit(7)).await;
+        assert_eq!(answered.expect("no wait").expect("answer"), 7);
     }
 }

@@ -15,7 +15,7 @@ mod refusal;
 pub mod sql;
 mod watchdog;
 
-pub use batcher::{BatchError, Batcher};
+pub use batcher::{BatchError, BatchShape, Batcher};
 pub use migrate::migrate;
 pub use refusal::{Refusal, describe};
 

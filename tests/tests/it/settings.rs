@@ -211,6 +211,19 @@ fn each_bad_setting_is_refused_by_name() {
         ),
         (
             "hookinbox-worker",
+            vec![("HOOKINBOX_BATCH_LINGER_US", "100001")],
+            "HOOKINBOX_BATCH_LINGER_US: must be at most 100000 (100 ms)",
+        ),
+        (
+            "hookinbox-ingest",
+            vec![
+                ("HOOKINBOX_GITHUB_SECRET", "s"),
+                ("HOOKINBOX_BATCH_LINGER_US", "-1"),
+            ],
+            "HOOKINBOX_BATCH_LINGER_US",
+        ),
+        (
+            "hookinbox-worker",
             vec![("HOOKINBOX_RETENTION_COMPLETED", "6d")],
             "HOOKINBOX_RETENTION_COMPLETED: is under 7 days",
         ),

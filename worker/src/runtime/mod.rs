@@ -13,7 +13,7 @@ use hookinbox::config::WorkerConfig;
 use hookinbox::deliveries::group_commit::{self, CompletionBatcher, TakeBatcher};
 use hookinbox::deliveries::{ErrorClass, Swept};
 use hookinbox::metrics::{Readiness, Ready};
-use hookinbox::postgres;
+use hookinbox::postgres::{self, BatchShape};
 use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
 use tokio::sync::Semaphore;
@@ -124,8 +124,24 @@ impl Worker {
         handler: Arc<dyn Handler>,
     ) -> Result<Self, RuntimeError> {
         let ctx = Context::build(config).await?;
-        let completions = group_commit::completions(ctx.pool.clone(), ctx.config.complete_batch);
-        let takes = group_commit::takes(ctx.pool.clone(), ctx.policy, ctx.config.take_batch);
+        let linger = ctx.config.common.batch_linger;
+        let completions = group_commit::completions(
+            ctx.pool.clone(),
+            BatchShape {
+                max_batch: ctx.config.complete_batch,
+                linger,
+                observe: hookinbox::metrics::complete_batch_rows,
+            },
+        );
+        let takes = group_commit::takes(
+            ctx.pool.clone(),
+            ctx.policy,
+            BatchShape {
+                max_batch: ctx.config.take_batch,
+                linger,
+                observe: hookinbox::metrics::take_batch_rows,
+            },
+        );
         Ok(Self {
             inner: Arc::new(Inner {
                 slots: Semaphore::new(usize::from(ctx.config.concurrency)),
