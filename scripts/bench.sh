@@ -149,21 +149,25 @@ machine_ticks() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8 + $9}' /proc/stat; 
 cost_run() { # RATE
   start_stack "cost$1"
   local hz; hz=$(getconf CLK_TCK)
-  local pg mq
-  pg=$(pgrep -x postgres | tr '\n' ' '); mq=$(pgrep -x beam.smp | tr '\n' ' ')
-  # shellcheck disable=SC2086
+  # Postgres's processes are listed again at the end: the pools open
+  # backends during the run, and a new one starts from zero ticks.
   local i0 w0 p0 m0 all0
-  i0=$(ticks "$INGEST_PID"); w0=$(ticks "$WORKER_PID"); p0=$(ticks $pg); m0=$(ticks $mq); all0=$(machine_ticks)
+  # shellcheck disable=SC2046
+  i0=$(ticks "$INGEST_PID"); w0=$(ticks "$WORKER_PID"); p0=$(ticks $(pgrep -x postgres))
+  # shellcheck disable=SC2046
+  m0=$(ticks $(pgrep -x beam.smp)); all0=$(machine_ticks)
   local out
   out=$(/usr/bin/time -f '%U %S' -o "$work/loadgen-time" \
     env DATABASE_URL="$DB_URL" HOOKINBOX_QUEUE_PREFIX="$PREFIX" AMQP_URL="$amqp" \
     "$bin/loadgen" --url "$INGEST_URL" --rate "$1" --duration "$STEP" --hold-lag "$HOLD_LAG")
-  # shellcheck disable=SC2086
   local i1 w1 p1 m1 all1
-  i1=$(ticks "$INGEST_PID"); w1=$(ticks "$WORKER_PID"); p1=$(ticks $pg); m1=$(ticks $mq); all1=$(machine_ticks)
-  local done
-  done=$(psql -tAq "$DB_URL" -c "select count(*) from deliveries where status = 'completed'")
-  python3 - "$1" "$hz" "$done" "$((i1 - i0))" "$((w1 - w0))" "$((p1 - p0))" "$((m1 - m0))" \
+  # shellcheck disable=SC2046
+  i1=$(ticks "$INGEST_PID"); w1=$(ticks "$WORKER_PID"); p1=$(ticks $(pgrep -x postgres))
+  # shellcheck disable=SC2046
+  m1=$(ticks $(pgrep -x beam.smp)); all1=$(machine_ticks)
+  local completed
+  completed=$(psql -tAq "$DB_URL" -c "select count(*) from deliveries where status = 'completed'")
+  python3 - "$1" "$hz" "$completed" "$((i1 - i0))" "$((w1 - w0))" "$((p1 - p0))" "$((m1 - m0))" \
     "$(cat "$work/loadgen-time")" "$((all1 - all0))" <<'PY'
 import sys
 rate, hz, done = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])

@@ -66,17 +66,6 @@ pub struct BatchShape {
     pub observe: fn(usize),
 }
 
-impl BatchShape {
-    /// Up to `max_batch` items, no linger, nothing observed.
-    pub fn of(max_batch: usize) -> Self {
-        Self {
-            max_batch,
-            linger: Duration::ZERO,
-            observe: |_| {},
-        }
-    }
-}
-
 /// Hands items to a collector that runs them in batches.
 pub struct Batcher<I, O> {
     tx: mpsc::Sender<(I, Reply<O>)>,
@@ -237,7 +226,9 @@ mod tests {
         SIZES.lock().expect("sizes").clone()
     }
 
-    #[tokio::test]
+    // The clock is paused: sleeps and lingers advance it only when every
+    // task waits, so the order of events is fixed and nothing waits for real.
+    #[tokio::test(start_paused = true)]
     async fn a_linger_gathers_items_while_another_batch_is_in_flight_and_only_then() {
         // The sizes are a static: one test runs both cases in turn.
         assert_eq!(sizes_with(Duration::ZERO).await, vec![1, 1, 1]);
