@@ -148,8 +148,13 @@ fn connect_config(url: &str, options: &PoolOptions) -> Result<tokio_postgres::Co
     // therefore ruled out for our sessions, which makes the generic plan an
     // index plan whatever the statistics say, and that plan is used from
     // the first execution: planning each execution anew, the other way out,
-    // cost more CPU than running the statements.
-    let mut session = "-c enable_seqscan=off -c plan_cache_mode=force_generic_plan".to_owned();
+    // cost more CPU than running the statements. A scan that no index can
+    // replace (a small table without one) then carries the planner's
+    // penalty for disabled paths in its estimate, which is far past the
+    // JIT threshold: JIT is off, or such a statement would spend tens of
+    // milliseconds compiling itself on every execution.
+    let mut session =
+        "-c enable_seqscan=off -c plan_cache_mode=force_generic_plan -c jit=off".to_owned();
     if !options.idle_in_transaction.is_zero() {
         session.push_str(&format!(
             " -c idle_in_transaction_session_timeout={}",
@@ -302,6 +307,7 @@ mod tests {
         let direct = connect_config(url, &PoolOptions::new(1)).expect("config");
         let options = direct.get_options().expect("options");
         assert!(options.contains("enable_seqscan=off"), "{options}");
+        assert!(options.contains("jit=off"), "{options}");
         assert!(
             options.contains("idle_in_transaction_session_timeout=60000"),
             "{options}"
