@@ -9,7 +9,12 @@
 #   scripts/bench.sh --duplicates   only the duplicate-redelivery search
 #                               (the same key and body again: the dedup path)
 #   scripts/bench.sh --cost RATE...   CPU µs per delivery of each process at
-#                               fixed rates (STEP seconds each), see cost_run
+#                               fixed rates (STEP seconds each), see cost_run;
+#                               COST_VARIANTS="LABEL:VAR=VALUE,VAR=VALUE ..."
+#                               repeats every rate once per variant, with
+#                               those settings (STACK_BINS=DIR among them
+#                               runs another build), for before/after rows
+#                               from one run
 #   scripts/bench.sh --sizes RATE   fixed-rate runs (STEP seconds each) across
 #                               ingest's pool, the worker's pool and the
 #                               worker's concurrency (prefetch), each with
@@ -63,6 +68,11 @@ bin="target/$profile"
 stack_bin="${STACK_BINS:-$bin}"
 
 . scripts/lib/native.sh
+# Its own Postgres, with the recommended settings (bench/postgresql.conf:
+# autovacuum on, shared_buffers for the working set, WAL compression,
+# spaced checkpoints); BENCH_POSTGRES=shared uses HOOKINBOX_TEST_POSTGRES.
+. scripts/lib/bench-postgres.sh
+bench_postgres_start
 
 # Starts ingest and one worker on a fresh database and queue prefix;
 # sets INGEST_URL, INGEST_PID, DB_URL, PREFIX.
@@ -76,7 +86,7 @@ start_stack() {
   scratch_db "$name"
   DB_URL="$base/$name"; PREFIX="$name"
   local port; port=$(free_port)
-  DATABASE_URL="$DB_URL" HOOKINBOX_QUEUE_PREFIX="$PREFIX" "$stack_bin/hookinbox-worker" migrate >/dev/null
+  DATABASE_URL="$DB_URL" HOOKINBOX_QUEUE_PREFIX="$PREFIX" RUST_LOG=warn "$stack_bin/hookinbox-worker" migrate >/dev/null
   # Each process names its sessions (application_name), so that
   # pg_stat_activity tells their connections apart (see count_connections).
   DATABASE_URL="$DB_URL?application_name=bench-ingest" HOOKINBOX_QUEUE_PREFIX="$PREFIX" HOOKINBOX_AUTO_MIGRATE=false \
@@ -127,6 +137,22 @@ sized_run() { # LABEL RATE
   echo "ingest pool ${INGEST_POOL:-16}, worker pool ${WORKER_POOL:-16}, concurrency ${WORKER_CONCURRENCY:-32}: $out; $(cat "$work/peaks")"
 }
 
+# CPU ticks of Postgres: with the benchmark's own cluster, its postmaster's
+# own and its reaped children's time (/proc fields 14-17: backends and
+# autovacuum workers that exited during the run are counted there) plus
+# every live child's; sharing the machine's server, every postgres process.
+postgres_ticks() {
+  if [ -n "$bench_pg_dir" ]; then
+    local pm; pm=$(head -n1 "$bench_pg_dir/data/postmaster.pid")
+    local reaped; reaped=$(awk '{print $14 + $15 + $16 + $17}' "/proc/$pm/stat")
+    # shellcheck disable=SC2046
+    echo $((reaped + $(ticks $(pgrep -P "$pm"))))
+  else
+    # shellcheck disable=SC2046
+    ticks $(pgrep -x postgres)
+  fi
+}
+
 # CPU time (user + system) of processes, in clock ticks, from
 # /proc/PID/stat (fields 14 and 15; the names here hold no spaces).
 ticks() { # PID...
@@ -143,17 +169,17 @@ machine_ticks() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8 + $9}' /proc/stat; 
 # One fixed-rate run on a fresh stack, costed: the CPU each process spent
 # from the first request until the last delivery completed (the load
 # generator waits for that), divided by the deliveries completed. Postgres
-# is every process of the server (backends, WAL writer, checkpointer),
-# RabbitMQ its Erlang VM; the load generator's time comes from
+# is every process of the server (see postgres_ticks), RabbitMQ its Erlang
+# VM; the load generator's time comes from
 # /usr/bin/time. Every request is a new delivery with the real payload mix.
-cost_run() { # RATE
-  start_stack "cost$1"
+cost_runs=0
+cost_run() { # RATE [LABEL]
+  cost_runs=$((cost_runs + 1))
+  start_stack "cost${cost_runs}_$1"
   local hz; hz=$(getconf CLK_TCK)
-  # Postgres's processes are listed again at the end: the pools open
-  # backends during the run, and a new one starts from zero ticks.
   local i0 w0 p0 m0 all0
   # shellcheck disable=SC2046
-  i0=$(ticks "$INGEST_PID"); w0=$(ticks "$WORKER_PID"); p0=$(ticks $(pgrep -x postgres))
+  i0=$(ticks "$INGEST_PID"); w0=$(ticks "$WORKER_PID"); p0=$(postgres_ticks)
   # shellcheck disable=SC2046
   m0=$(ticks $(pgrep -x beam.smp)); all0=$(machine_ticks)
   local out
@@ -162,33 +188,56 @@ cost_run() { # RATE
     "$bin/loadgen" --url "$INGEST_URL" --rate "$1" --duration "$STEP" --hold-lag "$HOLD_LAG")
   local i1 w1 p1 m1 all1
   # shellcheck disable=SC2046
-  i1=$(ticks "$INGEST_PID"); w1=$(ticks "$WORKER_PID"); p1=$(ticks $(pgrep -x postgres))
+  i1=$(ticks "$INGEST_PID"); w1=$(ticks "$WORKER_PID"); p1=$(postgres_ticks)
   # shellcheck disable=SC2046
   m1=$(ticks $(pgrep -x beam.smp)); all1=$(machine_ticks)
   local completed
   completed=$(psql -tAq "$DB_URL" -c "select count(*) from deliveries where status = 'completed'")
-  python3 - "$1" "$hz" "$completed" "$((i1 - i0))" "$((w1 - w0))" "$((p1 - p0))" "$((m1 - m0))" \
+  python3 - "${2:-}" "$1" "$hz" "$completed" "$((i1 - i0))" "$((w1 - w0))" "$((p1 - p0))" "$((m1 - m0))" \
     "$(cat "$work/loadgen-time")" "$((all1 - all0))" <<'PY'
 import sys
+label = sys.argv.pop(1)
 rate, hz, done = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 ingest, worker, pg, mq = (int(x) for x in sys.argv[4:8])
 user, system = (float(x) for x in sys.argv[8].split())
 machine = int(sys.argv[9])
 us = lambda t: t * 1e6 / hz / max(done, 1)
 gen = (user + system) * 1e6 / max(done, 1)
-print(f"| {rate:,} | {done:,} | {us(ingest):,.0f} | {us(worker):,.0f} | {us(pg):,.0f} | {us(mq):,.0f} "
+print(f"| {label} | {rate:,} | {done:,} | {us(ingest):,.0f} | {us(worker):,.0f} | {us(pg):,.0f} | {us(mq):,.0f} "
       f"| {gen:,.0f} | {us(ingest + worker + pg + mq):,.0f} | {us(machine):,.0f} |")
 PY
   echo "$out" >&2
+}
+
+# Runs "$@" with one variant's settings (LABEL:VAR=VALUE,VAR=VALUE; see
+# --cost) in force, then takes them back.
+with_variant() { # VARIANT COMMAND...
+  local variant="$1"; shift
+  local settings="${variant#*:}" pair names=()
+  [ "$settings" = "$variant" ] && settings=""
+  local saved_bin="$stack_bin"
+  IFS=',' read -r -a pairs <<< "$settings"
+  for pair in "${pairs[@]}"; do
+    [ -n "$pair" ] || continue
+    if [ "${pair%%=*}" = STACK_BINS ]; then stack_bin="${pair#*=}"; continue; fi
+    export "${pair?}"; names+=("${pair%%=*}")
+  done
+  "$@"
+  for pair in "${names[@]}"; do unset "$pair"; done
+  stack_bin="$saved_bin"
 }
 
 if [ "$mode" = "--cost" ]; then
   shift
   [ "$#" -gt 0 ] || { echo "usage: scripts/bench.sh --cost RATE..." >&2; exit 2; }
   echo "CPU µs per delivery, $STEP s at each rate (ingest pool ${INGEST_POOL:-16}, worker pool ${WORKER_POOL:-16}, concurrency ${WORKER_CONCURRENCY:-32})"
-  echo "| rate /s | deliveries | ingest | worker | Postgres | RabbitMQ | load generator | stack (no generator) | whole machine |"
-  echo "|---|---|---|---|---|---|---|---|---|"
-  for rate in "$@"; do cost_run "$rate"; done
+  echo "| variant | rate /s | deliveries | ingest | worker | Postgres | RabbitMQ | load generator | stack (no generator) | whole machine |"
+  echo "|---|---|---|---|---|---|---|---|---|---|"
+  for variant in ${COST_VARIANTS:-default:}; do
+    for rate in "$@"; do
+      with_variant "$variant" cost_run "$rate" "${variant%%:*}"
+    done
+  done
   exit 0
 fi
 

@@ -6,9 +6,12 @@
 #   pids+=(PID)      background processes, killed on exit
 #   $work            a temporary folder, removed on exit
 #   $base            the Postgres server URL (HOOKINBOX_TEST_POSTGRES)
+#   on_exit+=(CMD)   commands run on exit, after the databases are dropped
+#                    and before $work is removed
 base="${HOOKINBOX_TEST_POSTGRES:-postgres://postgres@127.0.0.1:5432}"
 pids=()
 dbs=()
+on_exit=()
 work="$(mktemp -d)"
 
 free_port() {
@@ -31,6 +34,7 @@ native_cleanup() {
       rabbitmqctl -q delete_queue "$q" >/dev/null 2>&1 || true
     done
   done
+  for cmd in "${on_exit[@]}"; do $cmd; done
   rm -rf "$work"
 }
 trap native_cleanup EXIT
