@@ -386,6 +386,8 @@ async fn publish_or_park(
         event: delivery.event,
         action: delivery.action,
         token,
+        // A republish only ever concerns a claim nobody took (attempts 0).
+        attempts: Some(attempts_at_claim),
         content_type: content_type_header(headers),
         github_headers: github_headers(headers),
         body,

@@ -23,6 +23,11 @@ pub struct Job {
     pub action: Option<String>,
     /// The claim token the job was published with.
     pub token: ClaimToken,
+    /// Takes the delivery had when the job was published, when its message
+    /// says (every job hookinbox publishes does). A worker may take and
+    /// complete such a job in one statement, guarded by this count (see
+    /// the worker's runtime).
+    pub attempts: Option<i32>,
     /// The original `Content-Type`.
     pub content_type: String,
     /// The original `X-GitHub-*` request headers (lower-case names).

@@ -43,6 +43,10 @@ pub const LEASE_RENEWALS: &str = "hookinbox_lease_renewals_total";
 pub const LEASES_LOST: &str = "hookinbox_leases_lost_total";
 /// Takes that replaced a holder whose lease had expired.
 pub const TAKEOVERS: &str = "hookinbox_lease_takeovers_total";
+/// Jobs tried on the one-statement path (take and completion in one
+/// statement), by `result`: `completed`, or why the full path took over
+/// (`handler`, `fenced`, `refused`, `no_answer`).
+pub const FUSED: &str = "hookinbox_fused_jobs_total";
 /// From the first claim to completion.
 pub const END_TO_END_SECONDS: &str = "hookinbox_end_to_end_seconds";
 /// Retries published by the scheduler.
@@ -286,6 +290,10 @@ fn describe() {
     describe_counter!(
         TAKEOVERS,
         "Takes of deliveries whose holder's lease expired"
+    );
+    describe_counter!(
+        FUSED,
+        "Jobs tried with take and completion in one statement, by result"
     );
     describe_histogram!(
         END_TO_END_SECONDS,

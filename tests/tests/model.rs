@@ -6,7 +6,11 @@
 //! - at most one completed effect per key;
 //! - `completed` never goes back;
 //! - a write with a stale token never changes a row;
-//! - `attempts` never exceeds the maximum (a replay resets it to 0).
+//! - `attempts` never exceeds the maximum (a replay resets it to 0);
+//! - a completion that is also the take (the worker's one-statement path)
+//!   changes the row only when it is processing under the presented token
+//!   with the presented attempts, fewer than the maximum, and then counts
+//!   its attempt.
 //!
 //! Lease expiry is a transition of its own (it backdates `lease_until`), so
 //! the test never waits for a clock.
@@ -15,7 +19,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use hookinbox::deliveries::{
-    self, ClaimRequest, ErrorClass, Failure, ParkedBody, Policy, Status, Take,
+    self, ClaimRequest, ErrorClass, Failure, ParkedBody, Policy, Status, StoredEvent, Take,
 };
 use hookinbox::key::{ClaimToken, DeliveryId, DeliveryKey, HookId, SourceName};
 use hookinbox_worker::{Completion, Effect};
@@ -51,7 +55,8 @@ fn shared() -> &'static Shared {
                 .await
                 .expect("client")
                 .batch_execute(
-                    "create table model_effects (delivery_id text not null, at timestamptz not null default now())",
+                    "create table model_effects (delivery_id text not null, at timestamptz not null default now());
+                     create index on model_effects (delivery_id)",
                 )
                 .await
                 .expect("effects table");
@@ -79,6 +84,16 @@ enum Op {
     Renew(usize),
     /// A holder runs the effect and completes.
     Complete(usize),
+    /// A worker runs a job without a take: the n-th token, presented with
+    /// the attempts it was published with (shifted by `skew`, to present
+    /// stale counts too), completed by one statement that is also the take;
+    /// the effect staged for the batched completion, or written in the
+    /// handler's transaction.
+    FusedComplete {
+        token: usize,
+        skew: i32,
+        in_transaction: bool,
+    },
     /// A holder records a failure.
     Fail { token: usize, retryable: bool },
     /// Time passes beyond the lease.
@@ -110,6 +125,8 @@ impl ReferenceStateMachine for Model {
             2 => (0..8usize, 0..8usize).prop_map(|(n, m)| Op::TakeBatched(n, m)),
             2 => (0..8usize).prop_map(Op::Renew),
             4 => (0..8usize).prop_map(Op::Complete),
+            4 => (0..8usize, prop_oneof![6 => Just(0), 1 => Just(-1), 1 => Just(1)], any::<bool>())
+                .prop_map(|(token, skew, in_transaction)| Op::FusedComplete { token, skew, in_transaction }),
             3 => (0..8usize, any::<bool>()).prop_map(|(token, retryable)| Op::Fail { token, retryable }),
             2 => Just(Op::Expire),
             2 => Just(Op::Schedule),
@@ -140,8 +157,10 @@ struct Snapshot {
 struct Sut {
     key: DeliveryKey,
     policy: Policy,
-    /// Every token ever handed out for this key, in order.
-    tokens: Vec<ClaimToken>,
+    /// Every token ever handed out for this key, in order, with the
+    /// attempts the row had when it was handed out (what a job published
+    /// with it would say).
+    tokens: Vec<(ClaimToken, i32)>,
     completed_seen: bool,
     /// The body hash the first claim stored.
     body: Option<[u8; 32]>,
@@ -178,15 +197,30 @@ impl Sut {
     }
 
     fn token(&self, n: usize) -> Option<ClaimToken> {
+        self.published(n).map(|(token, _)| token)
+    }
+
+    /// The n-th token and the attempts it was handed out with.
+    fn published(&self, n: usize) -> Option<(ClaimToken, i32)> {
         (!self.tokens.is_empty()).then(|| self.tokens[n % self.tokens.len()])
     }
 
+    /// Effects of either kind: written in a handler's transaction
+    /// (`model_effects`) or by the completing statement (`github_events`).
     async fn effects(&self) -> i64 {
         let client = shared().pool.get().await.expect("client");
         client
             .query_one(
-                "select count(*) from model_effects where delivery_id = $1",
-                &[&self.key.delivery_id.as_str()],
+                "select (select count(*) from model_effects where delivery_id = $4)
+                      + (select count(*) from github_events
+                         where provider = $1 and source = $2 and hook_id = $3
+                           and delivery_id = $4)",
+                &[
+                    &self.key.provider,
+                    &self.key.source.as_str(),
+                    &self.key.hook_id.as_str(),
+                    &self.key.delivery_id.as_str(),
+                ],
             )
             .await
             .expect("count")
@@ -200,12 +234,27 @@ impl Sut {
         F: FnOnce(ClaimToken) -> Fut,
         Fut: std::future::Future<Output = ()>,
     {
+        self.guarded_by(
+            |b| b.token == token && b.status == Status::Processing,
+            write(token),
+        )
+        .await;
+    }
+
+    /// Runs `write` and checks the fence: when `holds` is false of the row
+    /// before, the write must change nothing. Returns the row before.
+    async fn guarded_by<Fut>(
+        &mut self,
+        holds: impl FnOnce(&Snapshot) -> bool,
+        write: Fut,
+    ) -> Option<Snapshot>
+    where
+        Fut: std::future::Future<Output = ()>,
+    {
         let before = self.snapshot().await;
         let effects_before = self.effects().await;
-        write(token).await;
-        let holds = before
-            .as_ref()
-            .is_some_and(|b| b.token == token && b.status == Status::Processing);
+        write.await;
+        let holds = before.as_ref().is_some_and(holds);
         if !holds {
             assert_eq!(
                 self.snapshot().await,
@@ -218,6 +267,7 @@ impl Sut {
                 "a stale token ran an effect"
             );
         }
+        before
     }
 
     async fn apply(&mut self, op: Op) {
@@ -244,15 +294,25 @@ impl Sut {
                 .await
                 .expect("claim");
                 match claim {
-                    deliveries::Claim::Claimed { token, .. }
-                    | deliveries::Claim::Republish { token } => {
+                    deliveries::Claim::Claimed {
+                        token, attempts, ..
+                    } => {
                         // The first claim fixes the body; later claims must match it.
                         assert_eq!(
                             *self.body.get_or_insert(sha),
                             sha,
                             "a different body was claimed"
                         );
-                        self.tokens.push(token);
+                        self.tokens.push((token, attempts));
+                    }
+                    deliveries::Claim::Republish { token } => {
+                        // The first claim fixes the body; later claims must match it.
+                        assert_eq!(
+                            *self.body.get_or_insert(sha),
+                            sha,
+                            "a different body was claimed"
+                        );
+                        self.tokens.push((token, 0));
                     }
                     deliveries::Claim::Conflict => {
                         assert_ne!(self.body, Some(sha), "the same body reported as a conflict")
@@ -267,12 +327,13 @@ impl Sut {
                 let Some(presented) = self.token(n) else {
                     return;
                 };
-                if let Take::Taken { token, .. } =
-                    deliveries::take(&client, &self.policy, &self.key, presented, parked())
-                        .await
-                        .expect("take")
+                if let Take::Taken {
+                    token, attempts, ..
+                } = deliveries::take(&client, &self.policy, &self.key, presented, parked())
+                    .await
+                    .expect("take")
                 {
-                    self.tokens.push(token);
+                    self.tokens.push((token, attempts));
                 }
             }
             Op::TakeBatched(n, m) => {
@@ -293,8 +354,11 @@ impl Sut {
                                 .expect("take")
                         }
                     };
-                    if let Take::Taken { token, .. } = take {
-                        self.tokens.push(token);
+                    if let Take::Taken {
+                        token, attempts, ..
+                    } = take
+                    {
+                        self.tokens.push((token, attempts));
                     }
                 }
             }
@@ -313,8 +377,7 @@ impl Sut {
                 let Some(token) = self.token(n) else { return };
                 let key = self.key.clone();
                 self.guarded(token, |t| async move {
-                    let mut effect =
-                        Effect::new(shared().pool.clone(), key.clone(), t, 1, chrono::Utc::now());
+                    let mut effect = Effect::new(shared().pool.clone(), key.clone(), t, 1);
                     let ran = match effect.transaction().await {
                         Ok(tx) => {
                             tx.execute(
@@ -331,6 +394,51 @@ impl Sut {
                     assert!(ran || completion == Completion::Fenced);
                 })
                 .await;
+            }
+            Op::FusedComplete {
+                token,
+                skew,
+                in_transaction,
+            } => {
+                let Some((token, published)) = self.published(token) else {
+                    return;
+                };
+                let presented = published + skew;
+                if presented < 0 {
+                    return;
+                }
+                let key = self.key.clone();
+                let max = self.policy.max_attempts;
+                let completed = std::sync::Arc::new(std::sync::Mutex::new(None));
+                let before = self
+                    .guarded_by(
+                        |b| {
+                            b.token == token
+                                && b.status == Status::Processing
+                                && b.attempts == presented
+                                && b.attempts < max
+                        },
+                        fused(
+                            key,
+                            token,
+                            presented,
+                            max,
+                            in_transaction,
+                            completed.clone(),
+                        ),
+                    )
+                    .await;
+                let completed = completed.lock().expect("lock").take();
+                if completed == Some(true) {
+                    let before = before.expect("a row was completed");
+                    let after = self.snapshot().await.expect("the completed row");
+                    assert_eq!(after.status, Status::Completed);
+                    assert_eq!(
+                        after.attempts,
+                        before.attempts + 1,
+                        "a completion that is the take counts its attempt"
+                    );
+                }
             }
             Op::Fail { token, retryable } => {
                 let Some(token) = self.token(token) else {
@@ -376,9 +484,10 @@ impl Sut {
                     .await
                     .expect("schedule")
                 {
-                    let job = job.expect("a readable parked row").job;
-                    if job.key == self.key {
-                        self.tokens.push(job.token);
+                    let parked = job.expect("a readable parked row");
+                    assert_eq!(parked.job.attempts, Some(parked.attempts));
+                    if parked.job.key == self.key {
+                        self.tokens.push((parked.job.token, parked.attempts));
                     }
                 }
             }
@@ -387,7 +496,10 @@ impl Sut {
                     .await
                     .expect("replay")
                 {
-                    deliveries::Replayed::Started(parked) => self.tokens.push(parked.job.token),
+                    deliveries::Replayed::Started(parked) => {
+                        assert_eq!(parked.job.attempts, Some(0), "a replay starts over");
+                        self.tokens.push((parked.job.token, 0))
+                    }
                     deliveries::Replayed::Unreadable(row) => {
                         panic!("a readable parked row: {}", row.reason)
                     }
@@ -442,6 +554,53 @@ impl Sut {
             );
         }
     }
+}
+
+/// One job on the worker's one-statement path: the handler stages the
+/// event (or writes its effect in its transaction), and the completion is
+/// the take. Stores whether it completed in `completed`.
+async fn fused(
+    key: DeliveryKey,
+    token: ClaimToken,
+    attempts: i32,
+    max_attempts: i32,
+    in_transaction: bool,
+    completed: std::sync::Arc<std::sync::Mutex<Option<bool>>>,
+) {
+    let mut effect = Effect::taking(
+        shared().pool.clone(),
+        key.clone(),
+        token,
+        attempts,
+        max_attempts,
+    );
+    let ran = if in_transaction {
+        match effect.transaction().await {
+            Ok(tx) => {
+                tx.execute(
+                    "insert into model_effects (delivery_id) values ($1)",
+                    &[&key.delivery_id.as_str()],
+                )
+                .await
+                .expect("effect");
+                true
+            }
+            Err(_) => false,
+        }
+    } else {
+        effect
+            .store_event(StoredEvent {
+                event: "push".to_owned(),
+                action: None,
+                payload: bytes::Bytes::from_static(BODY),
+            })
+            .await
+            .expect("staged");
+        true
+    };
+    let completion = effect.complete().await.expect("complete");
+    assert!(ran || completion == Completion::Fenced);
+    *completed.lock().expect("lock") = Some(matches!(completion, Completion::Completed { .. }));
 }
 
 struct DeliveryStateMachine;

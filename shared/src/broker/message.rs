@@ -18,6 +18,9 @@ const H_DELIVERY_ID: &str = "hookinbox-delivery-id";
 const H_EVENT: &str = "hookinbox-event";
 const H_ACTION: &str = "hookinbox-action";
 const H_TOKEN: &str = "hookinbox-token";
+/// Takes so far: when the job was published, or (a dead-letter copy) when
+/// it failed.
+const H_ATTEMPTS: &str = "hookinbox-attempts";
 
 /// Why a message could not be read as a job.
 #[derive(Debug, thiserror::Error)]
@@ -39,6 +42,9 @@ pub(super) fn properties(job: &Job) -> BasicProperties {
         headers.insert(H_ACTION.into(), long_string(action));
     }
     headers.insert(H_TOKEN.into(), long_string(&job.token.to_string()));
+    if let Some(attempts) = job.attempts {
+        headers.insert(H_ATTEMPTS.into(), AMQPValue::LongInt(attempts));
+    }
     for (name, value) in &job.github_headers {
         headers.insert(ShortString::from(name.clone()), long_string(value));
     }
@@ -83,6 +89,12 @@ pub fn decode(properties: &BasicProperties, data: Vec<u8>) -> Result<Job, Malfor
         .parse()
         .map(ClaimToken)
         .map_err(|_| MalformedJob(H_TOKEN))?;
+    // Absent or of another type: the message does not say, and the worker
+    // takes the job before running it.
+    let attempts = match headers.inner().get(H_ATTEMPTS) {
+        Some(AMQPValue::LongInt(n)) => Some(*n),
+        _ => None,
+    };
     let github_headers = headers
         .inner()
         .iter()
@@ -104,6 +116,7 @@ pub fn decode(properties: &BasicProperties, data: Vec<u8>) -> Result<Job, Malfor
         event,
         action,
         token,
+        attempts,
         content_type,
         github_headers,
         body: Bytes::from(data),
@@ -119,10 +132,7 @@ pub(super) fn dead_letter_properties(job: &Job, dead: &DeadLetter) -> BasicPrope
         "hookinbox-error-class".into(),
         long_string(dead.class.as_str()),
     );
-    headers.insert(
-        "hookinbox-attempts".into(),
-        AMQPValue::LongInt(dead.attempts),
-    );
+    headers.insert(H_ATTEMPTS.into(), AMQPValue::LongInt(dead.attempts));
     headers.insert(
         "hookinbox-first-failed-at".into(),
         long_string(&dead.first_failed_at.to_rfc3339()),

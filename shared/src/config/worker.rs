@@ -64,6 +64,17 @@ pub struct WorkerArgs {
     )]
     pub take_batch: usize,
 
+    /// A job whose handler writes only to Postgres (`store`) is taken and
+    /// completed by one statement when its message comes for the first
+    /// time (false: every job is taken first, then completed).
+    #[arg(
+        long,
+        env = "HOOKINBOX_FUSED_TAKE",
+        value_name = "HOOKINBOX_FUSED_TAKE",
+        default_value_t = true,
+        value_parser = BoolishValueParser::new(), action = clap::ArgAction::Set)]
+    pub fused_take: bool,
+
     /// Address of the metrics listener (`/metrics`, `/healthz`, `/readyz`).
     #[arg(
         long,
@@ -314,6 +325,8 @@ pub struct WorkerConfig {
     pub complete_batch: usize,
     /// Takes per statement.
     pub take_batch: usize,
+    /// Whether database-only jobs are taken by their completion.
+    pub fused_take: bool,
     /// Metrics listener address (served while the worker runs).
     pub metrics_listen: SocketAddr,
     /// Handler time limit.
@@ -521,6 +534,7 @@ impl WorkerArgs {
             concurrency: self.concurrency,
             complete_batch: self.complete_batch,
             take_batch: self.take_batch,
+            fused_take: self.fused_take,
             metrics_listen: self.metrics_listen,
             handler_timeout: Duration::from_millis(self.handler_timeout_ms),
             shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),

@@ -132,7 +132,7 @@ returning d.provider, d.source, d.hook_id, d.delivery_id, d.event, d.action,
 #[derive(Clone, Debug)]
 pub enum Replayed {
     /// Back to `processing` under a new token: publish this job.
-    Started(Parked),
+    Started(Box<Parked>),
     /// Its parked body cannot become a job; dead-letter it with the reason
     /// ([`super::dead_letter_unreadable`]).
     Unreadable(Unreadable),
@@ -180,7 +180,7 @@ pub async fn replay(
 ) -> Result<Replayed, DbError> {
     if let Some(row) = query_opt(client, REPLAY, key, &[&secs(policy.lease)]).await? {
         return Ok(match parked(&row) {
-            Ok(job) => Replayed::Started(job),
+            Ok(job) => Replayed::Started(Box::new(job)),
             Err(unreadable) => Replayed::Unreadable(unreadable),
         });
     }

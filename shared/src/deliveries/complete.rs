@@ -1,8 +1,18 @@
 //! The worker's resolutions: completion (one delivery in its own
 //! transaction, or many by group commit, with the `store` effect written by
 //! the completing statement), the `github_events` insert, and failure.
+//!
+//! A completion may also be the delivery's take (`take: Some(n)`): for a
+//! job whose whole effect is in the completing transaction, the worker
+//! skips the separate take, and the completion counts the attempt itself,
+//! guarded by the message's token, the attempts the row had when the job
+//! was published (`n`), and attempts left. It is the take's compare-and-set
+//! for the common case (the message's own claim, untaken), narrowed: a row
+//! it does not match is left as it was, and the worker takes it the full
+//! way, which decides every other case (an expired lease, a `lost` row,
+//! poison, a live holder, resolved).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 
 use crate::postgres::sql::{self, Session};
 use chrono::{DateTime, Utc};
@@ -10,23 +20,25 @@ use uuid::Uuid;
 
 use super::parked::ParkedBody;
 use super::row::{KeyColumns, KeyTuple, key_tuple};
-use super::{Failed, Failure, execute, query_one, query_opt, redact, secs};
+use super::{Failed, Failure, execute, query_opt, redact, secs};
 use crate::key::{ClaimToken, DeliveryKey};
 use crate::postgres::DbError;
 
 /// The one `github_events` insert: the `store` effect, written in the
 /// completing transaction (see [`store_event`]) or by the completing
-/// statement itself (see [`complete_batch`]). `on conflict do nothing`:
+/// statement itself (see [`complete_batch`]). Its `received_at` is the
+/// delivery row's `created_at`, when ingest first claimed it. `on conflict
+/// do nothing`:
 /// the fence already makes a second effect impossible; this keeps a
 /// replayed request, claimed anew after its delivery row was swept, from
 /// failing forever.
 macro_rules! insert_github_event {
-    ($select:literal) => {
+    ($($select:tt)+) => {
         concat!(
             "insert into github_events
         (provider, source, hook_id, delivery_id, event, action, payload, received_at)
     ",
-            $select,
+            $($select)+,
             "
     on conflict do nothing"
         )
@@ -49,34 +61,41 @@ const COMPLETE: &str = concat!(
     "
 with done as (
     update deliveries
-    set status = 'completed', completed_at = now(), retryable = false, next_attempt_at = null
+    set status = 'completed', completed_at = now(), retryable = false, next_attempt_at = null,
+        attempts = attempts + (($6::int4) is not null)::int4
     where ",
     key!(),
     " and ",
     held_by!("$5"),
     "
-    returning provider, source, hook_id, delivery_id
+      and ($6::int4 is null or (attempts = $6 and attempts < $7))
+    returning provider, source, hook_id, delivery_id, created_at
 ), unparked as (
     delete from parked_bodies p using done d
     where p.provider = d.provider and p.source = d.source
       and p.hook_id = d.hook_id and p.delivery_id = d.delivery_id
 )
-select count(*) from done"
+select created_at from done"
 );
 
 /// Marks the delivery completed and deletes its parked body. Run it in the
 /// transaction of a database effect, so the effect and the completion
 /// commit together or not at all.
 /// Guarded by the token alone, not by `lease_until > now()`: a holder whose
-/// lease lapsed but whom nobody replaced may still finish. Returns false
-/// when fenced.
+/// lease lapsed but whom nobody replaced may still finish. With `take:
+/// Some(n)` the completion is also the take (see the module notes): it
+/// counts the attempt, and holds only while the row has `n` attempts, fewer
+/// than `max_attempts`. Returns when ingest first claimed the delivery, or
+/// `None` when fenced.
 pub async fn complete(
     client: &impl Session,
     key: &DeliveryKey,
     token: ClaimToken,
-) -> Result<bool, DbError> {
-    let row = query_one(client, COMPLETE, key, &[&token.0]).await?;
-    Ok(row.get::<_, i64>(0) == 1)
+    take: Option<i32>,
+    max_attempts: i32,
+) -> Result<Option<DateTime<Utc>>, DbError> {
+    let row = query_opt(client, COMPLETE, key, &[&token.0, &take, &max_attempts]).await?;
+    Ok(row.map(|row| row.get(0)))
 }
 
 /// A `github_events` row that the completing statement itself writes (see
@@ -90,12 +109,13 @@ pub struct StoredEvent {
     /// The payload as JSON text (UTF-8). A `Bytes` so that a JSON body is
     /// shared with the job, not copied.
     pub payload: bytes::Bytes,
-    /// When ingest first claimed the delivery.
-    pub received_at: DateTime<Utc>,
 }
 
-const STORE_EVENT: &str =
-    insert_github_event!("values ($1, $2, $3, $4, $5, $6, $7::text::jsonb, $8)");
+const STORE_EVENT: &str = insert_github_event!(
+    "select provider, source, hook_id, delivery_id, $5, $6, $7::text::jsonb, created_at
+    from deliveries where ",
+    key!()
+);
 
 /// Writes `event` into `github_events` as the delivery's effect, inside a
 /// transaction that fenced the row first ([`super::fence`]) and will
@@ -113,7 +133,6 @@ pub async fn store_event(
             &event.event,
             &event.action,
             &String::from_utf8_lossy(&event.payload),
-            &event.received_at,
         ],
     )
     .await?;
@@ -127,8 +146,12 @@ pub async fn store_event(
 pub struct Completing {
     /// The delivery.
     pub key: DeliveryKey,
-    /// The token its holder took it with.
+    /// The token its holder took it with (or, with `take`, the token the
+    /// job was published with).
     pub token: ClaimToken,
+    /// `Some(n)`: this completion is also the take (see the module notes),
+    /// and holds only while the row has `n` attempts.
+    pub take: Option<i32>,
     /// The event to store with the completion, if the effect is one.
     pub store: Option<StoredEvent>,
 }
@@ -141,26 +164,29 @@ macro_rules! complete_batch_sql {
             "
 with input as (
     select * from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::uuid[],
-                         $6::bool[], $7::text[], $8::text[], $9::text[], $10::timestamptz[])
+                         $6::bool[], $7::text[], $8::text[], $9::text[], $10::int4[])
         as i(provider, source, hook_id, delivery_id, token, store, event, action, payload,
-             received_at)
+             take)
 ), done as (
     update deliveries d
-    set status = 'completed', completed_at = now(), retryable = false, next_attempt_at = null
+    set status = 'completed', completed_at = now(), retryable = false, next_attempt_at = null,
+        attempts = d.attempts + (i.take is not null)::int4
     from input i
     where d.provider = i.provider and d.source = i.source and d.hook_id = i.hook_id
       and d.delivery_id = i.delivery_id
       and ",
             held_by!("d", "i.token"),
             "
-    returning d.provider, d.source, d.hook_id, d.delivery_id, i.token
+      and (i.take is null or (d.attempts = i.take and d.attempts < $11))
+    returning d.provider, d.source, d.hook_id, d.delivery_id, i.token, d.created_at
 ), effects as (
-    select i.* from input i join done using (provider, source, hook_id, delivery_id, token)
+    select i.*, done.created_at
+    from input i join done using (provider, source, hook_id, delivery_id, token)
     where i.store
 ), stored as (
     ",
             insert_github_event!(
-                "select provider, source, hook_id, delivery_id, event, action, payload::jsonb, received_at
+                "select provider, source, hook_id, delivery_id, event, action, payload::jsonb, created_at
     from effects"
             ),
             "
@@ -171,7 +197,7 @@ with input as (
 )",
             $($log)*,
             "
-select provider, source, hook_id, delivery_id, token from done"
+select provider, source, hook_id, delivery_id, token, created_at from done"
         )
     };
 }
@@ -188,20 +214,23 @@ const COMPLETE_BATCH: &str = complete_batch_sql!(concat!(
 
 /// Group commit of completions: completes many deliveries, and writes the
 /// events of those whose effect is a stored event, in one statement
-/// (`UPDATE … FROM unnest(…)`), answering for each whether it completed
-/// (false: fenced).
+/// (`UPDATE … FROM unnest(…)`), answering for each when ingest first
+/// claimed it, or `None` when it was fenced.
 ///
 /// Each row stays individually fenced: a row is completed only if its own
-/// token still holds it (`claim_token = token and status = 'processing'`),
-/// and its event is written only if that row completed, in the same
-/// statement and so the same transaction. A worker that lost its delivery
-/// to a takeover therefore neither completes it nor writes its effect, no
-/// matter which batch it rides in. The input is sorted by key so that
-/// concurrent batches lock rows in the same order.
+/// token still holds it (`claim_token = token and status = 'processing'`,
+/// and for a completion that is also the take, the attempts it was
+/// published with, fewer than `max_attempts`), and its event is written
+/// only if that row completed, in the same statement and so the same
+/// transaction. A worker that lost its delivery to a takeover therefore
+/// neither completes it nor writes its effect, no matter which batch it
+/// rides in. The input is sorted by key so that concurrent batches lock
+/// rows in the same order.
 pub async fn complete_batch(
     client: &impl Session,
+    max_attempts: i32,
     items: &[Completing],
-) -> Result<Vec<bool>, DbError> {
+) -> Result<Vec<Option<DateTime<Utc>>>, DbError> {
     // One statement cannot update a row twice: one entry per (key, token),
     // in key order (see `row::firsts_by_key`).
     let mut unique: BTreeMap<(&DeliveryKey, Uuid), usize> = BTreeMap::new();
@@ -225,19 +254,25 @@ pub async fn complete_batch(
         .collect();
     let tokens: Vec<Uuid> = unique.keys().map(|(_, token)| *token).collect();
     let store: Vec<bool> = unique.values().map(|&i| stored(i).is_some()).collect();
-    let received: Vec<Option<DateTime<Utc>>> = unique
-        .values()
-        .map(|&i| stored(i).map(|e| e.received_at))
-        .collect();
+    let takes: Vec<Option<i32>> = unique.values().map(|&i| items[i].take).collect();
     let rows = sql::query(
         client,
         COMPLETE_BATCH,
-        &keys.params(&[&tokens, &store, &events, &actions, &payloads, &received]),
+        &keys.params(&[
+            &tokens,
+            &store,
+            &events,
+            &actions,
+            &payloads,
+            &takes,
+            &max_attempts,
+        ]),
     )
     .await?;
-    let done: HashSet<(KeyTuple, Uuid)> = rows
+    let mut done: HashMap<(KeyTuple, Uuid), DateTime<Utc>> = rows
         .iter()
         .map(|r| ((r.get(0), r.get(1), r.get(2), r.get(3)), r.get(4)))
+        .zip(rows.iter().map(|r| r.get(5)))
         .collect();
     // Only the entry that took part in the statement answers for its
     // (key, token); a repeat of it in the same batch is not a second
@@ -246,8 +281,10 @@ pub async fn complete_batch(
         .iter()
         .enumerate()
         .map(|(i, item)| {
-            done.contains(&(key_tuple(&item.key), item.token.0))
-                && unique.get(&(&item.key, item.token.0)) == Some(&i)
+            if unique.get(&(&item.key, item.token.0)) != Some(&i) {
+                return None;
+            }
+            done.remove(&(key_tuple(&item.key), item.token.0))
         })
         .collect())
 }

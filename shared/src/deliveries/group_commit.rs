@@ -68,17 +68,20 @@ pub fn takes(pool: Pool, policy: Policy, shape: BatchShape) -> TakeBatcher {
 }
 
 /// The worker's completions, `HOOKINBOX_COMPLETE_BATCH` per statement: for
-/// each, whether that row's token still held it (false: fenced), or
-/// Postgres's refusal of that row.
-pub type CompletionBatcher = Batcher<Completing, Result<bool, Refusal>>;
+/// each, when ingest first claimed the delivery if that row's token still
+/// held it (`None`: fenced), or Postgres's refusal of that row.
+pub type CompletionBatcher = Batcher<Completing, Result<Option<Received>, Refusal>>;
+
+/// When ingest first claimed a delivery (its row's `created_at`).
+pub type Received = chrono::DateTime<chrono::Utc>;
 
 /// Starts the completion collector.
-pub fn completions(pool: Pool, shape: BatchShape) -> CompletionBatcher {
+pub fn completions(pool: Pool, policy: Policy, shape: BatchShape) -> CompletionBatcher {
     Batcher::start(shape, move |items: Vec<Completing>| {
         let pool = pool.clone();
         async move {
             let client = pool.get().await?;
-            let result = complete_apart(&client, &items).await;
+            let result = complete_apart(&client, policy.max_attempts, &items).await;
             if result.is_err() {
                 // Whether the statement committed is unknown; never hand
                 // this session out again.
@@ -94,14 +97,15 @@ pub fn completions(pool: Pool, shape: BatchShape) -> CompletionBatcher {
 /// same call.
 pub async fn complete_apart(
     client: &impl Session,
+    max_attempts: i32,
     items: &[Completing],
-) -> Result<Vec<Result<bool, Refusal>>, DbError> {
-    let mut answers: Vec<Option<Result<bool, Refusal>>> = vec![None; items.len()];
+) -> Result<Vec<Result<Option<Received>, Refusal>>, DbError> {
+    let mut answers: Vec<Option<Result<Option<Received>, Refusal>>> = vec![None; items.len()];
     // The ranges still to try: first the whole batch.
     let mut ranges: Vec<std::ops::Range<usize>> = Vec::new();
     ranges.push(0..items.len());
     while let Some(range) = ranges.pop() {
-        match super::complete_batch(client, &items[range.clone()]).await {
+        match super::complete_batch(client, max_attempts, &items[range.clone()]).await {
             Ok(done) => {
                 for (i, completed) in range.zip(done) {
                     answers[i] = Some(Ok(completed));
@@ -118,10 +122,7 @@ pub async fn complete_apart(
             },
         }
     }
-    Ok(answers
-        .into_iter()
-        .map(|a| a.unwrap_or(Ok(false)))
-        .collect())
+    Ok(answers.into_iter().map(|a| a.unwrap_or(Ok(None))).collect())
 }
 
 /// A statement's own answer: Postgres's refusal becomes the row's answer,

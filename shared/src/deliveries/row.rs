@@ -122,17 +122,19 @@ pub(super) fn parked(row: &tokio_postgres::Row) -> Result<Parked, Unreadable> {
         .map_err(|_| unreadable(DbError::BadRow("event").to_string()))?;
     let headers: serde_json::Value = row.get("headers");
     let body: Vec<u8> = row.get("body");
+    let attempts: i32 = row.get("attempts");
     Ok(Parked {
         job: Job {
             key,
             event,
             action: row.get("action"),
             token,
+            attempts: Some(attempts),
             content_type: row.get("content_type"),
             github_headers: headers_from_json(&headers),
             body: body.into(),
         },
-        attempts: row.get("attempts"),
+        attempts,
     })
 }
 

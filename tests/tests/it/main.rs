@@ -29,5 +29,6 @@ mod worker_bad_bodies;
 mod worker_failures;
 mod worker_fencing;
 mod worker_forward;
+mod worker_one_statement;
 mod worker_retries;
 mod worker_shutdown;

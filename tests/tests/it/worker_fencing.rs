@@ -69,11 +69,12 @@ async fn stale_worker_cannot_complete() {
         event: hookinbox::key::EventName::parse(b"push").expect("event"),
         action: None,
         token: t0,
+        attempts: Some(0),
         content_type: "application/json".to_owned(),
         github_headers: Vec::new(),
         body: fixtures::own("push").into(),
     };
-    let mut stale_effect = Effect::new(pool.clone(), k.clone(), stale, 1, chrono::Utc::now());
+    let mut stale_effect = Effect::new(pool.clone(), k.clone(), stale, 1);
     // The store effect is staged: the completing statement writes it only
     // if this token still holds the row, and it does not.
     Store.handle(&job, &mut stale_effect).await.expect("staged");
@@ -98,12 +99,12 @@ async fn stale_worker_cannot_complete() {
     assert_eq!(env.events().await, 0, "the stale effect never landed");
 
     // Worker B finishes normally.
-    let mut effect = Effect::new(pool.clone(), k.clone(), fresh, 2, chrono::Utc::now());
+    let mut effect = Effect::new(pool.clone(), k.clone(), fresh, 2);
     Store.handle(&job, &mut effect).await.expect("effect");
-    assert_eq!(
+    assert!(matches!(
         effect.complete().await.expect("complete"),
-        Completion::Completed
-    );
+        Completion::Completed { .. }
+    ));
     assert_eq!(env.events().await, 1);
     let row = deliveries::get(&client, &k)
         .await
@@ -180,6 +181,27 @@ async fn worker_whose_claim_was_taken_over_is_fenced_and_acks() {
 
 #[tokio::test]
 async fn worker_killed_mid_job_is_finished_by_another_after_the_lease() {
+    // The full path: the killed worker took the delivery, and its lease
+    // stands until it runs out.
+    let (env, attempts) = killed_mid_effect(false).await;
+    assert_eq!(attempts, 2, "the killed take, then the one that finished");
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn worker_killed_mid_statement_on_the_one_statement_path_leaves_no_take_behind() {
+    // The one-statement path: nothing of the killed worker's committed, not
+    // even a take, so no lease of its own holds the next worker back. The
+    // redelivered message goes the full way (its take counts the attempt).
+    let (env, attempts) = killed_mid_effect(true).await;
+    assert_eq!(attempts, 1, "only the take that finished counted");
+    env.cleanup().await;
+}
+
+/// A worker process blocks inside its effect (`github_events` locked) and
+/// is killed with SIGKILL; another worker then drains the redelivered
+/// message. Returns the environment and the delivery's attempts at the end.
+async fn killed_mid_effect(fused: bool) -> (TestEnv, i64) {
     let env = TestEnv::new().await;
     let mut args = env.ingest_args();
     args.common.lease_secs = 3;
@@ -200,6 +222,7 @@ async fn worker_killed_mid_job_is_finished_by_another_after_the_lease() {
         .env("AMQP_URL", hookinbox_tests::amqp_url())
         .env("HOOKINBOX_QUEUE_PREFIX", &env.prefix)
         .env("HOOKINBOX_LEASE_SECS", "3")
+        .env("HOOKINBOX_FUSED_TAKE", fused.to_string())
         .env("HOOKINBOX_AUTO_MIGRATE", "false")
         .env("HOOKINBOX_METRICS_LISTEN", "127.0.0.1:0")
         .env("HOOKINBOX_LOG_FORMAT", "json")
@@ -241,16 +264,13 @@ async fn worker_killed_mid_job_is_finished_by_another_after_the_lease() {
     let worker = env
         .worker_with(worker_args.validate().expect("valid"), Arc::new(Store))
         .await;
-    // The killed worker's lease is still live: the copy is deferred, then
-    // taken once the lease runs out.
+    // After a killed take, its lease is still live: the copy is deferred,
+    // then taken once the lease runs out.
     let report = worker.drain().await.expect("drain");
     assert_eq!(report.outcomes, vec![JobOutcome::Completed]);
     assert_eq!(env.events().await, 1);
-    assert_eq!(
-        env.count("select attempts::bigint from deliveries").await,
-        2
-    );
-    env.cleanup().await;
+    let attempts = env.count("select attempts::bigint from deliveries").await;
+    (env, attempts)
 }
 
 /// Claims and takes `id`, returning the claim's token and the live one.
@@ -303,7 +323,6 @@ async fn a_batch_of_completions_fences_each_row_by_its_own_token() {
             event: "push".to_owned(),
             action: None,
             payload: bytes::Bytes::from_static(br#"{"ok":true}"#),
-            received_at: chrono::Utc::now(),
         })
     };
     let (_, live) = taken(&env, &client, "batch-live").await;
@@ -314,10 +333,12 @@ async fn a_batch_of_completions_fences_each_row_by_its_own_token() {
     let item = |id: &str, token, store| deliveries::Completing {
         key: key(id),
         token,
+        take: None,
         store,
     };
     let answers = deliveries::complete_batch(
         &client,
+        3,
         &[
             item("batch-live", live, event()),
             // A stale holder rides in the same batch: fenced, no effect.
@@ -333,7 +354,8 @@ async fn a_batch_of_completions_fences_each_row_by_its_own_token() {
     )
     .await
     .expect("batch");
-    assert_eq!(answers, vec![true, false, false, true, false, true]);
+    let completed: Vec<bool> = answers.iter().map(Option::is_some).collect();
+    assert_eq!(completed, vec![true, false, false, true, false, true]);
     let stored: Vec<String> = env
         .db
         .query("select delivery_id from github_events order by 1", &[])

@@ -14,7 +14,10 @@ use super::HandlerError;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Completion {
     /// The delivery is completed (and the effect committed with it).
-    Completed,
+    Completed {
+        /// When ingest first claimed the delivery.
+        received_at: DateTime<Utc>,
+    },
     /// The token no longer held the delivery; the effect was rolled back.
     Fenced,
     /// Postgres refused the completion (a payload `jsonb` cannot hold, say):
@@ -29,7 +32,8 @@ pub struct Effect {
     key: DeliveryKey,
     token: ClaimToken,
     attempt: i32,
-    received_at: DateTime<Utc>,
+    /// Set when the completion is also the take (see [`Effect::taking`]).
+    take: Option<FirstTake>,
     /// Set once the transaction began (and the row was fenced).
     tx: Option<Client>,
     /// An event to write with the completion (see [`Effect::store_event`]).
@@ -38,25 +42,48 @@ pub struct Effect {
     completions: Option<CompletionBatcher>,
 }
 
+/// A completion that is also the take: the row must still have `attempts`
+/// takes, fewer than `max_attempts`.
+#[derive(Clone, Copy, Debug)]
+struct FirstTake {
+    attempts: i32,
+    max_attempts: i32,
+}
+
 impl Effect {
     /// The effect of one attempt at `key` under `token`.
-    pub fn new(
-        pool: Pool,
-        key: DeliveryKey,
-        token: ClaimToken,
-        attempt: i32,
-        received_at: DateTime<Utc>,
-    ) -> Self {
+    pub fn new(pool: Pool, key: DeliveryKey, token: ClaimToken, attempt: i32) -> Self {
         Self {
             pool,
             key,
             token,
             attempt,
-            received_at,
+            take: None,
             tx: None,
             staged: None,
             completions: None,
         }
+    }
+
+    /// The effect of a job run without a take: `token` is the one the job
+    /// was published with, and `attempts` the takes the row had then. The
+    /// completion takes the delivery and completes it in one statement,
+    /// counting this attempt, only while the row still has `attempts`
+    /// takes (fewer than `max_attempts`) under `token`; otherwise it is
+    /// fenced and nothing is written.
+    pub fn taking(
+        pool: Pool,
+        key: DeliveryKey,
+        token: ClaimToken,
+        attempts: i32,
+        max_attempts: i32,
+    ) -> Self {
+        let mut effect = Self::new(pool, key, token, attempts + 1);
+        effect.take = Some(FirstTake {
+            attempts,
+            max_attempts,
+        });
+        effect
     }
 
     /// Completes through `batcher` (group commit) instead of a statement of
@@ -86,11 +113,6 @@ impl Effect {
     /// This attempt's number, starting at 1.
     pub fn attempt(&self) -> i32 {
         self.attempt
-    }
-
-    /// When ingest first claimed the delivery.
-    pub fn received_at(&self) -> DateTime<Utc> {
-        self.received_at
     }
 
     /// The transaction that will also complete the delivery. The first call
@@ -123,19 +145,27 @@ impl Effect {
     /// Completes the delivery: inside the handler's transaction when it
     /// opened one (then commits both), otherwise in one statement.
     pub async fn complete(mut self) -> Result<Completion, DbError> {
+        let take = self.take.map(|t| t.attempts);
+        let max_attempts = self.take.map_or(0, |t| t.max_attempts);
         match self.tx.take() {
             Some(client) => {
                 let completed = async {
-                    let completed = deliveries::complete(&client, &self.key, self.token).await?;
+                    let completed =
+                        deliveries::complete(&client, &self.key, self.token, take, max_attempts)
+                            .await?;
                     client
-                        .batch_execute(if completed { "commit" } else { "rollback" })
+                        .batch_execute(if completed.is_some() {
+                            "commit"
+                        } else {
+                            "rollback"
+                        })
                         .await?;
                     Ok::<_, DbError>(completed)
                 }
                 .await;
                 match completed {
-                    Ok(true) => Ok(Completion::Completed),
-                    Ok(false) => Ok(Completion::Fenced),
+                    Ok(Some(received_at)) => Ok(Completion::Completed { received_at }),
+                    Ok(None) => Ok(Completion::Fenced),
                     // Postgres answered: nothing committed. End the
                     // transaction and report the refusal.
                     Err(e) if e.refusal().is_some() => {
@@ -155,21 +185,26 @@ impl Effect {
                 let item = Completing {
                     key: self.key.clone(),
                     token: self.token,
+                    take,
                     store: self.staged.take(),
                 };
                 let completed = match &self.completions {
                     Some(batcher) => batcher.submit(item).await?,
                     None => {
                         let client = self.pool.get().await?;
-                        group_commit::complete_apart(&client, std::slice::from_ref(&item))
-                            .await?
-                            .pop()
-                            .unwrap_or(Ok(false))
+                        group_commit::complete_apart(
+                            &client,
+                            max_attempts,
+                            std::slice::from_ref(&item),
+                        )
+                        .await?
+                        .pop()
+                        .unwrap_or(Ok(None))
                     }
                 };
                 Ok(match completed {
-                    Ok(true) => Completion::Completed,
-                    Ok(false) => Completion::Fenced,
+                    Ok(Some(received_at)) => Completion::Completed { received_at },
+                    Ok(None) => Completion::Fenced,
                     Err(refusal) => Completion::Refused(refusal),
                 })
             }

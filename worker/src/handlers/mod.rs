@@ -148,6 +148,20 @@ impl From<DbError> for HandlerError {
 pub trait Handler: Send + Sync + 'static {
     /// Does the effect of one delivery.
     async fn handle(&self, job: &Job, effect: &mut Effect) -> Result<(), HandlerError>;
+
+    /// Whether this job's whole effect goes through the completing
+    /// transaction ([`Effect::store_event`], [`Effect::transaction`]), with
+    /// nothing done outside Postgres. The runtime may then run a job that
+    /// comes for the first time without a take, a lease or a heartbeat:
+    /// its completion takes it, in one statement (see
+    /// `hookinbox::deliveries::complete`). Anything else that happens to
+    /// such a job (a failure, a timeout, a fence) sends it the full way,
+    /// and the handler runs again after a take. False by default: only
+    /// say true for a handler that can run twice and change nothing the
+    /// first time it did not complete.
+    fn database_only(&self, _job: &Job) -> bool {
+        false
+    }
 }
 
 /// Sends each delivery to the handler of its source.
@@ -165,6 +179,12 @@ impl Handler for Router {
                 job.key.source
             ))),
         }
+    }
+
+    fn database_only(&self, job: &Job) -> bool {
+        self.routes
+            .get(&job.key.source)
+            .is_some_and(|handler| handler.database_only(job))
     }
 }
 

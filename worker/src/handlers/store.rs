@@ -29,11 +29,16 @@ impl Handler for Store {
                     std::borrow::Cow::Borrowed(text) => job.body.slice_ref(text.as_bytes()),
                     std::borrow::Cow::Owned(text) => bytes::Bytes::from(text),
                 },
-                received_at: effect.received_at(),
             })
             .await?;
         // Staged (or written in the handler's transaction), not committed.
         hookinbox::kill_point!("worker.mid_effect");
         Ok(())
+    }
+
+    /// The event is written by the completing statement: nothing happens
+    /// outside Postgres.
+    fn database_only(&self, _job: &Job) -> bool {
+        true
     }
 }

@@ -50,7 +50,13 @@ impl Worker {
             };
             let delivery = message.delivery;
             let outcome = self
-                .process(delivery.properties, delivery.data, delivery.acker, &stop)
+                .process(
+                    delivery.properties,
+                    delivery.data,
+                    delivery.redelivered,
+                    delivery.acker,
+                    &stop,
+                )
                 .await;
             report.outcomes.push(outcome);
         }

@@ -20,6 +20,10 @@
 //! 5. **Ack after commit**: a crash before the ack redelivers the message,
 //!    whose take then finds the delivery completed and acks it.
 //!
+//! A job whose handler writes only to Postgres, on its message's first
+//! delivery, first tries the one-statement path (`fused`): its completion
+//! is its take. Whatever that path does not finish comes here, to step 1.
+//!
 //! With Postgres down a job keeps its message unacked and waits; prefetch
 //! bounds how many such messages a worker holds, so it stops consuming
 //! instead of spinning on requeue.
@@ -43,7 +47,7 @@ use super::{JobOutcome, Stop, Worker};
 use crate::handlers::{Completion, Effect, HandlerError};
 
 /// How a handler run ended.
-enum Ran {
+pub(super) enum Ran {
     Returned(Result<(), HandlerError>),
     Panicked,
     TimedOut,
@@ -59,11 +63,13 @@ enum Attempt {
 }
 
 impl Worker {
-    /// One message, start to end.
+    /// One message, start to end. `redelivered`: the broker delivered this
+    /// message before (a worker died or gave it back holding it).
     pub(super) async fn process(
         &self,
         properties: lapin::BasicProperties,
         data: Vec<u8>,
+        redelivered: bool,
         acker: Acker,
         stop: &Stop,
     ) -> JobOutcome {
@@ -93,7 +99,10 @@ impl Worker {
             outcome = field::Empty,
         );
         let started = std::time::Instant::now();
-        let outcome = self.run_job(&job, stop).instrument(span.clone()).await;
+        let outcome = self
+            .run_job(&job, redelivered, stop)
+            .instrument(span.clone())
+            .await;
         span.record("outcome", outcome.as_str());
         let acked = match outcome {
             JobOutcome::Left => Ok(()),
@@ -125,7 +134,14 @@ impl Worker {
         outcome
     }
 
-    async fn run_job(&self, job: &Job, stop: &Stop) -> JobOutcome {
+    async fn run_job(&self, job: &Job, redelivered: bool, stop: &Stop) -> JobOutcome {
+        // A redelivered message may be the one that crashed a worker: it
+        // goes the full way, whose take counts the attempt before the
+        // handler runs, so a job that crashes every worker is stopped by
+        // `max_attempts`.
+        if !redelivered && let Some(outcome) = self.fused(job, stop).await {
+            return outcome;
+        }
         let inner = &self.inner;
         // The token this message presents. After a take of ours whose
         // outcome is unknown (Postgres failed), it becomes our own token so
@@ -250,29 +266,10 @@ impl Worker {
             token,
             lost.clone(),
         )));
-        let mut effect = Effect::new(
-            inner.pool.clone(),
-            job.key.clone(),
-            token,
-            attempts,
-            created_at,
-        )
-        .with_completions(inner.completions.clone());
-        let started = std::time::Instant::now();
-        let ran = {
-            let handle = AssertUnwindSafe(inner.handler.handle(job, &mut effect)).catch_unwind();
-            tokio::select! {
-                r = tokio::time::timeout(inner.config.handler_timeout, handle) => match r {
-                    Ok(Ok(result)) => Ran::Returned(result),
-                    Ok(Err(_panic)) => Ran::Panicked,
-                    Err(_) => Ran::TimedOut,
-                },
-                _ = lost.cancelled() => Ran::LeaseLost,
-                _ = stop.hard.cancelled() => Ran::Shutdown,
-            }
-        };
+        let mut effect = Effect::new(inner.pool.clone(), job.key.clone(), token, attempts)
+            .with_completions(inner.completions.clone());
+        let ran = self.run_handler(job, &mut effect, &lost, stop).await;
         heartbeat.abort();
-        metrics::histogram!(hookinbox::metrics::JOB_SECONDS).record(started.elapsed());
 
         let failure = match ran {
             Ran::Returned(Ok(())) => {
@@ -287,12 +284,9 @@ impl Worker {
                     _ = stop.hard.cancelled() => return Attempt::Done(JobOutcome::Left),
                 };
                 match completed {
-                    Ok(Completion::Completed) => {
+                    Ok(Completion::Completed { .. }) => {
                         hookinbox::kill_point!("worker.after_commit");
-                        let e2e = chrono::Utc::now() - created_at;
-                        tracing::debug!(e2e_ms = e2e.num_milliseconds(), "completed");
-                        metrics::histogram!(hookinbox::metrics::END_TO_END_SECONDS)
-                            .record(e2e.to_std().unwrap_or_default());
+                        completed_since(created_at);
                         return Attempt::Done(JobOutcome::Completed);
                     }
                     Ok(Completion::Fenced) => {
@@ -393,6 +387,32 @@ impl Worker {
         }
     }
 
+    /// Runs the handler once, with the time limit, until it returns,
+    /// panics, times out, `lost` is cancelled (the lease is gone) or the
+    /// hard stop comes; records how long it ran.
+    pub(super) async fn run_handler(
+        &self,
+        job: &Job,
+        effect: &mut Effect,
+        lost: &CancellationToken,
+        stop: &Stop,
+    ) -> Ran {
+        let inner = &self.inner;
+        let started = std::time::Instant::now();
+        let handle = AssertUnwindSafe(inner.handler.handle(job, effect)).catch_unwind();
+        let ran = tokio::select! {
+            r = tokio::time::timeout(inner.config.handler_timeout, handle) => match r {
+                Ok(Ok(result)) => Ran::Returned(result),
+                Ok(Err(_panic)) => Ran::Panicked,
+                Err(_) => Ran::TimedOut,
+            },
+            _ = lost.cancelled() => Ran::LeaseLost,
+            _ = stop.hard.cancelled() => Ran::Shutdown,
+        };
+        metrics::histogram!(hookinbox::metrics::JOB_SECONDS).record(started.elapsed());
+        ran
+    }
+
     /// Whether the delivery sits in `failed`, class `lost` (reaped).
     async fn is_lost(&self, job: &Job) -> bool {
         let Ok(client) = self.inner.pool.get().await else {
@@ -403,4 +423,12 @@ impl Worker {
             Ok(Some(row)) if row.status == Status::Failed && row.last_error_class == Some(ErrorClass::Lost)
         )
     }
+}
+
+/// Records a completion's end-to-end time, from ingest's first claim.
+pub(super) fn completed_since(received_at: chrono::DateTime<chrono::Utc>) {
+    let e2e = chrono::Utc::now() - received_at;
+    tracing::debug!(e2e_ms = e2e.num_milliseconds(), "completed");
+    metrics::histogram!(hookinbox::metrics::END_TO_END_SECONDS)
+        .record(e2e.to_std().unwrap_or_default());
 }

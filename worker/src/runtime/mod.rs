@@ -26,6 +26,7 @@ use crate::{maintenance, reconcile};
 
 mod dead_letter;
 mod drain;
+mod fused;
 mod heartbeat;
 mod job;
 
@@ -127,6 +128,7 @@ impl Worker {
         let linger = ctx.config.common.batch_linger;
         let completions = group_commit::completions(
             ctx.pool.clone(),
+            ctx.policy,
             BatchShape {
                 max_batch: ctx.config.complete_batch,
                 linger,
@@ -238,7 +240,7 @@ impl Worker {
                             let worker = self.clone();
                             let stop = stop.clone();
                             jobs.spawn(async move {
-                                worker.process(delivery.properties, delivery.data, delivery.acker, &stop).await
+                                worker.process(delivery.properties, delivery.data, delivery.redelivered, delivery.acker, &stop).await
                             });
                         }
                         Some(Err(e)) => {

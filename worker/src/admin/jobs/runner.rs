@@ -155,7 +155,7 @@ async fn step(state: &State, runner: Uuid, id: i64, kind: Kind) -> Result<Step, 
             }
             Replayed::Started(parked) => {
                 store::done(&tx, id, position, "replayed", None).await?;
-                Some(Box::new(parked))
+                Some(parked)
             }
         },
     };

@@ -1,0 +1,118 @@
+//! The one-statement path: a job whose whole effect is in the completing
+//! transaction ([`crate::Handler::database_only`], such as `store`) needs
+//! no separate take. Its handler runs first, staging its writes, and the
+//! completion takes and completes the delivery in one statement, batched
+//! with other jobs' completions (`deliveries::complete_batch` with
+//! `take`). A delivery then costs the database two statements (the claim
+//! and this one) instead of three, and the worker no lease renewals.
+//!
+//! Why it keeps every guarantee of the full path (`job`):
+//!
+//! - **Fence before effect.** Nothing reaches Postgres before the
+//!   completing statement, and that statement writes the effect only for a
+//!   row its compare-and-set matched: processing under the message's own
+//!   token, with the attempts the job was published with, and attempts
+//!   left. A row taken, reclaimed, reaped or resolved since carries another
+//!   token or state, and the statement changes nothing.
+//! - **Attempts are counted.** The statement counts the attempt as it
+//!   completes. A handler that fails, panics or times out here leaves no
+//!   trace, and the job goes the full way at once, where the take counts
+//!   the attempt before the handler runs again and the failure is
+//!   recorded. A worker that *crashes* here leaves its message unacked; the
+//!   broker redelivers it marked `redelivered`, and a redelivered message
+//!   always goes the full way. So a job that crashes every worker costs at
+//!   most one uncounted attempt per publish, and is still stopped by
+//!   `max_attempts` and dead-lettered as poison.
+//! - **No lease to keep.** Nobody holds the delivery while the handler
+//!   stages its writes: the claim's lease (which covers the time in the
+//!   queue) stands, and a copy of the message elsewhere may run the same
+//!   handler meanwhile. Only one completion can match the row; the other
+//!   finds it completed and acks.
+//! - **Ack after commit**, as on the full path.
+
+use hookinbox::job::Job;
+
+use super::job::{Ran, completed_since};
+use super::{JobOutcome, Stop, Worker};
+use crate::handlers::{Completion, Effect};
+
+impl Worker {
+    /// Runs `job` on the one-statement path when it may: the setting is on,
+    /// its handler is database-only, its message says how many attempts
+    /// the delivery had, and attempts are left. `None`: not done here; the
+    /// caller runs the full path, which decides everything else.
+    pub(super) async fn fused(&self, job: &Job, stop: &Stop) -> Option<JobOutcome> {
+        let inner = &self.inner;
+        let attempts = job.attempts?;
+        if !inner.config.fused_take
+            || attempts >= inner.policy.max_attempts
+            || !inner.handler.database_only(job)
+        {
+            return None;
+        }
+        let Ok(_slot) = inner.slots.acquire().await else {
+            return Some(JobOutcome::Left);
+        };
+        tracing::Span::current().record("attempt", attempts + 1);
+        let mut effect = Effect::taking(
+            inner.pool.clone(),
+            job.key.clone(),
+            job.token,
+            attempts,
+            inner.policy.max_attempts,
+        )
+        .with_completions(inner.completions.clone());
+        // No heartbeat, so no lease to lose.
+        let never = tokio_util::sync::CancellationToken::new();
+        let ran = self.run_handler(job, &mut effect, &never, stop).await;
+        let completed = match ran {
+            Ran::Returned(Ok(())) => tokio::select! {
+                completed = effect.complete() => completed,
+                // Whichever way the statement ends, the unacked message
+                // comes back and its take finds the delivery completed or
+                // takes it.
+                _ = stop.hard.cancelled() => return Some(JobOutcome::Left),
+            },
+            Ran::Shutdown => return Some(JobOutcome::Left),
+            // A failure, a panic or a timeout: nothing was written. The
+            // full path takes the delivery, counting the attempt, runs the
+            // handler again and records what it does.
+            _ => {
+                effect.rollback().await;
+                fell_back("handler");
+                return None;
+            }
+        };
+        match completed {
+            Ok(Completion::Completed { received_at }) => {
+                hookinbox::kill_point!("worker.after_commit");
+                completed_since(received_at);
+                metrics::counter!(hookinbox::metrics::FUSED, "result" => "completed").increment(1);
+                Some(JobOutcome::Completed)
+            }
+            // The row is not this message's untaken claim any more (taken,
+            // reclaimed, reaped, resolved), or Postgres refused the row, or
+            // no answer came (the commit may have landed): the full take
+            // finds out which.
+            Ok(Completion::Fenced) => {
+                fell_back("fenced");
+                None
+            }
+            Ok(Completion::Refused(refusal)) => {
+                tracing::warn!(error = %refusal, "Postgres refused the completion");
+                fell_back("refused");
+                None
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "completion got no answer");
+                fell_back("no_answer");
+                None
+            }
+        }
+    }
+}
+
+/// Counts a job the one-statement path handed to the full path, and why.
+fn fell_back(why: &'static str) {
+    metrics::counter!(hookinbox::metrics::FUSED, "result" => why).increment(1);
+}
