@@ -6,6 +6,10 @@
 #   scripts/bench.sh            full run (about 45–60 minutes)
 #   scripts/bench.sh --smoke    a 10-second load-generator run, no figures
 #   scripts/bench.sh --search   only S, with the settings in the environment
+#   scripts/bench.sh --body-share RATE   the body in the message against
+#                               the body in Postgres, see body_share
+#   scripts/bench.sh --octokit  ingest against octokit's own receiver
+#                               (B_octokit) under one closed loop, see peer_run
 #   scripts/bench.sh --duplicates   only the duplicate-redelivery search
 #                               (the same key and body again: the dedup path)
 #   scripts/bench.sh --cost RATE...   CPU µs per delivery of each process at
@@ -86,19 +90,24 @@ start_stack() {
   scratch_db "$name"
   DB_URL="$base/$name"; PREFIX="$name"
   local port; port=$(free_port)
+  INGEST_METRICS=$(free_port); WORKER_METRICS=$(free_port)
   DATABASE_URL="$DB_URL" HOOKINBOX_QUEUE_PREFIX="$PREFIX" RUST_LOG=warn "$stack_bin/hookinbox-worker" migrate >/dev/null
   # Each process names its sessions (application_name), so that
   # pg_stat_activity tells their connections apart (see count_connections).
   DATABASE_URL="$DB_URL?application_name=bench-ingest" HOOKINBOX_QUEUE_PREFIX="$PREFIX" HOOKINBOX_AUTO_MIGRATE=false \
-    HOOKINBOX_LISTEN="127.0.0.1:$port" HOOKINBOX_METRICS_LISTEN="127.0.0.1:0" RUST_LOG=warn \
+    HOOKINBOX_LISTEN="127.0.0.1:$port" HOOKINBOX_METRICS_LISTEN="127.0.0.1:$INGEST_METRICS" RUST_LOG="${STACK_LOG:-warn}" \
     HOOKINBOX_DB_POOL_SIZE="${INGEST_POOL:-16}" \
     HOOKINBOX_CLAIM_BATCH="${CLAIM_BATCH:-64}" HOOKINBOX_PUBLISH_WINDOW="${PUBLISH_WINDOW:-256}" \
-    "$stack_bin/hookinbox-ingest" 2>/dev/null & INGEST_PID=$!; pids+=("$INGEST_PID"); stack_pids+=("$INGEST_PID")
+    "$stack_bin/hookinbox-ingest" 2>"${STACK_LOG_FILE:-/dev/null}" & INGEST_PID=$!; pids+=("$INGEST_PID"); stack_pids+=("$INGEST_PID")
+  # NO_WORKER=1: ingest alone (the peer comparison measures the durable
+  # receiver, as octokit's is measured without an app behind it).
+  if [ -z "${NO_WORKER:-}" ]; then
   DATABASE_URL="$DB_URL?application_name=bench-worker" HOOKINBOX_QUEUE_PREFIX="$PREFIX" HOOKINBOX_AUTO_MIGRATE=false \
-    HOOKINBOX_METRICS_LISTEN="127.0.0.1:0" HOOKINBOX_CONCURRENCY="${WORKER_CONCURRENCY:-32}" RUST_LOG=warn \
+    HOOKINBOX_METRICS_LISTEN="127.0.0.1:$WORKER_METRICS" HOOKINBOX_CONCURRENCY="${WORKER_CONCURRENCY:-32}" RUST_LOG="${STACK_LOG:-warn}" \
     HOOKINBOX_DB_POOL_SIZE="${WORKER_POOL:-16}" \
     HOOKINBOX_COMPLETE_BATCH="${COMPLETE_BATCH:-64}" HOOKINBOX_TAKE_BATCH="${TAKE_BATCH:-64}" \
-    "$stack_bin/hookinbox-worker" 2>/dev/null & WORKER_PID=$!; pids+=($!); stack_pids+=($!)
+    "$stack_bin/hookinbox-worker" 2>>"${STACK_LOG_FILE:-/dev/null}" & WORKER_PID=$!; pids+=($!); stack_pids+=($!)
+  fi
   INGEST_URL="http://127.0.0.1:$port/webhooks/github"
   for _ in $(seq 1 100); do curl -fsS "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && return; sleep 0.1; done
   echo "stack did not start" >&2; exit 1
@@ -163,6 +172,17 @@ ticks() { # PID...
   done
   echo "$total"
 }
+# Mean rows per group-commit statement so far (hookinbox_batch_rows), as
+# "claim N, take N, complete N" from both metrics listeners.
+batch_rows() {
+  { curl -fsS "http://127.0.0.1:$INGEST_METRICS/metrics"; curl -fsS "http://127.0.0.1:$WORKER_METRICS/metrics"; } 2>/dev/null |
+    awk '/^hookinbox_batch_rows_(sum|count)\{/ {
+           match($0, /statement="[a-z]+"/); s = substr($0, RSTART + 11, RLENGTH - 12)
+           if ($0 ~ /_sum\{/) sum[s] += $NF; else n[s] += $NF }
+         END { printf "claim %.1f, take %.1f, complete %.1f", (n["claim"] ? sum["claim"] / n["claim"] : 0),
+               (n["take"] ? sum["take"] / n["take"] : 0), (n["complete"] ? sum["complete"] / n["complete"] : 0) }'
+}
+
 # Busy ticks of the whole machine: user, nice, system, irq, softirq, steal.
 machine_ticks() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8 + $9}' /proc/stat; }
 
@@ -194,7 +214,7 @@ cost_run() { # RATE [LABEL]
   local completed
   completed=$(psql -tAq "$DB_URL" -c "select count(*) from deliveries where status = 'completed'")
   python3 - "${2:-}" "$1" "$hz" "$completed" "$((i1 - i0))" "$((w1 - w0))" "$((p1 - p0))" "$((m1 - m0))" \
-    "$(cat "$work/loadgen-time")" "$((all1 - all0))" <<'PY'
+    "$(cat "$work/loadgen-time")" "$((all1 - all0))" "$(batch_rows)" <<'PY'
 import sys
 label = sys.argv.pop(1)
 rate, hz, done = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
@@ -204,10 +224,90 @@ machine = int(sys.argv[9])
 us = lambda t: t * 1e6 / hz / max(done, 1)
 gen = (user + system) * 1e6 / max(done, 1)
 print(f"| {label} | {rate:,} | {done:,} | {us(ingest):,.0f} | {us(worker):,.0f} | {us(pg):,.0f} | {us(mq):,.0f} "
-      f"| {gen:,.0f} | {us(ingest + worker + pg + mq):,.0f} | {us(machine):,.0f} |")
+      f"| {gen:,.0f} | {us(ingest + worker + pg + mq):,.0f} | {us(machine):,.0f} | {sys.argv[10]} |")
 PY
   echo "$out" >&2
 }
+
+# B_octokit and ingest under the same closed loop (tests/src/bin/closedloop.rs:
+# PEER_CONNECTIONS senders, 64, for PEER_SECONDS, 20; the same signed real
+# payloads, a new delivery id and body per request): octokit's own receiver
+# (bench/octokit: @octokit/webhooks createNodeMiddleware on Node.js,
+# verifying the signature, then an in-memory no-op), then ingest alone on a
+# fresh stack (durable: each request claimed in Postgres and published with
+# a confirm; no worker). Prints both lines with the CPU µs per request of
+# each process, and sets B_OCTOKIT, PEER_INGEST and PEER_RATIO.
+peer_run() {
+  local conns="${PEER_CONNECTIONS:-64}" secs="${PEER_SECONDS:-20}" hz; hz=$(getconf CLK_TCK)
+  if [ ! -d bench/octokit/node_modules ]; then
+    (cd bench/octokit && npm ci --no-audit --no-fund --silent)
+  fi
+  local port; port=$(free_port)
+  OCTOKIT_SECRET="$HOOKINBOX_GITHUB_SECRET" OCTOKIT_PORT="$port" node bench/octokit/server.mjs >/dev/null 2>&1 &
+  local node_pid=$!; pids+=("$node_pid")
+  for _ in $(seq 1 100); do curl -fsS "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
+  local n0 all0 n1 all1 out
+  n0=$(ticks "$node_pid"); all0=$(machine_ticks)
+  out=$("$bin/closedloop" --url "http://127.0.0.1:$port/webhooks/github" --connections "$conns" --duration "$secs")
+  n1=$(ticks "$node_pid"); all1=$(machine_ticks)
+  kill "$node_pid" 2>/dev/null || true
+  B_OCTOKIT=$(echo "$out" | awk '{for (i = 1; i < NF; i++) if ($(i+1) == "requests/s") print int($i)}')
+  echo "B_octokit: $out; CPU µs per request: node $(( (n1 - n0) * 1000000 / hz / (B_OCTOKIT * secs + 1) )), whole machine $(( (all1 - all0) * 1000000 / hz / (B_OCTOKIT * secs + 1) ))"
+  NO_WORKER=1 start_stack peer
+  local i0 p0 m0 i1 p1 m1
+  # shellcheck disable=SC2046
+  i0=$(ticks "$INGEST_PID"); p0=$(postgres_ticks); m0=$(ticks $(pgrep -x beam.smp)); all0=$(machine_ticks)
+  out=$("$bin/closedloop" --url "$INGEST_URL" --connections "$conns" --duration "$secs")
+  # shellcheck disable=SC2046
+  i1=$(ticks "$INGEST_PID"); p1=$(postgres_ticks); m1=$(ticks $(pgrep -x beam.smp)); all1=$(machine_ticks)
+  PEER_INGEST=$(echo "$out" | awk '{for (i = 1; i < NF; i++) if ($(i+1) == "requests/s") print int($i)}')
+  local n=$((PEER_INGEST * secs + 1))
+  echo "ingest: $out; CPU µs per request: ingest $(( (i1 - i0) * 1000000 / hz / n )), Postgres $(( (p1 - p0) * 1000000 / hz / n )), RabbitMQ $(( (m1 - m0) * 1000000 / hz / n )), whole machine $(( (all1 - all0) * 1000000 / hz / n ))"
+  PEER_RATIO=$(python3 -c "print(f'{${PEER_INGEST:-0} / max(${B_OCTOKIT:-0}, 1):.2f}')")
+  echo "ingest / B_octokit = $PEER_RATIO"
+}
+
+# The body in the message (the design) against only the key in the
+# message and the body written once in Postgres at the claim
+# (tests/src/bin/bodyshare.rs), at RATE deliveries/s for STEP seconds each:
+# the broker's CPU per delivery to carry, deliver and ack each kind of
+# message, and Postgres's for each design's statements. Prints the table
+# and sets BODY_SHARE (its rows).
+body_share() { # RATE
+  local rate="$1" hz; hz=$(getconf CLK_TCK)
+  local name="bench_$$_bodyshare"
+  scratch_db "$name"
+  DATABASE_URL="$base/$name" RUST_LOG=warn "$bin/hookinbox-worker" migrate >/dev/null
+  local phase t0 t1 n=$((rate * STEP))
+  declare -A us
+  for phase in mq-body mq-key pg-body pg-key; do
+    local of=beam
+    [ "${phase#pg}" != "$phase" ] && of=pg
+    # shellcheck disable=SC2046
+    if [ $of = beam ]; then t0=$(ticks $(pgrep -x beam.smp)); else t0=$(postgres_ticks); fi
+    DATABASE_URL="$base/$name" AMQP_URL="$amqp" HOOKINBOX_QUEUE_PREFIX="$name" \
+      "$bin/bodyshare" "$phase" --rate "$rate" --seconds "$STEP" >&2
+    # shellcheck disable=SC2046
+    if [ $of = beam ]; then t1=$(ticks $(pgrep -x beam.smp)); else t1=$(postgres_ticks); fi
+    us[$phase]=$(( (t1 - t0) * 1000000 / hz / n ))
+  done
+  BODY_SHARE="| body in the message (the design) | ${us[mq-body]} | ${us[pg-body]} | $(( us[mq-body] + us[pg-body] )) |
+| only the key in the message, body in Postgres | ${us[mq-key]} | ${us[pg-key]} | $(( us[mq-key] + us[pg-key] )) |"
+  echo "CPU µs per delivery at $rate/s, $STEP s each (Postgres in batches of 16)"
+  echo "| design | RabbitMQ | Postgres | both |"
+  echo "|---|---|---|---|"
+  echo "$BODY_SHARE"
+}
+
+if [ "$mode" = "--body-share" ]; then
+  body_share "${2:?usage: scripts/bench.sh --body-share RATE}"
+  exit 0
+fi
+
+if [ "$mode" = "--octokit" ]; then
+  peer_run
+  exit 0
+fi
 
 # Runs "$@" with one variant's settings (LABEL:VAR=VALUE,VAR=VALUE; see
 # --cost) in force, then takes them back.
@@ -231,8 +331,8 @@ if [ "$mode" = "--cost" ]; then
   shift
   [ "$#" -gt 0 ] || { echo "usage: scripts/bench.sh --cost RATE..." >&2; exit 2; }
   echo "CPU µs per delivery, $STEP s at each rate (ingest pool ${INGEST_POOL:-16}, worker pool ${WORKER_POOL:-16}, concurrency ${WORKER_CONCURRENCY:-32})"
-  echo "| variant | rate /s | deliveries | ingest | worker | Postgres | RabbitMQ | load generator | stack (no generator) | whole machine |"
-  echo "|---|---|---|---|---|---|---|---|---|---|"
+  echo "| variant | rate /s | deliveries | ingest | worker | Postgres | RabbitMQ | load generator | stack (no generator) | whole machine | rows per statement |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|"
   for variant in ${COST_VARIANTS:-default:}; do
     for rate in "$@"; do
       with_variant "$variant" cost_run "$rate" "${variant%%:*}"

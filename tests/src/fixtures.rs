@@ -95,3 +95,28 @@ pub fn with_nonce(body: &[u8], nonce: &str) -> Vec<u8> {
     out.extend_from_slice(&body[start + 1..]);
     out
 }
+
+/// The benchmarks' payload mix: in every ten, seven `push` and three
+/// `pull_request` payloads (one or two of each fixture in turn), as events
+/// and bodies. Panics when the fixtures hold none of either.
+pub fn load_mix() -> Vec<(&'static str, Vec<u8>)> {
+    let all = all();
+    let push: Vec<_> = all.iter().filter(|f| f.event == "push").collect();
+    let pr: Vec<_> = all.iter().filter(|f| f.event == "pull_request").collect();
+    assert!(
+        !push.is_empty() && !pr.is_empty(),
+        "push and pull_request fixtures needed"
+    );
+    (0..10usize)
+        .flat_map(|i| {
+            let (event, list): (&'static str, &Vec<_>) = if i < 7 {
+                ("push", &push)
+            } else {
+                ("pull_request", &pr)
+            };
+            list.iter()
+                .map(move |f| (event, f.body.clone()))
+                .take(1 + i % 2)
+        })
+        .collect()
+}

@@ -559,31 +559,11 @@ async fn main() -> anyhow::Result<()> {
 }
 
 async fn measure(args: Args) -> anyhow::Result<()> {
-    let payloads: Vec<Payload> = {
-        let all = fixtures::all();
-        let push: Vec<_> = all.iter().filter(|f| f.event == "push").collect();
-        let pr: Vec<_> = all.iter().filter(|f| f.event == "pull_request").collect();
-        anyhow::ensure!(
-            !push.is_empty() && !pr.is_empty(),
-            "push and pull_request fixtures needed"
-        );
-        // 7 push, 3 pull_request in every 10: the 70/30 mix.
-        (0..10usize)
-            .flat_map(|i| {
-                let (event, list): (&'static str, &Vec<_>) = if i < 7 {
-                    ("push", &push)
-                } else {
-                    ("pull_request", &pr)
-                };
-                list.iter()
-                    .map(move |f| Payload {
-                        event,
-                        body: f.body.clone(),
-                    })
-                    .take(1 + i % 2)
-            })
-            .collect()
-    };
+    // 7 push, 3 pull_request in every 10: the 70/30 mix.
+    let payloads: Vec<Payload> = fixtures::load_mix()
+        .into_iter()
+        .map(|(event, body)| Payload { event, body })
+        .collect();
     let payloads = Arc::new(payloads);
     let mut warm = Vec::new();
     if args.duplicates_only {

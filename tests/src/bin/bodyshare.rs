@@ -1,0 +1,307 @@
+//! Where the body should ride: in the message (hookinbox's design), or
+//! only the key in the message with the body written once in Postgres at
+//! the claim. Runs one half of one design at a fixed rate, so that
+//! `scripts/bench.sh --body-share` can read the CPU it costs the broker or
+//! Postgres from `/proc`:
+//!
+//! - `mq-body`, `mq-key`: hookinbox's own publisher (confirms, window 256)
+//!   publishes real jobs (headers as ingest sends them) into a work queue
+//!   of hookinbox's topology, with the body or with none, and a consumer
+//!   acks each (prefetch 64), as the worker does.
+//! - `pg-body`, `pg-key`: the Postgres statements of each design for the
+//!   same deliveries, in batches of `--batch` (what group commit forms):
+//!   `pg-body` claims (`deliveries::claim_batch`) and then takes and
+//!   completes with the stored event (`deliveries::complete_batch`), as a
+//!   `store` job does today; `pg-key` also writes each body into
+//!   `parked_bodies` in the claim's transaction, reads it back before the
+//!   completion (the worker's handler needs it), and the completion deletes
+//!   it.
+//!
+//! Prints what it did; the CPU is read by the caller.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use bytes::Bytes;
+use clap::{Parser, ValueEnum};
+use futures::StreamExt;
+use hookinbox::broker::{Publisher, Topology};
+use hookinbox::deliveries::{self, ClaimRequest, Completing, Policy, StoredEvent};
+use hookinbox::job::Job;
+use hookinbox::key::{DeliveryId, DeliveryKey, EventName, HookId, SourceName};
+use hookinbox_tests::fixtures;
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
+use sha2::{Digest, Sha256};
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Phase {
+    MqBody,
+    MqKey,
+    PgBody,
+    PgKey,
+}
+
+/// One half of one design, at a fixed rate.
+#[derive(Parser)]
+struct Args {
+    #[arg(value_enum)]
+    phase: Phase,
+    /// Deliveries per second.
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u32).range(1..))]
+    rate: u32,
+    /// Seconds.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
+    seconds: u64,
+    /// Deliveries per statement in the Postgres phases.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
+    batch: u32,
+    /// A migrated database (Postgres phases).
+    #[arg(long, env = "DATABASE_URL")]
+    database_url: Option<String>,
+    /// The broker (broker phases).
+    #[arg(
+        long,
+        env = "AMQP_URL",
+        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
+    )]
+    amqp_url: String,
+    /// Queue prefix (broker phases).
+    #[arg(long, env = "HOOKINBOX_QUEUE_PREFIX", default_value = "bodyshare")]
+    queue_prefix: String,
+}
+
+/// The `i`-th delivery: a key of its own and a body of its own.
+fn delivery(
+    i: u64,
+    mix: &[(&'static str, Vec<u8>)],
+    run: &str,
+) -> (DeliveryKey, &'static str, Bytes) {
+    let (event, body) = &mix[i as usize % mix.len()];
+    let id = format!("{run}-{i}");
+    let key = DeliveryKey::github(
+        SourceName::default_source(),
+        HookId::parse(Some(b"777")).expect("hook id"),
+        DeliveryId::parse(id.as_bytes()).expect("delivery id"),
+    );
+    (key, event, Bytes::from(fixtures::with_nonce(body, &id)))
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let mix = fixtures::load_mix();
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let total = u64::from(args.rate) * args.seconds;
+    let started = Instant::now();
+    match args.phase {
+        Phase::MqBody | Phase::MqKey => {
+            broker(&args, &mix, &run, total, args.phase == Phase::MqBody).await?
+        }
+        Phase::PgBody | Phase::PgKey => {
+            postgres(&args, &mix, &run, total, args.phase == Phase::PgKey).await?
+        }
+    }
+    println!(
+        "{} deliveries in {:.1} s",
+        total,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+async fn broker(
+    args: &Args,
+    mix: &[(&'static str, Vec<u8>)],
+    run: &str,
+    total: u64,
+    with_body: bool,
+) -> anyhow::Result<()> {
+    let topology = Topology::new(&args.queue_prefix);
+    let publisher = std::sync::Arc::new(Publisher::new(
+        &args.amqp_url,
+        "bodyshare",
+        topology.clone(),
+        Duration::from_secs(5),
+    ));
+    publisher.connect().await?;
+    let (connection, channel) = hookinbox::broker::open_channel(
+        &args.amqp_url,
+        "bodyshare-consumer",
+        Duration::from_secs(5),
+        &topology,
+    )
+    .await?;
+    channel.basic_qos(64, BasicQosOptions::default()).await?;
+    let mut consumer = channel
+        .basic_consume(
+            &topology.work_queue(),
+            "",
+            BasicConsumeOptions::default(),
+            Default::default(),
+        )
+        .await?;
+    let consuming = tokio::spawn(async move {
+        let mut acked = 0u64;
+        while acked < total {
+            let Some(Ok(delivery)) = consumer.next().await else {
+                break;
+            };
+            delivery.acker.ack(BasicAckOptions::default()).await?;
+            acked += 1;
+        }
+        anyhow::Ok(acked)
+    });
+    let period = Duration::from_secs(1) / args.rate;
+    let start = tokio::time::Instant::now();
+    let mut publishes = tokio::task::JoinSet::new();
+    for i in 0..total {
+        tokio::time::sleep_until(start + period * i as u32).await;
+        let (key, event, body) = delivery(i, mix, run);
+        let job = Job {
+            key,
+            event: EventName::parse(event.as_bytes()).expect("event"),
+            action: Some("opened".to_owned()),
+            token: hookinbox::key::ClaimToken::new(),
+            attempts: Some(0),
+            content_type: "application/json".to_owned(),
+            github_headers: vec![
+                ("x-github-event".to_owned(), event.to_owned()),
+                ("x-github-hook-id".to_owned(), "777".to_owned()),
+            ],
+            body: if with_body { body } else { Bytes::new() },
+        };
+        let publisher = publisher.clone();
+        publishes.spawn(async move { publisher.publish(&job).await });
+        while let Some(done) = publishes.try_join_next() {
+            done??;
+        }
+    }
+    while let Some(done) = publishes.join_next().await {
+        done??;
+    }
+    let acked = consuming.await??;
+    anyhow::ensure!(acked == total, "consumed {acked} of {total}");
+    for q in [topology.work_queue(), topology.dead_letter_queue()] {
+        let _ = channel.queue_delete(&q, Default::default()).await;
+    }
+    let _ = connection.close(200, "done").await;
+    publisher.close().await;
+    Ok(())
+}
+
+async fn postgres(
+    args: &Args,
+    mix: &[(&'static str, Vec<u8>)],
+    run: &str,
+    total: u64,
+    key_only: bool,
+) -> anyhow::Result<()> {
+    let url = args
+        .database_url
+        .as_deref()
+        .context("DATABASE_URL names a migrated database")?;
+    let pool = hookinbox::postgres::pool(url, 4, hookinbox::postgres::DEFAULT_REQUEST_TIMEOUT)?;
+    let policy = Policy {
+        lease: Duration::from_secs(60),
+        max_attempts: 8,
+        publish_timeout: Duration::from_secs(5),
+    };
+    let batch = u64::from(args.batch);
+    let period = Duration::from_secs(1) / args.rate * args.batch;
+    let start = tokio::time::Instant::now();
+    let mut first = 0u64;
+    while first < total {
+        tokio::time::sleep_until(start + period * (first / batch) as u32).await;
+        let deliveries: Vec<_> = (first..(first + batch).min(total))
+            .map(|i| delivery(i, mix, run))
+            .collect();
+        first += batch;
+        let client = pool.get().await?;
+        let requests: Vec<ClaimRequest> = deliveries
+            .iter()
+            .map(|(key, event, body)| ClaimRequest {
+                key: key.clone(),
+                event: (*event).to_owned(),
+                action: Some("opened".to_owned()),
+                repository: None,
+                body_sha256: Sha256::digest(body).into(),
+                guarded: true,
+                pinned: false,
+            })
+            .collect();
+        client.batch_execute("begin").await?;
+        let claims = deliveries::claim_batch(&client, &policy, &requests).await?;
+        if key_only {
+            park(&client, &deliveries).await?;
+        }
+        client.batch_execute("commit").await?;
+        if key_only {
+            // The worker reads the body its message no longer carries.
+            let read = bodies(&client, &deliveries).await?;
+            anyhow::ensure!(read == deliveries.len(), "read {read} bodies");
+        }
+        let completing: Vec<Completing> = deliveries
+            .iter()
+            .zip(&claims)
+            .map(|((key, event, body), claim)| {
+                let deliveries::Claim::Claimed { token, .. } = claim else {
+                    panic!("a new key is claimed: {claim:?}")
+                };
+                Completing {
+                    key: key.clone(),
+                    token: *token,
+                    take: Some(0),
+                    store: Some(StoredEvent {
+                        event: (*event).to_owned(),
+                        action: Some("opened".to_owned()),
+                        payload: body.clone(),
+                    }),
+                }
+            })
+            .collect();
+        let done = deliveries::complete_batch(&client, policy.max_attempts, &completing).await?;
+        anyhow::ensure!(done.iter().all(Option::is_some), "every row completed");
+    }
+    Ok(())
+}
+
+/// The key-only design's claim-time write: each body into `parked_bodies`.
+async fn park(
+    client: &deadpool_postgres::Object,
+    deliveries: &[(DeliveryKey, &'static str, Bytes)],
+) -> anyhow::Result<()> {
+    let ids: Vec<&str> = deliveries
+        .iter()
+        .map(|(k, _, _)| k.delivery_id.as_str())
+        .collect();
+    let bodies: Vec<&[u8]> = deliveries.iter().map(|(_, _, b)| b.as_ref()).collect();
+    client
+        .execute(
+            "insert into parked_bodies (provider, source, hook_id, delivery_id, content_type, headers, body)
+             select 'github', 'default', '777', id, 'application/json', '[]'::jsonb, body
+             from unnest($1::text[], $2::bytea[]) as i(id, body)",
+            &[&ids, &bodies],
+        )
+        .await?;
+    Ok(())
+}
+
+/// The key-only design's read before the handler runs.
+async fn bodies(
+    client: &deadpool_postgres::Object,
+    deliveries: &[(DeliveryKey, &'static str, Bytes)],
+) -> anyhow::Result<usize> {
+    let ids: Vec<&str> = deliveries
+        .iter()
+        .map(|(k, _, _)| k.delivery_id.as_str())
+        .collect();
+    let rows = client
+        .query(
+            "select p.body from parked_bodies p join unnest($1::text[]) as i(id)
+               on p.provider = 'github' and p.source = 'default' and p.hook_id = '777'
+              and p.delivery_id = i.id",
+            &[&ids],
+        )
+        .await?;
+    Ok(rows.len())
+}
