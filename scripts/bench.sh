@@ -287,6 +287,10 @@ body_share() { # RATE
     if [ $of = beam ]; then t0=$(ticks $(pgrep -x beam.smp)); else t0=$(postgres_ticks); fi
     DATABASE_URL="$base/$name" AMQP_URL="$amqp" HOOKINBOX_QUEUE_PREFIX="$name" \
       "$bin/bodyshare" "$phase" --rate "$rate" --seconds "$STEP" >&2
+    # Its backends' time is counted once the postmaster has reaped them.
+    while [ "$(psql -tAq "$base/postgres" -c "select count(*) from pg_stat_activity where datname = '$name'")" != 0 ]; do
+      sleep 0.1
+    done
     # shellcheck disable=SC2046
     if [ $of = beam ]; then t1=$(ticks $(pgrep -x beam.smp)); else t1=$(postgres_ticks); fi
     us[$phase]=$(( (t1 - t0) * 1000000 / hz / n ))

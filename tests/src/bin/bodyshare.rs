@@ -65,6 +65,10 @@ struct Args {
         default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
     )]
     amqp_url: String,
+    /// Broker phases: ack every n-th message with `multiple` (1: each on
+    /// its own, as the worker does).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    ack_every: u64,
     /// Queue prefix (broker phases).
     #[arg(long, env = "HOOKINBOX_QUEUE_PREFIX", default_value = "bodyshare")]
     queue_prefix: String,
@@ -140,14 +144,22 @@ async fn broker(
             Default::default(),
         )
         .await?;
+    let every = args.ack_every;
     let consuming = tokio::spawn(async move {
         let mut acked = 0u64;
         while acked < total {
             let Some(Ok(delivery)) = consumer.next().await else {
                 break;
             };
-            delivery.acker.ack(BasicAckOptions::default()).await?;
             acked += 1;
+            if acked.is_multiple_of(every) || acked == total {
+                delivery
+                    .acker
+                    .ack(BasicAckOptions {
+                        multiple: every > 1,
+                    })
+                    .await?;
+            }
         }
         anyhow::Ok(acked)
     });

@@ -25,6 +25,7 @@ mod reconciler;
 mod retention;
 mod settings;
 mod sources;
+mod worker_acks;
 mod worker_bad_bodies;
 mod worker_failures;
 mod worker_fencing;

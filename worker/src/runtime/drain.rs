@@ -4,6 +4,7 @@
 
 use lapin::options::BasicGetOptions;
 
+use super::acks::Settle;
 use super::{JobOutcome, Stop, Worker};
 use crate::context::RuntimeError;
 
@@ -54,7 +55,7 @@ impl Worker {
                     delivery.properties,
                     delivery.data,
                     delivery.redelivered,
-                    delivery.acker,
+                    Settle::Alone(delivery.acker),
                     &stop,
                 )
                 .await;

@@ -36,12 +36,11 @@ use hookinbox::deliveries::{self, ErrorClass, ParkedBody, Status, Take};
 use hookinbox::job::Job;
 use hookinbox::key::ClaimToken;
 use hookinbox::postgres::DbError;
-use lapin::acker::Acker;
-use lapin::options::{BasicAckOptions, BasicNackOptions};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::{Instrument, field};
 
+use super::acks::Settle;
 use super::heartbeat::heartbeat;
 use super::{JobOutcome, Stop, Worker};
 use crate::handlers::{Completion, Effect, HandlerError};
@@ -70,7 +69,7 @@ impl Worker {
         properties: lapin::BasicProperties,
         data: Vec<u8>,
         redelivered: bool,
-        acker: Acker,
+        settle: Settle,
         stop: &Stop,
     ) -> JobOutcome {
         let job = match hookinbox::broker::decode(&properties, data) {
@@ -79,12 +78,7 @@ impl Worker {
                 tracing::warn!(error = %e, "dead-lettering a malformed message");
                 // requeue = false: the work queue's dead-letter exchange
                 // takes it (at-least-once), so nothing is dropped.
-                let _ = acker
-                    .nack(BasicNackOptions {
-                        requeue: false,
-                        ..Default::default()
-                    })
-                    .await;
+                let _ = settle.nack(false).await;
                 return JobOutcome::Malformed;
             }
         };
@@ -106,17 +100,10 @@ impl Worker {
         span.record("outcome", outcome.as_str());
         let acked = match outcome {
             JobOutcome::Left => Ok(()),
-            JobOutcome::Requeued => {
-                acker
-                    .nack(BasicNackOptions {
-                        requeue: true,
-                        ..Default::default()
-                    })
-                    .await
-            }
+            JobOutcome::Requeued => settle.nack(true).await,
             // Ack after commit: every other outcome is already recorded in
             // Postgres (or needs nothing), so the message can go.
-            _ => acker.ack(BasicAckOptions::default()).await,
+            _ => settle.ack().await,
         };
         if let Err(e) = acked {
             // The channel died; the broker redelivers the message and its

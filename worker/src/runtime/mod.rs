@@ -24,6 +24,7 @@ use crate::context::{Context, RuntimeError};
 use crate::handlers::Handler;
 use crate::{maintenance, reconcile};
 
+mod acks;
 mod dead_letter;
 mod drain;
 mod fused;
@@ -207,9 +208,14 @@ impl Worker {
             self.inner.config.clone(),
             maintenance_stop.clone(),
         ));
-        // Each connection with its channel: the acks of jobs still running
-        // go through that channel, and dropping it closes it.
-        let mut connections: Vec<(lapin::Connection, lapin::Channel)> = Vec::new();
+        // Each connection with its channel and its ack collector: the acks
+        // of jobs still running go through that channel, and dropping it
+        // closes it.
+        let mut connections: Vec<(
+            lapin::Connection,
+            lapin::Channel,
+            tokio::task::JoinHandle<()>,
+        )> = Vec::new();
         while !shutdown.is_cancelled() {
             let (connection, channel, mut consumer) = match self.consume().await {
                 Ok(c) => {
@@ -227,6 +233,7 @@ impl Worker {
             };
             tracing::info!(queue = %self.inner.topology.work_queue(), "consuming");
             self.inner.consuming.store(true, Ordering::Relaxed);
+            let (acks, collector) = acks::Acks::start();
             loop {
                 tokio::select! {
                     _ = shutdown.cancelled() => {
@@ -239,8 +246,14 @@ impl Worker {
                         Some(Ok(delivery)) => {
                             let worker = self.clone();
                             let stop = stop.clone();
+                            acks.received(delivery.delivery_tag);
+                            let settle = acks::Settle::Collected {
+                                tag: delivery.delivery_tag,
+                                acker: delivery.acker,
+                                acks: acks.clone(),
+                            };
                             jobs.spawn(async move {
-                                worker.process(delivery.properties, delivery.data, delivery.redelivered, delivery.acker, &stop).await
+                                worker.process(delivery.properties, delivery.data, delivery.redelivered, settle, &stop).await
                             });
                         }
                         Some(Err(e)) => {
@@ -259,8 +272,9 @@ impl Worker {
             // Jobs of a lost channel go on: their acks fail harmlessly and
             // the broker redelivers those messages, whose takes then find
             // the deliveries resolved.
-            connections.push((connection, channel));
-            connections.retain(|(c, _)| c.status().connected());
+            drop(acks);
+            connections.push((connection, channel, collector));
+            connections.retain(|(c, _, _)| c.status().connected());
         }
 
         let grace = self.inner.config.shutdown_grace;
@@ -277,8 +291,11 @@ impl Worker {
         maintenance_stop.cancel();
         let _ = maintenance.await;
         let _ = reconciler.await;
-        // Closing the connection returns every unacked message to the queue.
-        for (connection, _channel) in connections {
+        // Every job is done, so every collector has all its acks: let them
+        // go out, then close. Closing the connection returns every unacked
+        // message to the queue.
+        for (connection, _channel, collector) in connections {
+            let _ = collector.await;
             let _ = connection.close(200, "shutdown").await;
         }
         self.inner.publisher.close().await;
