@@ -16,9 +16,9 @@
 #                               fixed rates (STEP seconds each), see cost_run;
 #                               COST_VARIANTS="LABEL:VAR=VALUE,VAR=VALUE ..."
 #                               repeats every rate once per variant, with
-#                               those settings (STACK_BINS=DIR among them
-#                               runs another build), for before/after rows
-#                               from one run
+#                               those settings (STACK_BINS=DIR or
+#                               STACK_REV=GITREV among them runs another
+#                               build), for before/after rows from one run
 #   scripts/bench.sh --sizes RATE   fixed-rate runs (STEP seconds each) across
 #                               ingest's pool, the worker's pool and the
 #                               worker's concurrency (prefetch), each with
@@ -81,11 +81,14 @@ bench_postgres_start
 # Starts ingest and one worker on a fresh database and queue prefix;
 # sets INGEST_URL, INGEST_PID, DB_URL, PREFIX.
 stack_pids=()
-start_stack() {
-  # One stack at a time: stop the previous one and free its connections.
+stop_stack() {
   for pid in "${stack_pids[@]}"; do kill "$pid" 2>/dev/null || true; done
   for pid in "${stack_pids[@]}"; do wait "$pid" 2>/dev/null || true; done
   stack_pids=()
+}
+start_stack() {
+  # One stack at a time: stop the previous one and free its connections.
+  stop_stack
   local name="bench_$$_$1"
   scratch_db "$name"
   DB_URL="$base/$name"; PREFIX="$name"
@@ -206,6 +209,11 @@ cost_run() { # RATE [LABEL]
   out=$(/usr/bin/time -f '%U %S' -o "$work/loadgen-time" \
     env DATABASE_URL="$DB_URL" HOOKINBOX_QUEUE_PREFIX="$PREFIX" AMQP_URL="$amqp" \
     "$bin/loadgen" --url "$INGEST_URL" --rate "$1" --duration "$STEP" --hold-lag "$HOLD_LAG")
+  # The run pays for its own garbage inside its time: the vacuum its rows
+  # get anyway, which would otherwise fall into a later run's. (No
+  # checkpoint, nor a database dropped, between runs: either makes the
+  # next run start with every page's first write a full-page image.)
+  psql -q "$DB_URL" -c "vacuum"
   local i1 w1 p1 m1 all1
   # shellcheck disable=SC2046
   i1=$(ticks "$INGEST_PID"); w1=$(ticks "$WORKER_PID"); p1=$(postgres_ticks)
@@ -213,8 +221,10 @@ cost_run() { # RATE [LABEL]
   m1=$(ticks $(pgrep -x beam.smp)); all1=$(machine_ticks)
   local completed
   completed=$(psql -tAq "$DB_URL" -c "select count(*) from deliveries where status = 'completed'")
+  local batches; batches=$(batch_rows)
+  stop_stack
   python3 - "${2:-}" "$1" "$hz" "$completed" "$((i1 - i0))" "$((w1 - w0))" "$((p1 - p0))" "$((m1 - m0))" \
-    "$(cat "$work/loadgen-time")" "$((all1 - all0))" "$(batch_rows)" <<'PY'
+    "$(cat "$work/loadgen-time")" "$((all1 - all0))" "$batches" <<'PY'
 import sys
 label = sys.argv.pop(1)
 rate, hz, done = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
@@ -313,8 +323,27 @@ if [ "$mode" = "--octokit" ]; then
   exit 0
 fi
 
+# The release binaries of ingest and the worker at git revision REV, built
+# once in a worktree (one shared target folder, so dependencies build once)
+# and kept in target/bench-builds/SHA; prints that folder.
+rev_bins() { # REV
+  local sha; sha=$(git rev-parse --short=12 "$1^{commit}")
+  local out="target/bench-builds/$sha"
+  if [ ! -x "$out/hookinbox-worker" ]; then
+    local tree="target/bench-builds/tree-$sha"
+    git worktree add -f --detach "$tree" "$sha" >/dev/null 2>&1
+    (cd "$tree" && CARGO_TARGET_DIR="$(pwd)/../target" cargo build -q --release \
+      -p hookinbox-ingest -p hookinbox-worker) >&2
+    mkdir -p "$out"
+    cp target/bench-builds/target/release/hookinbox-ingest target/bench-builds/target/release/hookinbox-worker "$out/"
+    git worktree remove --force "$tree" >/dev/null 2>&1 || true
+  fi
+  echo "$out"
+}
+
 # Runs "$@" with one variant's settings (LABEL:VAR=VALUE,VAR=VALUE; see
-# --cost) in force, then takes them back.
+# --cost) in force, then takes them back. STACK_BINS=DIR runs the
+# binaries in DIR, STACK_REV=REV those built from git revision REV.
 with_variant() { # VARIANT COMMAND...
   local variant="$1"; shift
   local settings="${variant#*:}" pair names=()
@@ -324,6 +353,7 @@ with_variant() { # VARIANT COMMAND...
   for pair in "${pairs[@]}"; do
     [ -n "$pair" ] || continue
     if [ "${pair%%=*}" = STACK_BINS ]; then stack_bin="${pair#*=}"; continue; fi
+    if [ "${pair%%=*}" = STACK_REV ]; then stack_bin=$(rev_bins "${pair#*=}"); continue; fi
     export "${pair?}"; names+=("${pair%%=*}")
   done
   "$@"
@@ -337,9 +367,13 @@ if [ "$mode" = "--cost" ]; then
   echo "CPU µs per delivery, $STEP s at each rate (ingest pool ${INGEST_POOL:-16}, worker pool ${WORKER_POOL:-16}, concurrency ${WORKER_CONCURRENCY:-32})"
   echo "| variant | rate /s | deliveries | ingest | worker | Postgres | RabbitMQ | load generator | stack (no generator) | whole machine | rows per statement |"
   echo "|---|---|---|---|---|---|---|---|---|---|---|"
-  for variant in ${COST_VARIANTS:-default:}; do
+  # COST_REPEAT rounds, each variant in turn within a round, so that
+  # drift on a shared machine spreads over all of them.
+  for _ in $(seq 1 "${COST_REPEAT:-1}"); do
     for rate in "$@"; do
-      with_variant "$variant" cost_run "$rate" "${variant%%:*}"
+      for variant in ${COST_VARIANTS:-default:}; do
+        with_variant "$variant" cost_run "$rate" "${variant%%:*}"
+      done
     done
   done
   exit 0
