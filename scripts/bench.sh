@@ -307,6 +307,7 @@ body_share() { # RATE
   done
   BODY_SHARE="| body in the message (the design) | ${us[mq-body]} | ${us[pg-body]} | $(( us[mq-body] + us[pg-body] )) |
 | only the key in the message, body in Postgres | ${us[mq-key]} | ${us[pg-key]} | $(( us[mq-key] + us[pg-key] )) |"
+  BODY_MQ=${us[mq-body]}; BODY_PG=${us[pg-body]}
   echo "CPU µs per delivery at $rate/s, $STEP s each (Postgres in batches of 16)"
   echo "| design | RabbitMQ | Postgres | both |"
   echo "|---|---|---|---|"
@@ -361,9 +362,9 @@ with_variant() { # VARIANT COMMAND...
   stack_bin="$saved_bin"
 }
 
-if [ "$mode" = "--cost" ]; then
-  shift
-  [ "$#" -gt 0 ] || { echo "usage: scripts/bench.sh --cost RATE..." >&2; exit 2; }
+# The --cost table: every rate, every variant (COST_VARIANTS), COST_REPEAT
+# rounds.
+cost_table() { # RATE...
   echo "CPU µs per delivery, $STEP s at each rate (ingest pool ${INGEST_POOL:-16}, worker pool ${WORKER_POOL:-16}, concurrency ${WORKER_CONCURRENCY:-32})"
   echo "| variant | rate /s | deliveries | ingest | worker | Postgres | RabbitMQ | load generator | stack (no generator) | whole machine | rows per statement |"
   echo "|---|---|---|---|---|---|---|---|---|---|---|"
@@ -376,6 +377,12 @@ if [ "$mode" = "--cost" ]; then
       done
     done
   done
+}
+
+if [ "$mode" = "--cost" ]; then
+  shift
+  [ "$#" -gt 0 ] || { echo "usage: scripts/bench.sh --cost RATE..." >&2; exit 2; }
+  cost_table "$@"
   exit 0
 fi
 
@@ -440,25 +447,40 @@ b_http=$(DATABASE_URL=unused "$bin/loadgen" --url "http://127.0.0.1:$http_port/"
   --step-duration "$STEP" | tee -a /dev/stderr | awk '/^S = / {print $3}')
 echo "B_http $b_http requests/s"
 
-# Each optimisation turned off alone, for its before/after ratio.
-search_without() { # RESULT_VAR NAME VAR=VALUE: S with one setting changed
-  echo "== hookinbox with $3: highest sustainable rate"
-  export "${3?}"
-  start_stack "$2"
-  local out
-  out=$(loadgen --search --rate 100 --step-duration "$STEP" --hold "$VERIFY" --redeliver 0.1 | tee -a /dev/stderr)
-  unset "${3%%=*}"
-  printf -v "$1" '%s' "$(echo "$out" | awk '/^S = / {print $3}')"
+# A pgbench latency probe of the disk under Postgres, before and after the
+# run: on a shared virtual disk, fsync times move with what ran before.
+probe() {
+  pgbench -n -c 8 -j 2 -R 1000 -T 10 -f bench/claim1.sql "$DB_URL" 2>/dev/null |
+    awk '/^latency average/ {a = $4} /^latency stddev/ {d = $4} END {printf "1,000 one-row claims/s: latency %s ms (stddev %s ms)", a, d}'
 }
-search_without s_single single CLAIM_BATCH=1
-search_without s_nowindow nowindow PUBLISH_WINDOW=1
-search_without s_nobatch nobatch COMPLETE_BATCH=1
-search_without s_notake notake TAKE_BATCH=1
-echo "== hookinbox (group commit): highest sustainable rate S"
+probe_start=$(probe); echo "probe: $probe_start"
+
+echo "== B_octokit: octokit's receiver and ingest, one closed loop"
+peer_run > "$work/peer"
+cat "$work/peer" >&2
+
+echo "== where the body rides"
+body_share "${COST_BODY_RATE:-2000}" >&2
+
+# CPU per delivery before and after each change of the second design, in
+# the order they landed, each row one build and its settings (all from this
+# run); COST_RATES and COST_STEP (20 s) set the runs.
+BEFORE_REV="${BEFORE_REV:-888d29d}"
+FULL_VARIANTS="${FULL_VARIANTS:-before:STACK_REV=$BEFORE_REV,HOOKINBOX_BATCH_LINGER_US=0 \
++linger:STACK_REV=$BEFORE_REV,HOOKINBOX_BATCH_LINGER_US=3000 \
++one-statement:STACK_REV=f071e15 +multiple-acks:}"
+echo "== CPU µs per delivery, before and after each change"
+full_step=$STEP
+STEP="${COST_STEP:-20}" COST_VARIANTS="$FULL_VARIANTS"
+# shellcheck disable=SC2086
+cost_table ${COST_RATES:-500 1000 2000} > "$work/cost"
+STEP=$full_step
+cat "$work/cost" >&2
+
+echo "== hookinbox: highest sustainable rate S"
 start_stack s
-# V: the candidate held for VERIFY seconds, as each before/after search's
-# was, so V against those is a like-for-like ratio. S: then held for HOLD
-# seconds, starting from V.
+# V: the candidate held for VERIFY seconds. S: then held for HOLD seconds,
+# starting from V.
 search=$(loadgen --search --rate 100 --step-duration "$STEP" --verify "$VERIFY" --hold "$HOLD" \
   --redeliver 0.1 --pid "$INGEST_PID" | tee -a /dev/stderr)
 v=$(echo "$search" | awk '/^V = / {print $3}')
@@ -478,14 +500,24 @@ if [ "$s_lat" -ge 2 ]; then
 fi
 echo "== duplicate redeliveries"
 start_stack dup
-dup=$(loadgen --duplicates-only --search --rate 200 --step-duration "$STEP" --no-e2e | tee -a /dev/stderr)
+dup=$(loadgen --duplicates-only --search --rate 200 --step-duration "$STEP" --hold "$VERIFY" --no-e2e | tee -a /dev/stderr)
 s_dup=$(echo "$dup" | awk '/^S = / {print $3}')
 
+probe_end=$(probe); echo "probe: $probe_end"
+
 ratio() { python3 -c "print(f'{$1 / max($2, 1):.2f}')"; }
+# What this design cannot beat here: two cores spent on nothing but the
+# broker's work per message and Postgres's per delivery (both from the
+# body-share run: the real publisher and consumer; the claim and the
+# completion in batches of 16) and a bare receiver's per request (two
+# cores over B_http, its load generator included).
+limit=$(python3 -c "
+mq, pg, http = float('${BODY_MQ:-0}'), float('${BODY_PG:-0}'), 2e6 / max(${b_http:-0}, 1)
+print(int(2e6 / max(mq + pg + http, 1)))")
 cat > "$report" <<MD
 # hookinbox benchmark
 
-$(date -u +%Y-%m-%d), $cpu, $cores cores; Postgres 15 (synchronous_commit=$sync_commit), RabbitMQ $(rabbitmqctl version 2>/dev/null), all on this one machine. fsync: $fsync.
+$(date -u +%Y-%m-%d), $cpu, $cores cores; the benchmark's own Postgres 15 (bench/postgresql.conf: synchronous_commit=$sync_commit, autovacuum on), RabbitMQ $(rabbitmqctl version 2>/dev/null), all on this one machine. fsync: $fsync. Disk probe (pgbench, $probe_start at the start; $probe_end at the end).
 
 | measure | value |
 |---|---|
@@ -493,15 +525,27 @@ $(date -u +%Y-%m-%d), $cpu, $cores cores; Postgres 15 (synchronous_commit=$sync_
 | B_pgB: pgbench, 64-row UNNEST claim upsert per transaction | $b_pgb claims/s |
 | B_mq: raw lapin publisher, confirms, window 256, quorum queue | $b_mq messages/s |
 | B_http: actix, read body + HMAC, no I/O | $b_http requests/s |
+| B_octokit: @octokit/webhooks createNodeMiddleware, closed loop | ${B_OCTOKIT:-?} requests/s |
+| ingest alone (durable, no worker), the same closed loop | ${PEER_INGEST:-?} requests/s (**${PEER_RATIO:-?} × B_octokit**) |
+| limit: two cores over the broker's and Postgres's work per delivery and a bare receiver's | $limit deliveries/s |
 | **S**: highest sustainable rate of the whole pipeline (10 % redeliveries), held $HOLD s | **$s deliveries/s** |
 | V: the same, held $VERIFY s (the hold that S started from) | $v deliveries/s |
-| the same with claims one by one (HOOKINBOX_CLAIM_BATCH=1), held $VERIFY s | $s_single deliveries/s (group-commit claims: V is $(ratio "$v" "$s_single") × this) |
-| the same with one publish confirmed at a time (HOOKINBOX_PUBLISH_WINDOW=1), held $VERIFY s | $s_nowindow deliveries/s (pipelined confirms: V is $(ratio "$v" "$s_nowindow") × this) |
-| the same with one completion per statement (HOOKINBOX_COMPLETE_BATCH=1), held $VERIFY s | $s_nobatch deliveries/s (batched completions: V is $(ratio "$v" "$s_nobatch") × this) |
-| the same with one take per statement (HOOKINBOX_TAKE_BATCH=1), held $VERIFY s | $s_notake deliveries/s (batched takes: V is $(ratio "$v" "$s_notake") × this) |
-| S / B_pg1 (V / B_pg1) | $(ratio "$s" "$b_pg1") ($(ratio "$v" "$b_pg1")) |
-| S / B_mq (V / B_mq) | $(ratio "$s" "$b_mq") ($(ratio "$v" "$b_mq")) |
+| S / B_pg1, S / B_mq, S / limit | $(ratio "$s" "$b_pg1"), $(ratio "$s" "$b_mq"), $(ratio "$s" "$limit") |
 | duplicate-redelivery throughput | $s_dup requests/s ($(ratio "${s_dup:-0}" "$s") × S) |
+
+B_octokit and ingest under one closed loop (tests/src/bin/closedloop.rs):
+
+$(sed 's/^/    /' "$work/peer")
+
+Where the body rides:
+
+| design | RabbitMQ | Postgres | both |
+|---|---|---|---|
+$BODY_SHARE
+
+CPU µs per delivery and process, before and after each change (each row one build, all from this run):
+
+$(cat "$work/cost")
 
 A run is sustained when every request is answered 2xx, the rate is
 achieved (95 %), every accepted delivery completes, and the work queue

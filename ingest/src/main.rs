@@ -9,12 +9,6 @@ use hookinbox::config::IngestArgs;
 use hookinbox::telemetry::LogArgs;
 use hookinbox_ingest::IngestApp;
 
-/// mimalloc rather than the system's: each request allocates and frees a
-/// buffer of tens of kilobytes, which glibc's malloc paid for in
-/// consolidation (see docs/benchmarks.md).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// Receives GitHub webhooks and hands each delivery to the workers once.
 #[derive(Parser)]
 #[command(name = "hookinbox-ingest", version, about)]

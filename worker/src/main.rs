@@ -7,11 +7,6 @@ use std::process::ExitCode;
 use clap::Parser;
 use hookinbox_worker::Cli;
 
-/// mimalloc rather than the system's: each job allocates and frees its
-/// body and its statements' buffers (see docs/benchmarks.md).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 fn main() -> ExitCode {
     Cli::parse().run()
 }
