@@ -468,7 +468,7 @@ body_share "${COST_BODY_RATE:-2000}" >&2
 BEFORE_REV="${BEFORE_REV:-888d29d}"
 FULL_VARIANTS="${FULL_VARIANTS:-before:STACK_REV=$BEFORE_REV,HOOKINBOX_BATCH_LINGER_US=0 \
 +linger:STACK_REV=$BEFORE_REV,HOOKINBOX_BATCH_LINGER_US=3000 \
-+one-statement:STACK_REV=f071e15 +multiple-acks:}"
++one-statement:STACK_REV=f071e15,HOOKINBOX_BATCH_LINGER_US=3000 +multiple-acks:}"
 echo "== CPU µs per delivery, before and after each change"
 full_step=$STEP
 STEP="${COST_STEP:-20}" COST_VARIANTS="$FULL_VARIANTS"
