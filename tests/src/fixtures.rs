@@ -120,3 +120,23 @@ pub fn load_mix() -> Vec<(&'static str, Vec<u8>)> {
         })
         .collect()
 }
+
+/// A delivery request as GitHub sends one, for the load tools: `event`,
+/// the delivery `id`, hook 777, the `signature` of `body`, a 30-s timeout.
+pub fn delivery_request(
+    http: &reqwest::Client,
+    url: &str,
+    event: &str,
+    id: &str,
+    signature: &str,
+    body: impl Into<reqwest::Body>,
+) -> reqwest::RequestBuilder {
+    http.post(url)
+        .timeout(std::time::Duration::from_secs(30))
+        .header("content-type", "application/json")
+        .header("x-github-event", event)
+        .header("x-github-delivery", id)
+        .header("x-github-hook-id", "777")
+        .header("x-hub-signature-256", signature)
+        .body(body)
+}

@@ -324,6 +324,38 @@ impl TestEnv {
         self.queue_depth(&format!("{}.dlq", self.prefix)).await
     }
 
+    /// Asserts what a job that failed on every run leaves: its outcomes
+    /// (`max_attempts` requeues, then poisoned), its one row failed as
+    /// poison, not retryable, after exactly `max_attempts` takes, and its
+    /// copy in the dead-letter queue with nothing left to work.
+    pub async fn assert_poisoned(
+        &self,
+        outcomes: &[hookinbox_worker::JobOutcome],
+        max_attempts: i32,
+    ) {
+        let mut expected = vec![hookinbox_worker::JobOutcome::Requeued; max_attempts as usize];
+        expected.push(hookinbox_worker::JobOutcome::Poisoned);
+        assert_eq!(outcomes, expected.as_slice());
+        let row = self
+            .db
+            .query_one(
+                "select status, retryable, attempts, last_error_class from deliveries",
+                &[],
+            )
+            .await
+            .expect("row");
+        assert_eq!(row.get::<_, String>(0), "failed");
+        assert!(!row.get::<_, bool>(1));
+        assert_eq!(
+            row.get::<_, i32>(2),
+            max_attempts,
+            "no take past the maximum"
+        );
+        assert_eq!(row.get::<_, String>(3), "poison");
+        assert_eq!(self.dead_depth().await, 1);
+        assert_eq!(self.work_depth().await, 0);
+    }
+
     /// Claims `hook` as an ingest that died between the claim and the
     /// publish leaves it: a processing claim whose lease is already over,
     /// no job, and no body anywhere but at GitHub (awaiting redelivery).

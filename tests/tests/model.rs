@@ -378,18 +378,7 @@ impl Sut {
                 let key = self.key.clone();
                 self.guarded(token, |t| async move {
                     let mut effect = Effect::new(shared().pool.clone(), key.clone(), t, 1);
-                    let ran = match effect.transaction().await {
-                        Ok(tx) => {
-                            tx.execute(
-                                "insert into model_effects (delivery_id) values ($1)",
-                                &[&key.delivery_id.as_str()],
-                            )
-                            .await
-                            .expect("effect");
-                            true
-                        }
-                        Err(_) => false,
-                    };
+                    let ran = write_effect(&mut effect, &key).await;
                     let completion = effect.complete().await.expect("complete");
                     assert!(ran || completion == Completion::Fenced);
                 })
@@ -556,6 +545,23 @@ impl Sut {
     }
 }
 
+/// Writes the effect in the completing transaction; false when the
+/// transaction could not begin (its completion must then be fenced).
+async fn write_effect(effect: &mut Effect, key: &DeliveryKey) -> bool {
+    match effect.transaction().await {
+        Ok(tx) => {
+            tx.execute(
+                "insert into model_effects (delivery_id) values ($1)",
+                &[&key.delivery_id.as_str()],
+            )
+            .await
+            .expect("effect");
+            true
+        }
+        Err(_) => false,
+    }
+}
+
 /// One job on the worker's one-statement path: the handler stages the
 /// event (or writes its effect in its transaction), and the completion is
 /// the take. Stores whether it completed in `completed`.
@@ -575,18 +581,7 @@ async fn fused(
         max_attempts,
     );
     let ran = if in_transaction {
-        match effect.transaction().await {
-            Ok(tx) => {
-                tx.execute(
-                    "insert into model_effects (delivery_id) values ($1)",
-                    &[&key.delivery_id.as_str()],
-                )
-                .await
-                .expect("effect");
-                true
-            }
-            Err(_) => false,
-        }
+        write_effect(&mut effect, &key).await
     } else {
         effect
             .store_event(StoredEvent {

@@ -62,15 +62,7 @@ async fn main() -> anyhow::Result<()> {
                 let body = fixtures::with_nonce(body, &id);
                 let signature = sign(&secret, &body);
                 let sent = Instant::now();
-                let answer = http
-                    .post(&url)
-                    .timeout(Duration::from_secs(30))
-                    .header("content-type", "application/json")
-                    .header("x-github-event", *event)
-                    .header("x-github-delivery", &id)
-                    .header("x-github-hook-id", "777")
-                    .header("x-hub-signature-256", &signature)
-                    .body(body)
+                let answer = fixtures::delivery_request(&http, &url, event, &id, &signature, body)
                     .send()
                     .await;
                 let status = match answer {

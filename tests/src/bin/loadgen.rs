@@ -395,15 +395,7 @@ async fn run(
         tasks.spawn(async move {
             let p = &payloads[idx];
             let (body, signature) = p.for_delivery(&id, &secret);
-            let response = http
-                .post(&url)
-                .timeout(Duration::from_secs(30))
-                .header("content-type", "application/json")
-                .header("x-github-event", p.event)
-                .header("x-github-delivery", &id)
-                .header("x-github-hook-id", "777")
-                .header("x-hub-signature-256", &signature)
-                .body(body)
+            let response = fixtures::delivery_request(&http, &url, p.event, &id, &signature, body)
                 .send()
                 .await;
             // Latency from the scheduled send: open loop.
@@ -577,13 +569,7 @@ async fn measure(args: Args) -> anyhow::Result<()> {
         for (i, id) in ids.iter().enumerate() {
             let p = &payloads[i % payloads.len()];
             let (body, signature) = p.for_delivery(id, &args.secret);
-            http.post(&args.url)
-                .header("content-type", "application/json")
-                .header("x-github-event", p.event)
-                .header("x-github-delivery", id)
-                .header("x-github-hook-id", "777")
-                .header("x-hub-signature-256", &signature)
-                .body(body)
+            fixtures::delivery_request(&http, &args.url, p.event, id, &signature, body)
                 .send()
                 .await
                 .context("warm-up")?;

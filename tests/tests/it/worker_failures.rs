@@ -45,29 +45,7 @@ async fn a_job_that_crashes_every_time_is_stopped_by_max_attempts_as_poison() {
         .drain()
         .await
         .expect("drain: the worker survives panics");
-    assert_eq!(
-        report.outcomes,
-        vec![
-            JobOutcome::Requeued,
-            JobOutcome::Requeued,
-            JobOutcome::Requeued,
-            JobOutcome::Poisoned
-        ]
-    );
-    let row = env
-        .db
-        .query_one(
-            "select status, retryable, attempts, last_error_class from deliveries",
-            &[],
-        )
-        .await
-        .expect("row");
-    assert_eq!(row.get::<_, String>(0), "failed");
-    assert!(!row.get::<_, bool>(1));
-    assert_eq!(row.get::<_, i32>(2), 3, "no take past the maximum");
-    assert_eq!(row.get::<_, String>(3), "poison");
-    assert_eq!(env.dead_depth().await, 1);
-    assert_eq!(env.work_depth().await, 0);
+    env.assert_poisoned(&report.outcomes, 3).await;
     env.cleanup().await;
 }
 

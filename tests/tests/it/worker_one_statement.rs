@@ -116,16 +116,7 @@ async fn a_redelivered_message_is_taken_before_its_handler_runs() {
     assert_eq!(ingest.send(&Hook::fixture("push")).await.status, 202);
     // A worker that got the message and gave it back without acking it (as
     // the broker does for one that died): the broker marks it redelivered.
-    let connection = lapin::Connection::connect(&amqp_url(), Default::default())
-        .await
-        .expect("amqp");
-    let channel = connection.create_channel().await.expect("channel");
-    let queue = Topology::new(&env.prefix).work_queue();
-    let message = channel
-        .basic_get(&queue, BasicGetOptions::default())
-        .await
-        .expect("get")
-        .expect("the job");
+    let (connection, message) = get_the_job(&env).await;
     assert!(!message.delivery.redelivered);
     message
         .delivery
@@ -163,28 +154,7 @@ async fn a_database_only_job_that_crashes_every_time_is_dead_lettered_as_poison(
     let report = worker.drain().await.expect("drain");
     // The first run, on the one-statement path, counts nothing; its
     // failure sends the job the full way at once, whose takes count.
-    assert_eq!(
-        report.outcomes,
-        vec![
-            JobOutcome::Requeued,
-            JobOutcome::Requeued,
-            JobOutcome::Requeued,
-            JobOutcome::Poisoned
-        ]
-    );
-    let row = env
-        .db
-        .query_one(
-            "select status, attempts, last_error_class from deliveries",
-            &[],
-        )
-        .await
-        .expect("row");
-    assert_eq!(row.get::<_, String>(0), "failed");
-    assert_eq!(row.get::<_, i32>(1), 3, "no take past the maximum");
-    assert_eq!(row.get::<_, String>(2), "poison");
-    assert_eq!(env.dead_depth().await, 1);
-    assert_eq!(env.work_depth().await, 0);
+    env.assert_poisoned(&report.outcomes, 3).await;
     env.cleanup().await;
 }
 
@@ -195,16 +165,7 @@ async fn two_copies_of_one_job_complete_it_once() {
     assert_eq!(ingest.send(&hook).await.status, 202);
     // A second copy of the same message (a republish, say): same token,
     // same attempts.
-    let connection = lapin::Connection::connect(&amqp_url(), Default::default())
-        .await
-        .expect("amqp");
-    let channel = connection.create_channel().await.expect("channel");
-    let queue = Topology::new(&env.prefix).work_queue();
-    let message = channel
-        .basic_get(&queue, BasicGetOptions::default())
-        .await
-        .expect("get")
-        .expect("the job");
+    let (connection, message) = get_the_job(&env).await;
     let delivery = message.delivery;
     let job =
         hookinbox::broker::decode(&delivery.properties, delivery.data.clone()).expect("a job");
@@ -234,4 +195,20 @@ async fn two_copies_of_one_job_complete_it_once() {
     assert_eq!(attempts(&env).await, 1);
     publisher.close().await;
     env.cleanup().await;
+}
+
+/// Gets the job from the work queue without acking it, on a connection the
+/// caller keeps open until it settles the message.
+async fn get_the_job(env: &TestEnv) -> (lapin::Connection, lapin::message::BasicGetMessage) {
+    let connection = lapin::Connection::connect(&amqp_url(), Default::default())
+        .await
+        .expect("amqp");
+    let channel = connection.create_channel().await.expect("channel");
+    let queue = Topology::new(&env.prefix).work_queue();
+    let message = channel
+        .basic_get(&queue, BasicGetOptions::default())
+        .await
+        .expect("get")
+        .expect("the job");
+    (connection, message)
 }
