@@ -35,7 +35,8 @@ pub const SIGNATURE_FAILURES: &str = "hookinbox_signature_failures_total";
 pub const SECRET_MATCHES: &str = "hookinbox_secret_matches_total";
 /// Worker jobs by `outcome`.
 pub const JOBS: &str = "hookinbox_jobs_total";
-/// Handler run time.
+/// Handler run time, one sample per run (a job that falls back from the
+/// one-statement path runs twice).
 pub const JOB_SECONDS: &str = "hookinbox_job_duration_seconds";
 /// Lease renewals.
 pub const LEASE_RENEWALS: &str = "hookinbox_lease_renewals_total";

@@ -18,8 +18,9 @@ const H_DELIVERY_ID: &str = "hookinbox-delivery-id";
 const H_EVENT: &str = "hookinbox-event";
 const H_ACTION: &str = "hookinbox-action";
 const H_TOKEN: &str = "hookinbox-token";
-/// Takes so far: when the job was published, or (a dead-letter copy) when
-/// it failed.
+/// Takes so far: when the job was published, or, on the worker's own
+/// dead-letter copy, when it failed (a message the broker dead-letters
+/// keeps the count it was published with).
 const H_ATTEMPTS: &str = "hookinbox-attempts";
 
 /// Why a message could not be read as a job.

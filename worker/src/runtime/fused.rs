@@ -29,6 +29,12 @@
 //!   handler meanwhile. Only one completion can match the row; the other
 //!   finds it completed and acks.
 //! - **Ack after commit**, as on the full path.
+//!
+//! What it costs when it does not complete: a handler that fails here runs
+//! twice for that message (here, uncounted, then on the full path), so a
+//! handler that hangs holds its slot for up to twice `handler_timeout`;
+//! and a copy of a delivery already completed costs this statement as well
+//! as the take that then acks it.
 
 use hookinbox::job::Job;
 

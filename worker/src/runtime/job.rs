@@ -47,10 +47,15 @@ use crate::handlers::{Completion, Effect, HandlerError};
 
 /// How a handler run ended.
 pub(super) enum Ran {
+    /// The handler returned this.
     Returned(Result<(), HandlerError>),
+    /// It panicked; caught, nothing of it committed.
     Panicked,
+    /// It ran past `handler_timeout` and was cancelled.
     TimedOut,
+    /// The heartbeat lost the lease; it was cancelled (fenced).
     LeaseLost,
+    /// The worker is stopping hard; it was cancelled.
     Shutdown,
 }
 

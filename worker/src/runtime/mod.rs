@@ -246,6 +246,8 @@ impl Worker {
                         Some(Ok(delivery)) => {
                             let worker = self.clone();
                             let stop = stop.clone();
+                            // Known unsettled before its job can start, so
+                            // no later tag's `multiple` ack covers it.
                             acks.received(delivery.delivery_tag);
                             let settle = acks::Settle::Collected {
                                 tag: delivery.delivery_tag,
@@ -271,7 +273,9 @@ impl Worker {
             self.inner.consuming.store(false, Ordering::Relaxed);
             // Jobs of a lost channel go on: their acks fail harmlessly and
             // the broker redelivers those messages, whose takes then find
-            // the deliveries resolved.
+            // the deliveries resolved. The collector ends once its jobs
+            // have dropped their handles too, which is why the shutdown
+            // below can await it.
             drop(acks);
             connections.push((connection, channel, collector));
             connections.retain(|(c, _, _)| c.status().connected());
