@@ -116,7 +116,7 @@ async fn a_redelivered_message_is_taken_before_its_handler_runs() {
     assert_eq!(ingest.send(&Hook::fixture("push")).await.status, 202);
     // A worker that got the message and gave it back without acking it (as
     // the broker does for one that died): the broker marks it redelivered.
-    let (connection, message) = get_the_job(&env).await;
+    let (connection, _channel, message) = get_the_job(&env).await;
     assert!(!message.delivery.redelivered);
     message
         .delivery
@@ -165,7 +165,7 @@ async fn two_copies_of_one_job_complete_it_once() {
     assert_eq!(ingest.send(&hook).await.status, 202);
     // A second copy of the same message (a republish, say): same token,
     // same attempts.
-    let (connection, message) = get_the_job(&env).await;
+    let (connection, _channel, message) = get_the_job(&env).await;
     let delivery = message.delivery;
     let job =
         hookinbox::broker::decode(&delivery.properties, delivery.data.clone()).expect("a job");
@@ -197,9 +197,16 @@ async fn two_copies_of_one_job_complete_it_once() {
     env.cleanup().await;
 }
 
-/// Gets the job from the work queue without acking it, on a connection the
-/// caller keeps open until it settles the message.
-async fn get_the_job(env: &TestEnv) -> (lapin::Connection, lapin::message::BasicGetMessage) {
+/// Gets the job from the work queue without acking it, on a connection and
+/// channel the caller keeps open until it settles the message (dropping the
+/// channel closes it, which gives the message back).
+async fn get_the_job(
+    env: &TestEnv,
+) -> (
+    lapin::Connection,
+    lapin::Channel,
+    lapin::message::BasicGetMessage,
+) {
     let connection = lapin::Connection::connect(&amqp_url(), Default::default())
         .await
         .expect("amqp");
@@ -210,5 +217,5 @@ async fn get_the_job(env: &TestEnv) -> (lapin::Connection, lapin::message::Basic
         .await
         .expect("get")
         .expect("the job");
-    (connection, message)
+    (connection, channel, message)
 }
