@@ -17,6 +17,9 @@
 //! workers reconcile against it while the faults hit, and at the end the
 //! reconciler (`hookinbox-worker reconcile`) must have brought back every
 //! delivery that never got a 2xx: none is left unanswered.
+//!
+//! Its working folder (the processes' logs, the instances' data) is removed
+//! after a passing run; a failing run, or `HOOKINBOX_FAULT_KEEP=1`, keeps it.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -494,9 +497,13 @@ impl Suite {
             let _ = old.kill().await;
         }
         let marker = format!("hookinbox-steal-{}", uuid::Uuid::new_v4().simple());
+        // The first take prints the marker; the first effect after it (of
+        // that job or another) stalls 3 s, so the stop falls mid-job.
         self.spawn_worker(
             i,
-            Some(&format!("worker.after_take=1*print({marker})->sleep(3000)")),
+            Some(&format!(
+                "worker.after_take=1*print({marker});worker.mid_effect=1*sleep(3000)"
+            )),
         )?;
         let log = self.root.join(format!("worker-{i}.log"));
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -518,9 +525,10 @@ impl Suite {
         signal("-STOP", &pid)?;
         tokio::time::sleep(Duration::from_secs(9)).await;
         signal("-CONT", &pid)?;
-        // Awake, its jobs find their leases taken and are fenced. The armed
-        // point keeps stalling every later take for 3 s, so the worker is
-        // restarted unarmed once they are done: the fault ends here.
+        // Awake, its jobs find their leases taken and are fenced (on the
+        // one-statement path, their completions find the claims taken).
+        // The worker is restarted unarmed once they are done: the fault
+        // ends here.
         tokio::time::sleep(Duration::from_secs(4)).await;
         if let Some(mut woken) = self.workers[i].take() {
             let _ = woken.kill().await;
@@ -1038,16 +1046,20 @@ async fn main() -> anyhow::Result<()> {
             .keys()
             .filter(|id| !l.sent.contains_key(*id))
             .collect();
-        let fenced = std::fs::read_dir(&root)?
-            .flatten()
-            .filter(|e| e.file_name().to_string_lossy().starts_with("worker-"))
-            .map(|e| {
-                std::fs::read_to_string(e.path())
-                    .unwrap_or_default()
-                    .matches("\"outcome\":\"fenced\",\"target\"")
-                    .count()
-            })
-            .sum::<usize>();
+        let in_worker_logs = |needle: &str| -> anyhow::Result<usize> {
+            Ok(std::fs::read_dir(&root)?
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with("worker-"))
+                .map(|e| {
+                    std::fs::read_to_string(e.path())
+                        .unwrap_or_default()
+                        .matches(needle)
+                        .count()
+                })
+                .sum())
+        };
+        let fenced = in_worker_logs("\"message\":\"job done\",\"outcome\":\"fenced\"")?;
+        let fused_fenced = in_worker_logs("\"one-statement completion fenced")?;
 
         eprintln!(
             "faults: fault windows (s since start): {:?}",
@@ -1076,7 +1088,7 @@ async fn main() -> anyhow::Result<()> {
             report.push_str(&format!("| {fault} | {n} |\n"));
         }
         report.push_str(&format!(
-        "\n| ledger | count |\n|---|---|\n| deliveries sent | {} |\n| redeliveries sent | {} |\n| requests that failed (no 2xx) | {} |\n| answered 2xx | {} |\n| effects | {} |\n| dead letters | {} |\n| **lost** (2xx, no effect, not dead-lettered) | **{}** |\n| **duplicate effects** | **{}** |\n| effects for never-sent ids | {} |\n| effects of deliveries that had a failed request (allowed) | {} |\n| fenced completions logged | {fenced} |\n\
+        "\n| ledger | count |\n|---|---|\n| deliveries sent | {} |\n| redeliveries sent | {} |\n| requests that failed (no 2xx) | {} |\n| answered 2xx | {} |\n| effects | {} |\n| dead letters | {} |\n| **lost** (2xx, no effect, not dead-lettered) | **{}** |\n| **duplicate effects** | **{}** |\n| effects for never-sent ids | {} |\n| effects of deliveries that had a failed request (allowed) | {} |\n| fenced jobs logged | {fenced} |\n| one-statement completions fenced (then taken the full way) | {fused_fenced} |\n\
         | relayed (`forward`) deliveries answered 2xx | {} |\n| relayed keys that arrived | {} |\n\
         | repeated arrivals (same key, same body) | {repeats} |\n\
         | **repeats outside a fault window** (+{}s grace) | **{}** |\n| arrivals with a wrong key, delivery id or body | {wrong} |\n\
@@ -1131,6 +1143,10 @@ async fn main() -> anyhow::Result<()> {
     if failed {
         bail!("{summary}");
     }
-    let _ = std::fs::remove_dir_all(&root);
+    if std::env::var_os("HOOKINBOX_FAULT_KEEP").is_some() {
+        eprintln!("faults: kept {}", root.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&root);
+    }
     Ok(())
 }

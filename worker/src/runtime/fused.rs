@@ -101,6 +101,9 @@ impl Worker {
             // no answer came (the commit may have landed): the full take
             // finds out which.
             Ok(Completion::Fenced) => {
+                tracing::info!(
+                    "one-statement completion fenced: the claim is not this message's any more; taking it the full way"
+                );
                 fell_back("fenced");
                 None
             }
