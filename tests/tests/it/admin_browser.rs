@@ -187,6 +187,8 @@ async fn an_operator_filters_dead_letters_replays_one_and_runs_a_bulk_replay() {
     let url = b.client.current_url().await.expect("url");
     let id = url.path().rsplit('/').next().expect("id").to_owned();
     replay.click().await.expect("replay");
+    // The replay commits its compare-and-set, then publishes: wait for the
+    // job in the queue too, or the drain may find it empty.
     wait_until(
         "the replay to be published",
         Duration::from_secs(20),
@@ -196,6 +198,7 @@ async fn an_operator_filters_dead_letters_replays_one_and_runs_a_bulk_replay() {
             ))
             .await
                 == 1
+                && env.work_depth().await == 1
         },
     )
     .await;
