@@ -245,8 +245,10 @@ async fn ack_each<A: Settler>(unsettled: &mut Unsettled<A>) {
 
 /// A settle that did not reach the broker: the channel died. The broker
 /// redelivers those messages, and their takes find the deliveries resolved,
-/// so nothing is lost. A closed channel fails every settle still queued
-/// with the same error, so that one is not a warning each time.
+/// so nothing is lost. Once lapin has marked the channel closed, every
+/// settle still queued fails with `InvalidChannelState`: those are not a
+/// warning each (the ones that failed as the connection broke are, at
+/// most a prefetch window of them).
 fn failed(what: &'static str, error: &lapin::Error) {
     if matches!(error, lapin::Error::InvalidChannelState(_)) {
         tracing::debug!(error = %error, "{what} failed: the channel is closed");
@@ -292,10 +294,18 @@ mod tests {
         }
     }
 
-    fn start() -> (mpsc::UnboundedSender<Event<Recorder>>, Log, Instant) {
+    /// A collector of recorders: its sender, the log, the time it started,
+    /// and its task, which ends once the sender is dropped and every settle
+    /// is recorded.
+    fn start() -> (
+        mpsc::UnboundedSender<Event<Recorder>>,
+        Log,
+        Instant,
+        tokio::task::JoinHandle<()>,
+    ) {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(collect(rx));
-        (tx, Log::default(), Instant::now())
+        let collector = tokio::spawn(collect(rx));
+        (tx, Log::default(), Instant::now(), collector)
     }
 
     fn recorder(tag: u64, log: &Log, start: Instant) -> Recorder {
@@ -308,7 +318,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_run_of_finished_messages_goes_as_one_multiple_ack() {
-        let (tx, log, t0) = start();
+        let (tx, log, t0, collector) = start();
         for tag in 1..=3 {
             tx.send(Event::Received(tag)).expect("send");
         }
@@ -317,24 +327,23 @@ mod tests {
                 .expect("send");
         }
         drop(tx);
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        collector.await.expect("collector");
         let log = log.lock().expect("log").clone();
         assert_eq!(log, vec![(Duration::ZERO, 3, "multiple")]);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_nack_goes_at_once_and_no_multiple_ack_covers_it() {
-        let (tx, log, t0) = start();
+        let (tx, log, t0, collector) = start();
         for tag in 1..=3 {
             tx.send(Event::Received(tag)).expect("send");
         }
         tx.send(Event::Nack(2, recorder(2, &log, t0), true))
             .expect("send");
         tx.send(Event::Ack(3, recorder(3, &log, t0))).expect("send");
-        tokio::time::sleep(Duration::from_micros(100)).await;
         tx.send(Event::Ack(1, recorder(1, &log, t0))).expect("send");
         drop(tx);
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        collector.await.expect("collector");
         let log = log.lock().expect("log").clone();
         assert_eq!(log[0], (Duration::ZERO, 2, "requeue"));
         // Tag 1 then acks the run 1 and 3: 2 is no longer in it.
@@ -344,7 +353,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn acks_behind_a_long_job_go_within_the_hold_however_busy_the_channel() {
-        let (tx, log, t0) = start();
+        let (tx, log, t0, collector) = start();
         // Tag 1 runs long; 40 more finish behind it, one every millisecond,
         // each event sooner after the last than the hold.
         tx.send(Event::Received(1)).expect("send");
@@ -364,7 +373,7 @@ mod tests {
         // The long job's own ack goes, and nothing was acked twice.
         tx.send(Event::Ack(1, recorder(1, &log, t0))).expect("send");
         drop(tx);
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        collector.await.expect("collector");
         let mut tags: Vec<u64> = log.lock().expect("log").iter().map(|e| e.1).collect();
         tags.sort_unstable();
         assert_eq!(tags, (1..=41).collect::<Vec<_>>());
