@@ -24,6 +24,9 @@ pub(crate) enum Outcome {
     Conflict,
     /// A `ping` (200).
     Pong,
+    /// Claimed, and no destination's filters took it: recorded, nothing to
+    /// run (200).
+    Filtered,
     /// An event the source does not take (200).
     Ignored,
     /// No such source (404).
@@ -67,6 +70,7 @@ impl Outcome {
             Self::Duplicate => "duplicate",
             Self::Conflict => "conflict",
             Self::Pong => "pong",
+            Self::Filtered => "filtered",
             Self::Ignored => "ignored",
             Self::UnknownSource => "unknown_source",
             Self::BadSignature => "bad_signature",

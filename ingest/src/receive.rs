@@ -1,7 +1,8 @@
 //! One webhook request, in the design's order (see the crate's docs):
 //! [`read_and_verify`] (steps 1 and 2), [`check_headers`] (step 3),
-//! [`claim`] (step 4) and [`publish_or_park`] (step 5). Nothing touches
-//! Postgres before step 4.
+//! [`claim`] (step 4, the delivery's legs) and [`publish_or_park`] (step 5,
+//! each leg to its destination's queue). Nothing touches Postgres before
+//! step 4.
 
 use std::sync::Arc;
 
@@ -13,9 +14,14 @@ use deadpool_postgres::Pool;
 use hookinbox::broker::Publisher;
 use hookinbox::config::{IngestConfig, Source};
 use hookinbox::deliveries::group_commit::ClaimBatcher;
-use hookinbox::deliveries::{self, Claim, ClaimRequest, ParkedBody, Policy, Status};
+use hookinbox::deliveries::{
+    self, Claim, ClaimRequest, LegClaim, LegRequest, ParkedBody, Policy, Status,
+};
 use hookinbox::job::Job;
-use hookinbox::key::{DeliveryId, DeliveryKey, EventName, HookId, KeyError, SourceName};
+use hookinbox::key::{
+    ClaimToken, DeliveryId, DeliveryKey, DestinationName, EventName, HookId, KeyError, LegKey,
+    SourceName,
+};
 use hookinbox::payload::{self, ContentType};
 use hookinbox::postgres::DbError;
 use hookinbox::signature::SignatureError;
@@ -273,14 +279,31 @@ fn check_headers(
     }))
 }
 
-/// Step 4: the claim, one statement (batched with other requests' claims
-/// when they arrive together).
+/// Step 4: the claim of the delivery's legs, one statement (batched with
+/// other requests' claims when they arrive together). Each destination's
+/// filters are decided here, once, from the verified payload, and recorded
+/// with the leg.
 async fn claim(
     state: &State,
     source: &Source,
     delivery: &Delivery,
     body: &[u8],
 ) -> Result<Claim, Reject> {
+    let legs = source
+        .destinations
+        .iter()
+        .map(|d| LegRequest {
+            destination: d.name.clone(),
+            filtered: d
+                .takes(
+                    &delivery.event,
+                    delivery.action.as_deref(),
+                    delivery.repository.as_deref(),
+                )
+                .err()
+                .map(|why| why.reason()),
+        })
+        .collect();
     let request = ClaimRequest {
         key: delivery.key.clone(),
         event: delivery.event.as_str().to_owned(),
@@ -289,6 +312,7 @@ async fn claim(
         body_sha256: Sha256::digest(body).into(),
         guarded: source.replay_guard,
         pinned: source.hook_ids.is_some(),
+        legs,
     };
     let started = std::time::Instant::now();
     let claimed = match &state.batcher {
@@ -327,9 +351,11 @@ async fn claim(
     Ok(claimed)
 }
 
-/// Step 5: publish the job with a confirm and answer only after it; if the
-/// publish fails, park the body in Postgres and answer 202 all the same.
-/// A claim that is not ours to publish is answered here too.
+/// Step 5: publish each leg's job to its destination's queue, every
+/// confirm in flight at once, and answer only after each is confirmed; a
+/// leg whose publish fails has its body parked in Postgres instead, and the
+/// answer is 202 all the same. A delivery with no leg to publish is
+/// answered from its legs' states.
 async fn publish_or_park(
     state: &State,
     headers: &HeaderMap,
@@ -337,11 +363,8 @@ async fn publish_or_park(
     body: Bytes,
     claimed: Claim,
 ) -> Result<Answer, Reject> {
-    let (token, attempts_at_claim, republish) = match claimed {
-        Claim::Claimed {
-            token, attempts, ..
-        } => (token, attempts, false),
-        Claim::Republish { token } => (token, 0, true),
+    let legs = match claimed {
+        Claim::Legs(legs) => legs,
         Claim::Conflict => {
             return Ok(Answer::new(
                 StatusCode::CONFLICT,
@@ -356,56 +379,136 @@ async fn publish_or_park(
                 json!({"status": "conflict", "error": "this body was received before under another delivery id or hook id"}),
             ));
         }
-        Claim::Duplicate(Status::Processing) => {
-            // A copy racing an earlier claim whose publish we cannot see.
-            // If that ingest died before publishing, nothing would carry the
-            // delivery: park this copy's body, so that once the claim is
-            // reaped as lost the scheduler republishes it. Completion
-            // deletes it. The 2xx is given only once the body is parked.
-            park_copy(
-                state,
-                &delivery.key,
-                &content_type_header(headers),
-                &github_headers(headers),
-                &body,
-            )
-            .await?;
-            return Ok(duplicate(StatusCode::ACCEPTED, Status::Processing));
+    };
+    let content_type = content_type_header(headers);
+    let github_headers = github_headers(headers);
+    let mut to_publish: Vec<(DestinationName, ClaimToken, i32)> = Vec::new();
+    let mut only_republishes = true;
+    let mut filtered = 0;
+    let mut existing: Vec<(DestinationName, Status)> = Vec::new();
+    for (destination, leg) in legs {
+        match leg {
+            LegClaim::Claimed {
+                token, attempts, ..
+            } => {
+                only_republishes = false;
+                to_publish.push((destination, token, attempts));
+            }
+            // A republish only ever concerns a claim nobody took (attempts 0).
+            LegClaim::Republish { token } => to_publish.push((destination, token, 0)),
+            LegClaim::Filtered => filtered += 1,
+            LegClaim::Duplicate(status) => existing.push((destination, status)),
         }
-        Claim::Duplicate(status) => {
-            let code = if status == Status::Completed {
-                StatusCode::OK
-            } else {
-                StatusCode::ACCEPTED
+    }
+    if to_publish.is_empty() {
+        return answer_without_publish(
+            state,
+            &delivery.key,
+            &content_type,
+            &github_headers,
+            &body,
+            filtered,
+            &existing,
+        )
+        .await;
+    }
+    let publishes = to_publish
+        .into_iter()
+        .map(|(destination, token, attempts)| {
+            let job = Job {
+                key: delivery.key.clone().leg(destination),
+                event: delivery.event.clone(),
+                action: delivery.action.clone(),
+                token,
+                attempts: Some(attempts),
+                content_type: content_type.clone(),
+                github_headers: github_headers.clone(),
+                // `Bytes` clones share the buffer.
+                body: body.clone(),
             };
-            return Ok(duplicate(code, status));
-        }
-    };
-    let job = Job {
-        key: delivery.key,
-        event: delivery.event,
-        action: delivery.action,
-        token,
-        // A republish only ever concerns a claim nobody took (attempts 0).
-        attempts: Some(attempts_at_claim),
-        content_type: content_type_header(headers),
-        github_headers: github_headers(headers),
-        body,
-    };
+            async move { publish_leg(state, job, attempts).await }
+        });
+    let mut parked = false;
+    for published in futures::future::join_all(publishes).await {
+        parked |= published?;
+    }
+    Ok(if parked {
+        Answer::accepted(Outcome::Parked, Some(("parked", true)))
+    } else if only_republishes {
+        Answer::accepted(Outcome::Republished, Some(("republished", true)))
+    } else {
+        Answer::accepted(Outcome::Accepted, None)
+    })
+}
+
+/// Publishes one leg's job with a confirm; when the broker fails, parks it.
+/// `Ok(true)` when it was parked, `Err` when it could be neither.
+async fn publish_leg(state: &State, job: Job, attempts_at_claim: i32) -> Result<bool, Reject> {
     let started = std::time::Instant::now();
     let published = state.publisher.publish(&job).await;
     metrics::histogram!(hookinbox::metrics::PUBLISH_CONFIRM_SECONDS).record(started.elapsed());
     match published {
-        Ok(()) if republish => Ok(Answer::accepted(
-            Outcome::Republished,
-            Some(("republished", true)),
-        )),
-        Ok(()) => Ok(Answer::accepted(Outcome::Accepted, None)),
+        Ok(()) => Ok(false),
         Err(e) => {
-            tracing::warn!(error = %e, delivery_id = %job.key.delivery_id, "publish failed; parking");
+            tracing::warn!(
+                error = %e,
+                delivery_id = %job.key.delivery_id,
+                destination = %job.key.destination,
+                "publish failed; parking"
+            );
             park(state, &job, attempts_at_claim, &e.to_string()).await
         }
     }
+}
+
+/// No leg to publish: a delivery every destination filtered out (200
+/// `filtered`), or a duplicate, answered from its legs' states. A copy
+/// racing a claim still processing parks its body first (see
+/// [`park_copy`]).
+async fn answer_without_publish(
+    state: &State,
+    key: &DeliveryKey,
+    content_type: &str,
+    github_headers: &[(String, String)],
+    body: &[u8],
+    filtered: usize,
+    existing: &[(DestinationName, Status)],
+) -> Result<Answer, Reject> {
+    if existing.is_empty() && filtered > 0 {
+        return Ok(Answer::new(
+            StatusCode::OK,
+            Outcome::Filtered,
+            json!({"status": "filtered"}),
+        ));
+    }
+    let mut processing = false;
+    for (destination, status) in existing {
+        if *status == Status::Processing {
+            processing = true;
+            // A copy racing an earlier claim whose publish we cannot see.
+            // If that ingest died before publishing, nothing would carry the
+            // leg: park this copy's body, so that once the claim is reaped
+            // as lost the scheduler republishes it. Completion deletes it.
+            // The 2xx is given only once the body is parked.
+            let leg = key.clone().leg(destination.clone());
+            park_copy(state, &leg, content_type, github_headers, body).await?;
+        }
+    }
+    let status = if processing || existing.is_empty() {
+        Status::Processing
+    } else if existing.iter().any(|(_, s)| *s == Status::Failed) {
+        Status::Failed
+    } else if existing.iter().all(|(_, s)| *s == Status::Filtered) {
+        Status::Filtered
+    } else {
+        Status::Completed
+    };
+    let code = if status.is_done() {
+        StatusCode::OK
+    } else {
+        StatusCode::ACCEPTED
+    };
+    Ok(duplicate(code, status))
 }
 
 fn duplicate(code: StatusCode, status: Status) -> Answer {
@@ -416,17 +519,18 @@ fn duplicate(code: StatusCode, status: Status) -> Answer {
     )
 }
 
-/// The broker failed us: park the body and record the delivery as due now
+/// The broker failed us: park the body and record the leg as due now
 /// (guarded by the token and the attempts the claim saw, see
 /// [`deliveries::park_due`]), so the scheduler publishes it once the broker
 /// is back. Postgres holds it now, so the answer is still 202; only if
-/// Postgres fails too is it 503.
+/// Postgres fails too is it 503. `Ok(true)`: parked; `Ok(false)`: the guard
+/// refused because the leg is in flight after all.
 async fn park(
     state: &State,
     job: &Job,
     attempts_at_claim: i32,
     error: &str,
-) -> Result<Answer, Reject> {
+) -> Result<bool, Reject> {
     let parked = match state.pool.get().await {
         Ok(client) => {
             deliveries::park_due(
@@ -442,11 +546,11 @@ async fn park(
         Err(e) => Err(DbError::from(e)),
     };
     match parked {
-        Ok(true) => Ok(Answer::accepted(Outcome::Parked, Some(("parked", true)))),
+        Ok(true) => Ok(true),
         // The guard refused: a worker took the job after all (the confirm
         // was lost, not the message) or a concurrent redelivery claimed it
         // anew. Either way it is in flight.
-        Ok(false) => Ok(Answer::accepted(Outcome::Accepted, None)),
+        Ok(false) => Ok(false),
         Err(e) => {
             tracing::warn!(error = %e, "could not park the delivery");
             Err(Reject::unavailable("message broker and database"))
@@ -454,11 +558,11 @@ async fn park(
     }
 }
 
-/// Parks a racing copy's body for a claim still processing (see
+/// Parks a racing copy's body for a leg's claim still processing (see
 /// [`deliveries::park_copy`]); 503 if Postgres cannot take it.
 async fn park_copy(
     state: &State,
-    key: &DeliveryKey,
+    key: &LegKey,
     content_type: &str,
     github_headers: &[(String, String)],
     body: &[u8],

@@ -5,18 +5,19 @@
 
 use bytes::Bytes;
 
-use crate::key::{ClaimToken, DeliveryKey, EventName};
+use crate::key::{ClaimToken, EventName, LegKey};
 
 /// The prefix of the request headers a job carries along (`X-GitHub-*`),
 /// lower case.
 pub const GITHUB_HEADER_PREFIX: &str = "x-github-";
 
-/// One delivery to run: its key, what GitHub said about it, the claim
-/// token it was published with, and the raw body as signed.
+/// One leg to run: its key (the delivery's and the destination), what
+/// GitHub said about the delivery, the claim token it was published with,
+/// and the raw body as signed.
 #[derive(Clone, Debug)]
 pub struct Job {
-    /// The delivery's key.
-    pub key: DeliveryKey,
+    /// The leg's key; it derefs to the delivery's.
+    pub key: LegKey,
     /// `X-GitHub-Event`.
     pub event: EventName,
     /// The payload's `action`, when it has one.

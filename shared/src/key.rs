@@ -2,7 +2,9 @@
 //!
 //! `X-GitHub-Delivery` is an opaque id; GitHub gives the same GUID to one
 //! event delivered to two hooks or apps, so the key that makes a delivery
-//! unique is `(provider, source, hook_id, delivery_id)`.
+//! unique is `(provider, source, hook_id, delivery_id)`. A delivery runs
+//! once per destination that takes it, as a *leg*, keyed by the delivery's
+//! key and the destination's name ([`LegKey`]).
 
 use std::fmt;
 
@@ -37,6 +39,9 @@ pub enum KeyError {
     /// A source name breaks the naming rule.
     #[error("source name must be 1 to 64 characters of a-z, 0-9, '-' and '_'")]
     BadSource,
+    /// A destination name breaks the naming rule.
+    #[error("destination name must be 1 to 64 characters of a-z, 0-9, '-' and '_'")]
+    BadDestination,
 }
 
 impl KeyError {
@@ -48,6 +53,7 @@ impl KeyError {
             Self::BadHookId => "hook_id",
             Self::MissingEvent | Self::BadEvent => "event",
             Self::BadSource => "source",
+            Self::BadDestination => "destination",
             Self::Duplicated(name) => name,
         }
     }
@@ -121,6 +127,16 @@ impl EventName {
     }
 }
 
+/// The naming rule of sources and destinations: 1–64 characters of a-z,
+/// 0-9, '-' and '_' (they appear in routes, queue names and metric labels).
+fn is_name(raw: &str) -> bool {
+    !raw.is_empty()
+        && raw.len() <= 64
+        && raw
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+}
+
 /// A configured webhook source: the `{source}` of `/webhooks/github/{source}`.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SourceName(String);
@@ -131,12 +147,7 @@ impl SourceName {
 
     /// Validates a source name.
     pub fn parse(raw: &str) -> Result<Self, KeyError> {
-        if raw.is_empty()
-            || raw.len() > 64
-            || !raw
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
-        {
+        if !is_name(raw) {
             return Err(KeyError::BadSource);
         }
         Ok(Self(raw.to_owned()))
@@ -148,6 +159,48 @@ impl SourceName {
     }
 
     /// The name as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A source's destination: the app a leg of each delivery goes to. Unique
+/// within its source. The empty name is kept for legs claimed before
+/// destinations existed ([`DestinationName::legacy`]); no configured
+/// destination has it.
+#[derive(Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DestinationName(String);
+
+impl DestinationName {
+    /// Validates a configured destination name.
+    pub fn parse(raw: &str) -> Result<Self, KeyError> {
+        if !is_name(raw) {
+            return Err(KeyError::BadDestination);
+        }
+        Ok(Self(raw.to_owned()))
+    }
+
+    /// A name as stored in a row or a message: a valid name, or empty for
+    /// a leg claimed before destinations existed.
+    pub fn stored(raw: &str) -> Result<Self, KeyError> {
+        if raw.is_empty() {
+            return Ok(Self::legacy());
+        }
+        Self::parse(raw)
+    }
+
+    /// The destination of legs claimed before destinations existed: they
+    /// run with their source's first destination.
+    pub fn legacy() -> Self {
+        Self(String::new())
+    }
+
+    /// Whether this is the [`DestinationName::legacy`] name.
+    pub fn is_legacy(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The name as text (empty for the legacy name).
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -167,7 +220,7 @@ macro_rules! display_as_str {
         }
     )*};
 }
-display_as_str!(DeliveryId, HookId, EventName, SourceName);
+display_as_str!(DeliveryId, HookId, EventName, SourceName, DestinationName);
 
 /// The key's parts bind as text parameters, so statements take them as is.
 macro_rules! to_sql_as_str {
@@ -189,7 +242,7 @@ macro_rules! to_sql_as_str {
         }
     )*};
 }
-to_sql_as_str!(DeliveryId, HookId, SourceName);
+to_sql_as_str!(DeliveryId, HookId, SourceName, DestinationName);
 
 /// What makes a delivery unique: `(provider, source, hook_id, delivery_id)`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -232,13 +285,67 @@ impl DeliveryKey {
         })
     }
 
-    /// `<provider>:<source>:<hook_id>:<delivery_id>`, the idempotency key
-    /// handed to receivers.
-    pub fn idempotency_key(&self) -> String {
-        format!(
-            "{}:{}:{}:{}",
-            self.provider, self.source, self.hook_id, self.delivery_id
+    /// This delivery's leg to `destination`.
+    pub fn leg(self, destination: DestinationName) -> LegKey {
+        LegKey {
+            delivery: self,
+            destination,
+        }
+    }
+}
+
+/// What makes a leg unique: its delivery's key and its destination. Every
+/// transition of the state machine addresses one leg. It derefs to the
+/// delivery's key, so `leg.delivery_id` reads as it did.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LegKey {
+    /// The delivery.
+    pub delivery: DeliveryKey,
+    /// The destination this leg goes to (empty for a leg claimed before
+    /// destinations existed).
+    pub destination: DestinationName,
+}
+
+impl LegKey {
+    /// A key from its five stored parts (a row, a message's headers), each
+    /// validated as ingest validates the headers and the configuration.
+    pub fn from_parts(
+        provider: &str,
+        source: &str,
+        hook_id: &str,
+        delivery_id: &str,
+        destination: &str,
+    ) -> Result<Self, KeyError> {
+        Ok(
+            DeliveryKey::from_parts(provider, source, hook_id, delivery_id)?
+                .leg(DestinationName::stored(destination)?),
         )
+    }
+
+    /// The idempotency key handed to receivers:
+    /// `<provider>:<source>:<hook_id>:<delivery_id>:<destination>`, the
+    /// same on every attempt of this leg and different for each
+    /// destination. A leg claimed before destinations existed keeps the
+    /// four-part key it had then.
+    pub fn idempotency_key(&self) -> String {
+        let d = &self.delivery;
+        let key = format!(
+            "{}:{}:{}:{}",
+            d.provider, d.source, d.hook_id, d.delivery_id
+        );
+        if self.destination.is_legacy() {
+            key
+        } else {
+            format!("{key}:{}", self.destination)
+        }
+    }
+}
+
+impl std::ops::Deref for LegKey {
+    type Target = DeliveryKey;
+
+    fn deref(&self) -> &DeliveryKey {
+        &self.delivery
     }
 }
 
@@ -311,6 +418,21 @@ mod tests {
             HookId::parse(Some(b"42")).expect("digits"),
             DeliveryId::parse(b"abc").expect("ascii"),
         );
-        assert_eq!(key.idempotency_key(), "github:default:42:abc");
+        let ci = key
+            .clone()
+            .leg(DestinationName::parse("ci").expect("a name"));
+        assert_eq!(ci.idempotency_key(), "github:default:42:abc:ci");
+        let legacy = key.leg(DestinationName::legacy());
+        assert_eq!(legacy.idempotency_key(), "github:default:42:abc");
+    }
+
+    #[test]
+    fn destination_names_follow_the_source_rule() {
+        assert!(DestinationName::parse("ci-bot_2").is_ok());
+        for bad in ["", "CI", "a b", "a.b", &"a".repeat(65)] {
+            assert_eq!(DestinationName::parse(bad), Err(KeyError::BadDestination));
+        }
+        assert!(DestinationName::stored("").expect("legacy").is_legacy());
+        assert!(DestinationName::stored("Bad").is_err());
     }
 }

@@ -78,4 +78,6 @@ pub mod signature;
 pub mod telemetry;
 
 pub use job::Job;
-pub use key::{ClaimToken, DeliveryId, DeliveryKey, EventName, HookId, SourceName};
+pub use key::{
+    ClaimToken, DeliveryId, DeliveryKey, DestinationName, EventName, HookId, LegKey, SourceName,
+};

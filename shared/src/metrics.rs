@@ -90,6 +90,21 @@ pub const RECONCILE_LAST_SUCCESS: &str = "hookinbox_reconcile_last_success_times
 pub const GITHUB_RATE_LIMIT_REMAINING: &str = "hookinbox_github_rate_limit_remaining";
 /// 1 on the worker that samples the gauges above, 0 elsewhere.
 pub const SAMPLER_LEADER: &str = "hookinbox_sampler_leader";
+/// Attempts of each destination's legs, by `source`, `destination` and
+/// `result` (`ok`, `transient`, `permanent`, `destination`, `blocked`).
+pub const DESTINATION_ATTEMPTS: &str = "hookinbox_destination_attempts_total";
+/// How long a destination took to answer an attempt, by `source` and
+/// `destination`.
+pub const DESTINATION_REQUEST_SECONDS: &str = "hookinbox_destination_request_seconds";
+/// 1 for a destination's current state (`closed`, `open`, `half_open`,
+/// `paused`, `disabled`), 0 for the others, by `source` and `destination`.
+pub const DESTINATION_STATE: &str = "hookinbox_destination_state";
+/// Legs waiting for a destination (processing untaken, retrying, held),
+/// by `source` and `destination`.
+pub const DESTINATION_WAITING: &str = "hookinbox_destination_waiting";
+/// Age of a destination's oldest waiting leg, by `source` and
+/// `destination`.
+pub const DESTINATION_OLDEST_WAITING_SECONDS: &str = "hookinbox_destination_oldest_waiting_seconds";
 /// The lease this process gives a claim or a take
 /// (`HOOKINBOX_LEASE_SECS`), set at start: the stuck-processing alert's
 /// threshold is a multiple of it.
@@ -322,6 +337,28 @@ fn describe() {
         OLDEST_AWAITING_REDELIVERY_SECONDS,
         Unit::Seconds,
         "How long ago the oldest claim awaiting a redelivery was reaped"
+    );
+    describe_counter!(
+        DESTINATION_ATTEMPTS,
+        "Attempts of destinations' legs by source, destination and result"
+    );
+    describe_histogram!(
+        DESTINATION_REQUEST_SECONDS,
+        Unit::Seconds,
+        "How long a destination took over an attempt"
+    );
+    describe_gauge!(
+        DESTINATION_STATE,
+        "1 for each destination's current breaker state, 0 for the others"
+    );
+    describe_gauge!(
+        DESTINATION_WAITING,
+        "Legs waiting for a destination (untaken, retrying or held)"
+    );
+    describe_gauge!(
+        DESTINATION_OLDEST_WAITING_SECONDS,
+        Unit::Seconds,
+        "Age of a destination's oldest waiting leg"
     );
     describe_gauge!(QUEUE_MESSAGES, "Ready messages by queue");
     describe_gauge!(QUEUE_CONSUMERS, "Consumers by queue");

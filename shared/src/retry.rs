@@ -55,28 +55,158 @@ impl RetryPolicy {
         retry_after: Option<Duration>,
         attempts: i32,
     ) -> Failure {
-        if class == ErrorClass::Permanent {
-            return Failure {
-                class,
-                message,
-                retry_in: None,
-            };
-        }
-        if attempts >= self.max_attempts {
-            return Failure {
-                class: ErrorClass::MaxAttempts,
-                message: format!("{} attempts failed; last: {message}", attempts),
-                retry_in: None,
-            };
-        }
-        let delay = match retry_after {
-            Some(asked) => asked.min(self.max),
-            None => self.delay(attempts),
-        };
-        Failure {
+        decide(
             class,
             message,
-            retry_in: Some(delay),
+            attempts,
+            self.max_attempts,
+            || match retry_after {
+                Some(asked) => asked.min(self.max),
+                None => self.delay(attempts),
+            },
+        )
+    }
+}
+
+/// The one rule of both policies: a permanent failure is final at once, a
+/// failure at `max_attempts` is final as `max_attempts`, and anything else
+/// is retried after `delay()`.
+fn decide(
+    class: ErrorClass,
+    message: String,
+    attempts: i32,
+    max_attempts: i32,
+    delay: impl FnOnce() -> Duration,
+) -> Failure {
+    if class == ErrorClass::Permanent {
+        return Failure {
+            class,
+            message,
+            retry_in: None,
+        };
+    }
+    if attempts >= max_attempts {
+        return Failure {
+            class: ErrorClass::MaxAttempts,
+            message: format!("{attempts} attempts failed; last: {message}"),
+            retry_in: None,
+        };
+    }
+    Failure {
+        class,
+        message,
+        retry_in: Some(delay()),
+    }
+}
+
+/// A destination's schedule: the delay after each failed attempt, in
+/// order, so that attempts = delays + 1. Each delay `d` is jittered to a
+/// random value in `[0.8·d, d]`: enough to keep a fleet's retries apart,
+/// little enough that a schedule meant to outlast an outage still does.
+/// A far side's "retry after" wins, capped at the longest delay.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Schedule {
+    delays: Vec<Duration>,
+}
+
+/// The least jitter leaves of a scheduled delay.
+const SCHEDULE_JITTER_FLOOR: f64 = 0.8;
+
+impl Schedule {
+    /// A schedule of at least one delay.
+    pub fn new(delays: Vec<Duration>) -> Option<Self> {
+        (!delays.is_empty()).then_some(Self { delays })
+    }
+
+    /// A schedule from a fixed list, checked to be non-empty when compiled.
+    pub fn of<const N: usize>(delays: [Duration; N]) -> Self {
+        const { assert!(N > 0, "a schedule has at least one delay") };
+        Self {
+            delays: delays.to_vec(),
+        }
+    }
+
+    /// The delays, in order.
+    pub fn delays(&self) -> &[Duration] {
+        &self.delays
+    }
+
+    /// Attempts in all: one more than the delays.
+    pub fn max_attempts(&self) -> i32 {
+        i32::try_from(self.delays.len())
+            .unwrap_or(i32::MAX - 1)
+            .saturating_add(1)
+    }
+
+    /// The longest delay: the cap of a far side's "retry after".
+    pub fn longest(&self) -> Duration {
+        self.delays.iter().copied().max().unwrap_or_default()
+    }
+
+    /// The sum of the delays: how long retries span before the last attempt.
+    pub fn span(&self) -> Duration {
+        self.delays.iter().sum()
+    }
+
+    /// The delay after the `attempt`-th take failed (1-based), jittered.
+    pub fn delay(&self, attempt: i32) -> Duration {
+        let i = usize::try_from(attempt.max(1) - 1).unwrap_or(0);
+        let d = self
+            .delays
+            .get(i)
+            .or(self.delays.last())
+            .copied()
+            .unwrap_or_default();
+        d.mul_f64(rand::random_range(SCHEDULE_JITTER_FLOOR..=1.0))
+    }
+}
+
+/// How a destination retries: the exponential policy, or a schedule.
+#[derive(Clone, Debug)]
+pub enum Retries {
+    /// Exponential backoff from the global settings.
+    Exponential(RetryPolicy),
+    /// The destination's own delays.
+    Schedule(Schedule),
+}
+
+impl Retries {
+    /// Takes allowed in all.
+    pub fn max_attempts(&self) -> i32 {
+        match self {
+            Self::Exponential(policy) => policy.max_attempts,
+            Self::Schedule(schedule) => schedule.max_attempts(),
+        }
+    }
+
+    /// The longest single wait: the cap of a far side's "retry after".
+    pub fn longest(&self) -> Duration {
+        match self {
+            Self::Exponential(policy) => policy.max,
+            Self::Schedule(schedule) => schedule.longest(),
+        }
+    }
+
+    /// As [`RetryPolicy::decide`], under this destination's policy.
+    pub fn decide(
+        &self,
+        class: ErrorClass,
+        message: String,
+        retry_after: Option<Duration>,
+        attempts: i32,
+    ) -> Failure {
+        match self {
+            Self::Exponential(policy) => policy.decide(class, message, retry_after, attempts),
+            Self::Schedule(schedule) => decide(
+                class,
+                message,
+                attempts,
+                schedule.max_attempts(),
+                || match retry_after {
+                    Some(asked) => asked.min(schedule.longest()),
+                    None => schedule.delay(attempts),
+                },
+            ),
         }
     }
 }
@@ -150,6 +280,37 @@ mod tests {
                 .retry_in,
             Some(Duration::from_secs(10))
         );
+    }
+
+    #[test]
+    fn a_schedule_follows_its_delays_within_its_jitter_then_ends() {
+        let schedule =
+            Schedule::new(vec![Duration::from_secs(5), Duration::from_secs(60)]).expect("delays");
+        let retries = Retries::Schedule(schedule.clone());
+        assert_eq!(retries.max_attempts(), 3);
+        for _ in 0..200 {
+            let first = retries
+                .decide(ErrorClass::Transient, "down".into(), None, 1)
+                .retry_in
+                .expect("retried");
+            assert!(first >= Duration::from_secs(4) && first <= Duration::from_secs(5));
+            let second = retries
+                .decide(ErrorClass::Timeout, "slow".into(), None, 2)
+                .retry_in
+                .expect("retried");
+            assert!(second >= Duration::from_secs(48) && second <= Duration::from_secs(60));
+        }
+        let last = retries.decide(ErrorClass::Transient, "down".into(), None, 3);
+        assert_eq!((last.class, last.retry_in), (ErrorClass::MaxAttempts, None));
+        let asked = retries.decide(
+            ErrorClass::Transient,
+            "busy".into(),
+            Some(Duration::from_secs(3600)),
+            1,
+        );
+        assert_eq!(asked.retry_in, Some(Duration::from_secs(60)));
+        assert_eq!(schedule.span(), Duration::from_secs(65));
+        assert!(Schedule::new(Vec::new()).is_none());
     }
 
     #[test]

@@ -50,6 +50,54 @@ pub fn amqp_url() -> String {
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
 }
 
+/// The destination of the default settings: `store`, named after its kind.
+pub fn store_destination() -> hookinbox::DestinationName {
+    hookinbox::DestinationName::parse("store").expect("a name")
+}
+
+/// The one leg of a delivery of the default settings (to `store`).
+pub fn store_leg() -> hookinbox::deliveries::LegRequest {
+    hookinbox::deliveries::LegRequest {
+        destination: store_destination(),
+        filtered: None,
+    }
+}
+
+/// The token of a claim that claimed its delivery's one leg.
+pub fn claimed_token(claim: &hookinbox::deliveries::Claim) -> Option<hookinbox::ClaimToken> {
+    use hookinbox::deliveries::{Claim, LegClaim};
+    match claim {
+        Claim::Legs(legs) => match legs[..] {
+            [(_, LegClaim::Claimed { token, .. })] => Some(token),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// A claim of a delivery with one leg, read as that leg's answer; the
+/// delivery-wide answers as they are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OneLeg {
+    /// The leg's answer.
+    Leg(hookinbox::deliveries::LegClaim),
+    /// Another body under the same key.
+    Conflict,
+    /// A replayed body.
+    ReplayedBody,
+}
+
+/// Reads `claim` as [`OneLeg`]; panics when it has another number of legs.
+pub fn one_leg(claim: &hookinbox::deliveries::Claim) -> OneLeg {
+    use hookinbox::deliveries::Claim;
+    match claim {
+        Claim::Legs(legs) if legs.len() == 1 => OneLeg::Leg(legs[0].1),
+        Claim::Conflict => OneLeg::Conflict,
+        Claim::ReplayedBody => OneLeg::ReplayedBody,
+        other => panic!("a claim of one leg: {other:?}"),
+    }
+}
+
 /// The secret most tests sign with.
 pub const SECRET: &str = "It's a Secret to Everybody";
 
@@ -187,7 +235,7 @@ impl TestEnv {
         common.queue_prefix = self.prefix.clone();
         common.auto_migrate = false;
         common.lease_secs = 30;
-        common.max_attempts = 5;
+        common.max_attempts = Some(5);
         common.publish_timeout_ms = 3000;
         common.db_pool_size = 8;
         common
@@ -217,8 +265,8 @@ impl TestEnv {
         args.handler_timeout_ms = 10_000;
         args.forward_timeout_ms = 2000;
         args.shutdown_grace_secs = 5;
-        args.retry_base_ms = 100;
-        args.retry_max_ms = 2000;
+        args.retry_base_ms = Some(100);
+        args.retry_max_ms = Some(2000);
         args.scheduler_interval_ms = 50;
         args
     }
@@ -231,6 +279,19 @@ impl TestEnv {
         (env, ingest)
     }
 
+    /// A new environment and an ingest whose default source's destination
+    /// is `forward` (`HOOKINBOX_HANDLER=forward`, as the workers it feeds
+    /// are set).
+    pub async fn with_forward_ingest() -> (Self, TestIngest) {
+        let env = Self::new().await;
+        let mut args = env.ingest_args();
+        args.handler = hookinbox::config::HandlerKind::Forward;
+        let ingest = env
+            .ingest_with(args.validate().expect("valid settings"))
+            .await;
+        (env, ingest)
+    }
+
     /// A pool of `size` connections to this test's database.
     pub fn pool(&self, size: usize) -> deadpool_postgres::Pool {
         hookinbox::postgres::pool(
@@ -239,6 +300,43 @@ impl TestEnv {
             hookinbox::postgres::DEFAULT_REQUEST_TIMEOUT,
         )
         .expect("pool")
+    }
+
+    /// Writes `toml` as this test's `HOOKINBOX_CONFIG` file; returns its
+    /// path (removed by [`TestEnv::cleanup`]).
+    pub fn config_file(&self, toml: &str) -> PathBuf {
+        let path = std::env::temp_dir().join(format!("{}.toml", self.prefix));
+        std::fs::write(&path, toml).expect("write the config file");
+        path
+    }
+
+    /// Starts ingest on the sources of a config file.
+    pub async fn ingest_on(&self, config: &std::path::Path) -> TestIngest {
+        let mut args = self.ingest_args();
+        args.github_secret = None;
+        args.config = Some(config.to_owned());
+        self.ingest_with(args.validate().expect("valid settings"))
+            .await
+    }
+
+    /// Worker settings on the sources of a config file.
+    pub fn worker_config_on(&self, config: &std::path::Path) -> WorkerConfig {
+        let mut args = self.worker_args();
+        args.config = Some(config.to_owned());
+        args.validate().expect("valid settings")
+    }
+
+    /// A worker on the sources of a config file, running the built-in
+    /// handlers and those of `registry`.
+    pub async fn worker_on(
+        &self,
+        config: &std::path::Path,
+        registry: hookinbox_worker::Registry,
+    ) -> Worker {
+        let config = self.worker_config_on(config);
+        let handler =
+            hookinbox_worker::from_config(&config.routes, &registry).expect("the handlers");
+        self.worker_with(config, handler).await
     }
 
     /// Starts ingest with the default settings.
@@ -294,6 +392,13 @@ impl TestEnv {
 
     /// Messages ready in a queue of this test.
     pub async fn queue_depth(&self, queue: &str) -> u32 {
+        self.queue_depth_if_any(queue)
+            .await
+            .unwrap_or_else(|| panic!("queue {queue} exists"))
+    }
+
+    /// Ready messages in `queue`, or `None` when there is no such queue.
+    pub async fn queue_depth_if_any(&self, queue: &str) -> Option<u32> {
         let connection =
             lapin::Connection::connect(&amqp_url(), lapin::ConnectionProperties::default())
                 .await
@@ -308,15 +413,41 @@ impl TestEnv {
                 },
                 Default::default(),
             )
-            .await
-            .expect("queue exists");
+            .await;
         let _ = connection.close(200, "").await;
-        q.message_count()
+        q.ok().map(|q| q.message_count())
     }
 
-    /// Ready messages in the work queue.
+    /// The work queues this test's legs can be in: the legacy shared one,
+    /// and the queue of every destination its database knows (registered
+    /// by a worker, or named by a leg).
+    pub async fn work_queues(&self) -> Vec<String> {
+        let mut queues = vec![format!("{}.work", self.prefix)];
+        let rows = self
+            .db
+            .query(
+                "select source, name from destinations \
+                 union select source, destination from deliveries where destination <> ''",
+                &[],
+            )
+            .await
+            .unwrap_or_default();
+        for row in rows {
+            let (source, name): (String, String) = (row.get(0), row.get(1));
+            queues.push(format!("{}.work.{source}.{name}", self.prefix));
+        }
+        queues.sort();
+        queues.dedup();
+        queues
+    }
+
+    /// Ready messages in every work queue (see [`TestEnv::work_queues`]).
     pub async fn work_depth(&self) -> u32 {
-        self.queue_depth(&format!("{}.work", self.prefix)).await
+        let mut depth = 0;
+        for queue in self.work_queues().await {
+            depth += self.queue_depth_if_any(&queue).await.unwrap_or(0);
+        }
+        depth
     }
 
     /// Ready messages in the dead-letter queue.
@@ -360,7 +491,7 @@ impl TestEnv {
     /// publish leaves it: a processing claim whose lease is already over,
     /// no job, and no body anywhere but at GitHub (awaiting redelivery).
     pub async fn claim_unpublished(&self, hook: &Hook) {
-        use hookinbox::deliveries::{self, Claim, ClaimRequest};
+        use hookinbox::deliveries::{self, Claim, ClaimRequest, LegClaim, LegRequest};
         use sha2::Digest;
 
         let mut policy = self.policy();
@@ -378,11 +509,18 @@ impl TestEnv {
                 body_sha256: Sha256::digest(&hook.body).into(),
                 guarded: false,
                 pinned: false,
+                legs: vec![LegRequest {
+                    destination: store_destination(),
+                    filtered: None,
+                }],
             },
         )
         .await
         .expect("claim");
-        assert!(matches!(claim, Claim::Claimed { .. }), "{claim:?}");
+        assert!(
+            matches!(&claim, Claim::Legs(legs) if matches!(legs[..], [(_, LegClaim::Claimed { .. })])),
+            "{claim:?}"
+        );
     }
 
     /// Runs the reaper with no grace: every claim whose lease is over
@@ -410,14 +548,14 @@ impl TestEnv {
                     .status();
             }
         }
+        let mut queues = self.work_queues().await;
+        queues.push(format!("{}.dlq", self.prefix));
         if let Ok(connection) =
             lapin::Connection::connect(&amqp_url(), lapin::ConnectionProperties::default()).await
         {
             if let Ok(channel) = connection.create_channel().await {
-                for q in ["work", "dlq"] {
-                    let _ = channel
-                        .queue_delete(&format!("{}.{q}", self.prefix), Default::default())
-                        .await;
+                for q in &queues {
+                    let _ = channel.queue_delete(q, Default::default()).await;
                 }
                 for x in ["work", "dlx"] {
                     let _ = channel
@@ -429,6 +567,7 @@ impl TestEnv {
         }
         drop(self.db);
         drop_database(&self.db_name).await;
+        let _ = std::fs::remove_file(std::env::temp_dir().join(format!("{}.toml", self.prefix)));
     }
 }
 
@@ -584,6 +723,11 @@ impl Hook {
             HookId::parse(self.hook_id.as_deref().map(str::as_bytes)).expect("hook id"),
             DeliveryId::parse(self.id().as_bytes()).expect("id"),
         )
+    }
+
+    /// Its leg to the default settings' destination (`store`).
+    pub fn leg(&self) -> hookinbox::key::LegKey {
+        self.key().leg(store_destination())
     }
 
     /// The delivery id (panics if none).

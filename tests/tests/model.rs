@@ -1,12 +1,20 @@
 //! Model-based test of the delivery state machine against the real
 //! Postgres: random interleavings of claim, take, renew, complete, fail,
-//! lease expiry, the scheduler, replay, sweep and reap, with the
+//! lease expiry, the scheduler, replay, sweep, reap and the breaker's gate,
+//! on a delivery with two legs (destinations `a` and `b`), with the
 //! invariants checked after every step:
 //!
-//! - at most one completed effect per key;
-//! - `completed` never goes back;
-//! - a write with a stale token never changes a row;
-//! - `attempts` never exceeds the maximum (a replay resets it to 0);
+//! - at most one completed effect per leg;
+//! - `completed` never goes back, and a `filtered` leg never changes;
+//! - a write with a stale token never changes its leg, and a write on one
+//!   leg never changes the other;
+//! - a delivery's legs are decided by its first claim: a later claim never
+//!   adds one;
+//! - `attempts` never exceeds the maximum (a replay resets it to 0), and a
+//!   failure the destination caused (`held`) gives its attempt back;
+//! - while leg `b`'s destination is not closed, no take and no scheduler
+//!   pass starts it, and a take that meets the gate holds it without
+//!   spending an attempt;
 //! - a completion that is also the take (the worker's one-statement path)
 //!   changes the row only when it is processing under the presented token
 //!   with the presented attempts, fewer than the maximum, and then counts
@@ -19,15 +27,21 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use hookinbox::deliveries::{
-    self, ClaimRequest, ErrorClass, Failure, ParkedBody, Policy, Status, StoredEvent, Take,
+    self, ClaimRequest, ErrorClass, Failure, LegClaim, LegRequest, ParkedBody, Policy, Status,
+    StoredEvent, Take, Taking,
 };
-use hookinbox::key::{ClaimToken, DeliveryId, DeliveryKey, HookId, SourceName};
+use hookinbox::key::{
+    ClaimToken, DeliveryId, DeliveryKey, DestinationName, HookId, LegKey, SourceName,
+};
 use hookinbox_worker::{Completion, Effect};
 use proptest::prelude::*;
 use proptest::test_runner::Config;
 use proptest_state_machine::{ReferenceStateMachine, StateMachineTest, prop_state_machine};
 
 const MAX_ATTEMPTS: i32 = 3;
+
+/// The delivery's two destinations; the breaker's gate is modelled on `b`.
+const DESTINATIONS: [&str; 2] = ["a", "b"];
 
 /// One database and runtime for every case of this test binary; each case
 /// works on its own delivery key.
@@ -55,7 +69,8 @@ fn shared() -> &'static Shared {
                 .await
                 .expect("client")
                 .batch_execute(
-                    "create table model_effects (delivery_id text not null, at timestamptz not null default now());
+                    "create table model_effects (delivery_id text not null, destination text not null,
+                                                 at timestamptz not null default now());
                      create index on model_effects (delivery_id)",
                 )
                 .await
@@ -72,40 +87,55 @@ fn shared() -> &'static Shared {
 
 #[derive(Clone, Debug)]
 enum Op {
-    /// A GitHub delivery (or a copy with another body) reaches ingest.
-    Claim { other_body: bool },
-    /// A worker takes the delivery, presenting the n-th token ever seen.
-    Take(usize),
-    /// Two messages of the delivery, presenting the n-th and m-th tokens,
-    /// are taken in one batch, and what the batch did not take goes through
-    /// the full take, as the worker does.
-    TakeBatched(usize, usize),
+    /// A GitHub delivery (or a copy with another body) reaches ingest; with
+    /// `filter_b`, `b`'s filters do not take it (decided at the first
+    /// claim only).
+    Claim { other_body: bool, filter_b: bool },
+    /// A worker takes a leg, presenting the n-th token ever seen of it.
+    Take { leg: usize, token: usize },
+    /// Two messages of a leg, presenting the n-th and m-th tokens, are
+    /// taken in one batch, and what the batch did not take goes through the
+    /// full take, as the worker does.
+    TakeBatched {
+        leg: usize,
+        first: usize,
+        second: usize,
+    },
     /// A holder renews its lease.
-    Renew(usize),
+    Renew { leg: usize, token: usize },
     /// A holder runs the effect and completes.
-    Complete(usize),
+    Complete { leg: usize, token: usize },
     /// A worker runs a job without a take: the n-th token, presented with
     /// the attempts it was published with (shifted by `skew`, to present
     /// stale counts too), completed by one statement that is also the take;
-    /// the effect staged for the batched completion, or written in the
-    /// handler's transaction.
+    /// the effect staged for the batched completion (leg `a`, the store),
+    /// or written in the handler's transaction.
     FusedComplete {
+        leg: usize,
         token: usize,
         skew: i32,
         in_transaction: bool,
     },
-    /// A holder records a failure.
-    Fail { token: usize, retryable: bool },
+    /// A holder records a failure; `held`: the destination's, not the
+    /// leg's (its attempt is given back).
+    Fail {
+        leg: usize,
+        token: usize,
+        retryable: bool,
+        held: bool,
+    },
     /// Time passes beyond the lease.
     Expire,
     /// Time passes until a retry is due, and the scheduler runs.
     Schedule,
-    /// An operator replays a failed delivery.
-    Replay,
+    /// An operator replays a failed leg.
+    Replay { leg: usize },
     /// The retention sweeper runs.
     Sweep,
     /// The reaper runs.
     Reap,
+    /// `b`'s destination opens (`true`) or closes.
+    Gate(bool),
 }
 
 struct Model;
@@ -119,20 +149,26 @@ impl ReferenceStateMachine for Model {
     }
 
     fn transitions(_: &()) -> BoxedStrategy<Op> {
+        let leg = 0..2usize;
+        let token = 0..8usize;
         prop_oneof![
-            3 => any::<bool>().prop_map(|other_body| Op::Claim { other_body }),
-            4 => (0..8usize).prop_map(Op::Take),
-            2 => (0..8usize, 0..8usize).prop_map(|(n, m)| Op::TakeBatched(n, m)),
-            2 => (0..8usize).prop_map(Op::Renew),
-            4 => (0..8usize).prop_map(Op::Complete),
-            4 => (0..8usize, prop_oneof![6 => Just(0), 1 => Just(-1), 1 => Just(1)], any::<bool>())
-                .prop_map(|(token, skew, in_transaction)| Op::FusedComplete { token, skew, in_transaction }),
-            3 => (0..8usize, any::<bool>()).prop_map(|(token, retryable)| Op::Fail { token, retryable }),
+            3 => (any::<bool>(), prop_oneof![4 => Just(false), 1 => Just(true)])
+                .prop_map(|(other_body, filter_b)| Op::Claim { other_body, filter_b }),
+            4 => (leg.clone(), token.clone()).prop_map(|(leg, token)| Op::Take { leg, token }),
+            2 => (leg.clone(), token.clone(), token.clone())
+                .prop_map(|(leg, first, second)| Op::TakeBatched { leg, first, second }),
+            2 => (leg.clone(), token.clone()).prop_map(|(leg, token)| Op::Renew { leg, token }),
+            4 => (leg.clone(), token.clone()).prop_map(|(leg, token)| Op::Complete { leg, token }),
+            4 => (leg.clone(), token.clone(), prop_oneof![6 => Just(0), 1 => Just(-1), 1 => Just(1)], any::<bool>())
+                .prop_map(|(leg, token, skew, in_transaction)| Op::FusedComplete { leg, token, skew, in_transaction }),
+            3 => (leg.clone(), token.clone(), any::<bool>(), prop_oneof![3 => Just(false), 1 => Just(true)])
+                .prop_map(|(leg, token, retryable, held)| Op::Fail { leg, token, retryable, held }),
             2 => Just(Op::Expire),
             2 => Just(Op::Schedule),
-            1 => Just(Op::Replay),
+            1 => leg.clone().prop_map(|leg| Op::Replay { leg }),
             1 => Just(Op::Sweep),
             1 => Just(Op::Reap),
+            2 => any::<bool>().prop_map(Op::Gate),
         ]
         .boxed()
     }
@@ -142,7 +178,7 @@ impl ReferenceStateMachine for Model {
     }
 }
 
-/// What the row looked like, for the stale-write check.
+/// What a leg's row looked like, for the stale-write check.
 #[derive(Clone, Debug, PartialEq)]
 struct Snapshot {
     status: Status,
@@ -154,14 +190,26 @@ struct Snapshot {
     error_class: Option<ErrorClass>,
 }
 
-struct Sut {
-    key: DeliveryKey,
-    policy: Policy,
-    /// Every token ever handed out for this key, in order, with the
+/// What the model knows of one leg.
+#[derive(Default)]
+struct LegModel {
+    /// Every token ever handed out for this leg, in order, with the
     /// attempts the row had when it was handed out (what a job published
     /// with it would say).
     tokens: Vec<(ClaimToken, i32)>,
     completed_seen: bool,
+    filtered_seen: bool,
+}
+
+struct Sut {
+    key: DeliveryKey,
+    legs: [LegKey; 2],
+    model: [LegModel; 2],
+    policy: Policy,
+    /// Whether `b`'s destination is not closed now.
+    gated: bool,
+    /// Whether the delivery's legs exist (its first claim happened).
+    claimed: bool,
     /// The body hash the first claim stored.
     body: Option<[u8; 32]>,
     /// This case's two bodies (its own, so that the replay guard, which
@@ -180,9 +228,9 @@ fn parked() -> ParkedBody<'static> {
 }
 
 impl Sut {
-    async fn snapshot(&self) -> Option<Snapshot> {
+    async fn snapshot(&self, leg: usize) -> Option<Snapshot> {
         let client = shared().pool.get().await.expect("client");
-        deliveries::get(&client, &self.key)
+        deliveries::get(&client, &self.legs[leg])
             .await
             .expect("get")
             .map(|d| Snapshot {
@@ -196,86 +244,152 @@ impl Sut {
             })
     }
 
-    fn token(&self, n: usize) -> Option<ClaimToken> {
-        self.published(n).map(|(token, _)| token)
+    async fn snapshots(&self) -> [Option<Snapshot>; 2] {
+        [self.snapshot(0).await, self.snapshot(1).await]
     }
 
-    /// The n-th token and the attempts it was handed out with.
-    fn published(&self, n: usize) -> Option<(ClaimToken, i32)> {
-        (!self.tokens.is_empty()).then(|| self.tokens[n % self.tokens.len()])
-    }
-
-    /// Effects of either kind: written in a handler's transaction
-    /// (`model_effects`) or by the completing statement (`github_events`).
-    async fn effects(&self) -> i64 {
+    /// How many legs the delivery has.
+    async fn leg_count(&self) -> i64 {
         let client = shared().pool.get().await.expect("client");
         client
             .query_one(
-                "select (select count(*) from model_effects where delivery_id = $4)
-                      + (select count(*) from github_events
-                         where provider = $1 and source = $2 and hook_id = $3
-                           and delivery_id = $4)",
-                &[
-                    &self.key.provider,
-                    &self.key.source.as_str(),
-                    &self.key.hook_id.as_str(),
-                    &self.key.delivery_id.as_str(),
-                ],
+                "select count(*) from deliveries where delivery_id = $1",
+                &[&self.key.delivery_id.as_str()],
             )
             .await
             .expect("count")
             .get(0)
     }
 
-    /// Runs a token-guarded write and checks the fence: a token that does
-    /// not hold the row (by the snapshot before) must change nothing.
-    async fn guarded<F, Fut>(&mut self, token: ClaimToken, write: F)
+    fn published(&self, leg: usize, n: usize) -> Option<(ClaimToken, i32)> {
+        let tokens = &self.model[leg].tokens;
+        (!tokens.is_empty()).then(|| tokens[n % tokens.len()])
+    }
+
+    fn token(&self, leg: usize, n: usize) -> Option<ClaimToken> {
+        self.published(leg, n).map(|(token, _)| token)
+    }
+
+    /// A leg's effects of either kind: written in a handler's transaction
+    /// (`model_effects`) or, for `a` (the store), by the completing
+    /// statement (`github_events`).
+    async fn effects(&self, leg: usize) -> i64 {
+        let client = shared().pool.get().await.expect("client");
+        let events = if leg == 0 {
+            "(select count(*) from github_events
+              where provider = $1 and source = $2 and hook_id = $3 and delivery_id = $4)"
+        } else {
+            "0::int8"
+        };
+        client
+            .query_one(
+                &format!(
+                    "select (select count(*) from model_effects
+                             where delivery_id = $4 and destination = $5) + {events}
+                     where $1::text is not null and $2::text is not null and $3::text is not null"
+                ),
+                &[
+                    &self.key.provider,
+                    &self.key.source.as_str(),
+                    &self.key.hook_id.as_str(),
+                    &self.key.delivery_id.as_str(),
+                    &DESTINATIONS[leg],
+                ],
+            )
+            .await
+            .map(|row| row.get(0))
+            .unwrap_or(0)
+    }
+
+    /// Runs a token-guarded write on `leg` and checks the fence: a token
+    /// that does not hold the leg (by the snapshot before) must change
+    /// nothing, and the other leg never changes.
+    async fn guarded<F, Fut>(&mut self, leg: usize, token: ClaimToken, write: F)
     where
         F: FnOnce(ClaimToken) -> Fut,
         Fut: std::future::Future<Output = ()>,
     {
         self.guarded_by(
+            leg,
             |b| b.token == token && b.status == Status::Processing,
             write(token),
         )
         .await;
     }
 
-    /// Runs `write` and checks the fence: when `holds` is false of the row
-    /// before, the write must change nothing. Returns the row before.
+    /// Runs `write` on `leg` and checks the fence: when `holds` is false of
+    /// the leg before, the write must change nothing; the other leg never
+    /// changes. Returns the leg's row before.
     async fn guarded_by<Fut>(
         &mut self,
+        leg: usize,
         holds: impl FnOnce(&Snapshot) -> bool,
         write: Fut,
     ) -> Option<Snapshot>
     where
         Fut: std::future::Future<Output = ()>,
     {
-        let before = self.snapshot().await;
-        let effects_before = self.effects().await;
+        let before = self.snapshots().await;
+        let effects_before = [self.effects(0).await, self.effects(1).await];
         write.await;
-        let holds = before.as_ref().is_some_and(holds);
+        let other = 1 - leg;
+        assert_eq!(
+            self.snapshot(other).await,
+            before[other],
+            "a write on one leg changed the other"
+        );
+        assert_eq!(
+            self.effects(other).await,
+            effects_before[other],
+            "a write on one leg ran the other's effect"
+        );
+        let holds = before[leg].as_ref().is_some_and(holds);
         if !holds {
             assert_eq!(
-                self.snapshot().await,
-                before,
+                self.snapshot(leg).await,
+                before[leg],
                 "a stale token changed the row"
             );
             assert_eq!(
-                self.effects().await,
-                effects_before,
+                self.effects(leg).await,
+                effects_before[leg],
                 "a stale token ran an effect"
             );
         }
-        before
+        before[leg].clone()
+    }
+
+    /// Notes a take's answer; a leg behind a closed gate must never be
+    /// taken, and a hold spends no attempt.
+    fn took(&mut self, leg: usize, take: &Take, before: &Option<Snapshot>) {
+        match take {
+            Take::Taken {
+                token, attempts, ..
+            } => {
+                assert!(
+                    !(leg == 1 && self.gated),
+                    "a leg was taken while its destination was not closed"
+                );
+                self.model[leg].tokens.push((*token, *attempts));
+            }
+            Take::Held => {
+                assert!(leg == 1 && self.gated, "a leg was held behind an open gate");
+                let _ = before;
+            }
+            _ => {}
+        }
     }
 
     async fn apply(&mut self, op: Op) {
         let pool = &shared().pool;
         let client = pool.get().await.expect("client");
         match op {
-            Op::Claim { other_body } => {
+            Op::Claim {
+                other_body,
+                filter_b,
+            } => {
                 let sha = self.bodies[usize::from(other_body)];
+                let legs_before = self.leg_count().await;
                 let claim = deliveries::claim(
                     &client,
                     &self.policy,
@@ -289,83 +403,133 @@ impl Sut {
                         // happened to the row before.
                         guarded: true,
                         pinned: false,
+                        legs: DESTINATIONS
+                            .iter()
+                            .map(|d| LegRequest {
+                                destination: DestinationName::parse(d).expect("name"),
+                                filtered: (filter_b && *d == "b").then_some("model"),
+                            })
+                            .collect(),
                     },
                 )
                 .await
                 .expect("claim");
+                let legs_after = self.leg_count().await;
+                if legs_before > 0 {
+                    assert_eq!(legs_after, legs_before, "a redelivery added a leg");
+                }
                 match claim {
-                    deliveries::Claim::Claimed {
-                        token, attempts, ..
-                    } => {
-                        // The first claim fixes the body; later claims must match it.
-                        assert_eq!(
-                            *self.body.get_or_insert(sha),
-                            sha,
-                            "a different body was claimed"
-                        );
-                        self.tokens.push((token, attempts));
-                    }
-                    deliveries::Claim::Republish { token } => {
-                        // The first claim fixes the body; later claims must match it.
-                        assert_eq!(
-                            *self.body.get_or_insert(sha),
-                            sha,
-                            "a different body was claimed"
-                        );
-                        self.tokens.push((token, 0));
+                    deliveries::Claim::Legs(legs) => {
+                        self.claimed |= legs_after > 0;
+                        for (destination, leg) in legs {
+                            let i = DESTINATIONS
+                                .iter()
+                                .position(|d| *d == destination.as_str())
+                                .expect("a leg of the delivery's destinations");
+                            match leg {
+                                LegClaim::Claimed {
+                                    token, attempts, ..
+                                } => {
+                                    // The first claim fixes the body; later
+                                    // claims must match it.
+                                    assert_eq!(
+                                        *self.body.get_or_insert(sha),
+                                        sha,
+                                        "a different body was claimed"
+                                    );
+                                    self.model[i].tokens.push((token, attempts));
+                                }
+                                LegClaim::Republish { token } => {
+                                    assert_eq!(
+                                        *self.body.get_or_insert(sha),
+                                        sha,
+                                        "a different body was claimed"
+                                    );
+                                    self.model[i].tokens.push((token, 0));
+                                }
+                                LegClaim::Filtered => {
+                                    assert_eq!(
+                                        legs_before, 0,
+                                        "a known delivery was filtered anew"
+                                    );
+                                    self.body.get_or_insert(sha);
+                                }
+                                LegClaim::Duplicate(_) => {}
+                            }
+                        }
                     }
                     deliveries::Claim::Conflict => {
                         assert_ne!(self.body, Some(sha), "the same body reported as a conflict")
                     }
-                    deliveries::Claim::Duplicate(_) => {}
                     deliveries::Claim::ReplayedBody => {
                         panic!("the replay guard refused the key its body came with")
                     }
                 }
             }
-            Op::Take(n) => {
-                let Some(presented) = self.token(n) else {
+            Op::Take { leg, token } => {
+                let Some(presented) = self.token(leg, token) else {
                     return;
                 };
-                if let Take::Taken {
-                    token, attempts, ..
-                } = deliveries::take(&client, &self.policy, &self.key, presented, parked())
-                    .await
-                    .expect("take")
-                {
-                    self.tokens.push((token, attempts));
+                let before = self.snapshot(leg).await;
+                let take = deliveries::take(
+                    &client,
+                    &self.policy,
+                    &self.legs[leg],
+                    presented,
+                    MAX_ATTEMPTS,
+                    parked(),
+                )
+                .await
+                .expect("take");
+                self.took(leg, &take, &before);
+                if take == Take::Held {
+                    let after = self.snapshot(leg).await.expect("the held leg");
+                    assert_eq!(
+                        Some(after.attempts),
+                        before.map(|b| b.attempts),
+                        "a hold spent an attempt"
+                    );
+                    assert_eq!(after.error_class, Some(ErrorClass::Held));
                 }
             }
-            Op::TakeBatched(n, m) => {
-                let (Some(first), Some(second)) = (self.token(n), self.token(m)) else {
+            Op::TakeBatched { leg, first, second } => {
+                let (Some(first), Some(second)) = (self.token(leg, first), self.token(leg, second))
+                else {
                     return;
                 };
-                let items = [(self.key.clone(), first), (self.key.clone(), second)];
+                let items = [first, second].map(|presented| Taking {
+                    key: self.legs[leg].clone(),
+                    presented,
+                    max_attempts: MAX_ATTEMPTS,
+                });
                 let answers = deliveries::take_batch(&client, &self.policy, &items)
                     .await
                     .expect("take batch");
                 assert!(answers[1].is_none(), "a repeated key takes part once");
-                for ((_, presented), answer) in items.iter().zip(answers) {
+                for (item, answer) in items.iter().zip(answers) {
+                    let before = self.snapshot(leg).await;
                     let take = match answer {
                         Some(taken) => taken,
-                        None => {
-                            deliveries::take(&client, &self.policy, &self.key, *presented, parked())
-                                .await
-                                .expect("take")
-                        }
+                        None => deliveries::take(
+                            &client,
+                            &self.policy,
+                            &item.key,
+                            item.presented,
+                            MAX_ATTEMPTS,
+                            parked(),
+                        )
+                        .await
+                        .expect("take"),
                     };
-                    if let Take::Taken {
-                        token, attempts, ..
-                    } = take
-                    {
-                        self.tokens.push((token, attempts));
-                    }
+                    self.took(leg, &take, &before);
                 }
             }
-            Op::Renew(n) => {
-                let Some(token) = self.token(n) else { return };
-                let (policy, key) = (self.policy, self.key.clone());
-                self.guarded(token, |t| async move {
+            Op::Renew { leg, token } => {
+                let Some(token) = self.token(leg, token) else {
+                    return;
+                };
+                let (policy, key) = (self.policy, self.legs[leg].clone());
+                self.guarded(leg, token, |t| async move {
                     let client = shared().pool.get().await.expect("client");
                     deliveries::renew(&client, &policy, &key, t)
                         .await
@@ -373,10 +537,12 @@ impl Sut {
                 })
                 .await;
             }
-            Op::Complete(n) => {
-                let Some(token) = self.token(n) else { return };
-                let key = self.key.clone();
-                self.guarded(token, |t| async move {
+            Op::Complete { leg, token } => {
+                let Some(token) = self.token(leg, token) else {
+                    return;
+                };
+                let key = self.legs[leg].clone();
+                self.guarded(leg, token, |t| async move {
                     let mut effect = Effect::new(shared().pool.clone(), key.clone(), t, 1);
                     let ran = write_effect(&mut effect, &key).await;
                     let completion = effect.complete().await.expect("complete");
@@ -385,22 +551,26 @@ impl Sut {
                 .await;
             }
             Op::FusedComplete {
+                leg,
                 token,
                 skew,
                 in_transaction,
             } => {
-                let Some((token, published)) = self.published(token) else {
+                let Some((token, published)) = self.published(leg, token) else {
                     return;
                 };
                 let presented = published + skew;
                 if presented < 0 {
                     return;
                 }
-                let key = self.key.clone();
-                let max = self.policy.max_attempts;
+                let key = self.legs[leg].clone();
+                let max = MAX_ATTEMPTS;
                 let completed = std::sync::Arc::new(std::sync::Mutex::new(None));
+                // Only the store (`a`) stages its event for the statement.
+                let in_transaction = in_transaction || leg == 1;
                 let before = self
                     .guarded_by(
+                        leg,
                         |b| {
                             b.token == token
                                 && b.status == Status::Processing
@@ -420,7 +590,7 @@ impl Sut {
                 let completed = completed.lock().expect("lock").take();
                 if completed == Some(true) {
                     let before = before.expect("a row was completed");
-                    let after = self.snapshot().await.expect("the completed row");
+                    let after = self.snapshot(leg).await.expect("the completed row");
                     assert_eq!(after.status, Status::Completed);
                     assert_eq!(
                         after.attempts,
@@ -429,23 +599,49 @@ impl Sut {
                     );
                 }
             }
-            Op::Fail { token, retryable } => {
-                let Some(token) = self.token(token) else {
+            Op::Fail {
+                leg,
+                token,
+                retryable,
+                held,
+            } => {
+                let Some(token) = self.token(leg, token) else {
                     return;
                 };
-                let key = self.key.clone();
-                self.guarded(token, |t| async move {
-                    let client = shared().pool.get().await.expect("client");
-                    let failure = Failure {
-                        class: ErrorClass::Transient,
-                        message: "model".to_owned(),
-                        retry_in: retryable.then_some(Duration::from_secs(3600)),
-                    };
-                    deliveries::fail(&client, &key, t, &failure, parked())
-                        .await
-                        .expect("fail");
-                })
-                .await;
+                let key = self.legs[leg].clone();
+                let failure = Failure {
+                    class: if held {
+                        ErrorClass::Held
+                    } else {
+                        ErrorClass::Transient
+                    },
+                    message: "model".to_owned(),
+                    retry_in: (retryable || held).then_some(Duration::from_secs(3600)),
+                };
+                let before = self
+                    .guarded_by(
+                        leg,
+                        |b| b.token == token && b.status == Status::Processing,
+                        async {
+                            let client = shared().pool.get().await.expect("client");
+                            deliveries::fail(&client, &key, token, &failure, parked())
+                                .await
+                                .expect("fail");
+                        },
+                    )
+                    .await;
+                if held
+                    && let Some(before) = before
+                    && before.token == token
+                    && before.status == Status::Processing
+                {
+                    let after = self.snapshot(leg).await.expect("the held leg");
+                    assert_eq!(
+                        after.attempts,
+                        (before.attempts - 1).max(0),
+                        "a failure of the destination gives its attempt back"
+                    );
+                }
             }
             Op::Expire => {
                 client
@@ -475,19 +671,27 @@ impl Sut {
                 {
                     let parked = job.expect("a readable parked row");
                     assert_eq!(parked.job.attempts, Some(parked.attempts));
-                    if parked.job.key == self.key {
-                        self.tokens.push((parked.job.token, parked.attempts));
+                    for leg in 0..2 {
+                        if parked.job.key == self.legs[leg] {
+                            assert!(
+                                !(leg == 1 && self.gated),
+                                "the scheduler started a leg whose destination is not closed"
+                            );
+                            self.model[leg]
+                                .tokens
+                                .push((parked.job.token, parked.attempts));
+                        }
                     }
                 }
             }
-            Op::Replay => {
-                match deliveries::replay(&client, &self.policy, &self.key)
+            Op::Replay { leg } => {
+                match deliveries::replay(&client, &self.policy, &self.legs[leg])
                     .await
                     .expect("replay")
                 {
                     deliveries::Replayed::Started(parked) => {
                         assert_eq!(parked.job.attempts, Some(0), "a replay starts over");
-                        self.tokens.push((parked.job.token, 0))
+                        self.model[leg].tokens.push((parked.job.token, 0))
                     }
                     deliveries::Replayed::Unreadable(row) => {
                         panic!("a readable parked row: {}", row.reason)
@@ -511,48 +715,76 @@ impl Sut {
                     .await
                     .expect("reap");
             }
+            Op::Gate(open) => {
+                let state = if open { "open" } else { "closed" };
+                client
+                    .execute(
+                        "insert into destinations (source, name, kind, state) values ($1, $2, 'model', $3)
+                         on conflict (source, name) do update set state = excluded.state",
+                        &[&self.key.source.as_str(), &DESTINATIONS[1], &state],
+                    )
+                    .await
+                    .expect("gate");
+                self.gated = open;
+            }
         }
     }
 
     async fn check(&mut self) {
-        assert!(
-            self.effects().await <= 1,
-            "more than one effect for one key"
-        );
-        let now = self.snapshot().await;
-        if let Some(row) = &now {
+        for leg in 0..2 {
             assert!(
-                row.attempts <= MAX_ATTEMPTS,
-                "attempts {} over the maximum",
-                row.attempts
+                self.effects(leg).await <= 1,
+                "more than one effect for one leg"
             );
-            if self.completed_seen {
-                assert_eq!(row.status, Status::Completed, "completed went back");
+            let now = self.snapshot(leg).await;
+            let model = &mut self.model[leg];
+            if let Some(row) = &now {
+                assert!(
+                    row.attempts <= MAX_ATTEMPTS,
+                    "attempts {} over the maximum",
+                    row.attempts
+                );
+                assert!(row.attempts >= 0, "attempts below zero");
+                if model.completed_seen {
+                    assert_eq!(row.status, Status::Completed, "completed went back");
+                }
+                if model.filtered_seen {
+                    assert_eq!(row.status, Status::Filtered, "filtered went back");
+                }
+                if row.status == Status::Completed {
+                    model.completed_seen = true;
+                }
+                if row.status == Status::Filtered {
+                    model.filtered_seen = true;
+                }
+                if row.status == Status::Processing {
+                    assert!(row.lease_until.is_some(), "processing without a lease");
+                }
+            } else {
+                assert!(
+                    !model.completed_seen,
+                    "a completed row vanished before its retention"
+                );
             }
-            if row.status == Status::Completed {
-                self.completed_seen = true;
-                assert_eq!(self.effects().await, 1, "completed without its effect");
+            let completed = now.as_ref().is_some_and(|r| r.status == Status::Completed);
+            if completed {
+                assert_eq!(self.effects(leg).await, 1, "completed without its effect");
             }
-            if row.status == Status::Processing {
-                assert!(row.lease_until.is_some(), "processing without a lease");
+            if now.as_ref().is_some_and(|r| r.status == Status::Filtered) {
+                assert_eq!(self.effects(leg).await, 0, "a filtered leg ran its effect");
             }
-        } else {
-            assert!(
-                !self.completed_seen,
-                "a completed row vanished before its retention"
-            );
         }
     }
 }
 
 /// Writes the effect in the completing transaction; false when the
 /// transaction could not begin (its completion must then be fenced).
-async fn write_effect(effect: &mut Effect, key: &DeliveryKey) -> bool {
+async fn write_effect(effect: &mut Effect, key: &LegKey) -> bool {
     match effect.transaction().await {
         Ok(tx) => {
             tx.execute(
-                "insert into model_effects (delivery_id) values ($1)",
-                &[&key.delivery_id.as_str()],
+                "insert into model_effects (delivery_id, destination) values ($1, $2)",
+                &[&key.delivery_id.as_str(), &key.destination.as_str()],
             )
             .await
             .expect("effect");
@@ -566,7 +798,7 @@ async fn write_effect(effect: &mut Effect, key: &DeliveryKey) -> bool {
 /// event (or writes its effect in its transaction), and the completion is
 /// the take. Stores whether it completed in `completed`.
 async fn fused(
-    key: DeliveryKey,
+    key: LegKey,
     token: ClaimToken,
     attempts: i32,
     max_attempts: i32,
@@ -605,20 +837,26 @@ impl StateMachineTest for DeliveryStateMachine {
     type Reference = Model;
 
     fn init_test(_: &()) -> Sut {
+        // Each case its own source, so that its destination `b`'s gate is
+        // its own.
+        let source = format!("m{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
         let key = DeliveryKey::github(
-            SourceName::default_source(),
+            SourceName::parse(&source).expect("source"),
             HookId::parse(Some(b"1")).expect("hook"),
             DeliveryId::parse(uuid::Uuid::new_v4().to_string().as_bytes()).expect("id"),
         );
+        let legs = DESTINATIONS.map(|d| key.clone().leg(DestinationName::parse(d).expect("name")));
         Sut {
             key,
+            legs,
+            model: Default::default(),
             policy: Policy {
                 lease: Duration::from_secs(60),
                 max_attempts: MAX_ATTEMPTS,
                 publish_timeout: Duration::from_secs(5),
             },
-            tokens: Vec::new(),
-            completed_seen: false,
+            gated: false,
+            claimed: false,
             body: None,
             bodies: [0, 1].map(|_| {
                 let mut sha = [0u8; 32];

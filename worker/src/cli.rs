@@ -150,8 +150,8 @@ impl Cli {
             }
             Command::Run => {
                 let handler: Arc<dyn handlers::Handler> =
-                    handlers::from_config(&config.handlers)
-                        .context("cannot build the HTTP client")?;
+                    handlers::from_config(&config.routes, &handlers::Registry::new())
+                        .context("cannot build the destinations' handlers")?;
                 let worker = Worker::build(config, handler)
                     .await
                     .context("cannot start hookinbox-worker")?;

@@ -52,7 +52,7 @@ mod runtime;
 pub use cli::Cli;
 pub use context::RuntimeError;
 pub use handlers::{
-    Completion, Effect, Forward, Handler, HandlerError, Router, SIGNATURE_HEADER, Store, classify,
-    from_config, retry_after,
+    Answer, Completion, Effect, Forward, Handler, HandlerError, Registry, Router, RouterError,
+    SIGNATURE_HEADER, Store, classify, from_config, retry_after,
 };
 pub use runtime::{DrainReport, JobOutcome, Worker};

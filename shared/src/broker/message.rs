@@ -9,12 +9,15 @@ use lapin::types::{AMQPValue, FieldTable, ShortString};
 use super::long_string;
 use crate::deliveries::DeadLetter;
 use crate::job::{GITHUB_HEADER_PREFIX, Job};
-use crate::key::{ClaimToken, DeliveryKey, EventName};
+use crate::key::{ClaimToken, EventName, LegKey};
 
 const H_PROVIDER: &str = "hookinbox-provider";
 const H_SOURCE: &str = "hookinbox-source";
 const H_HOOK_ID: &str = "hookinbox-hook-id";
 const H_DELIVERY_ID: &str = "hookinbox-delivery-id";
+/// The leg's destination; absent on a message of a leg claimed before
+/// destinations existed (the empty, legacy destination).
+const H_DESTINATION: &str = "hookinbox-destination";
 const H_EVENT: &str = "hookinbox-event";
 const H_ACTION: &str = "hookinbox-action";
 const H_TOKEN: &str = "hookinbox-token";
@@ -38,6 +41,12 @@ pub(super) fn properties(job: &Job) -> BasicProperties {
         H_DELIVERY_ID.into(),
         long_string(job.key.delivery_id.as_str()),
     );
+    if !job.key.destination.is_legacy() {
+        headers.insert(
+            H_DESTINATION.into(),
+            long_string(job.key.destination.as_str()),
+        );
+    }
     headers.insert(H_EVENT.into(), long_string(job.event.as_str()));
     if let Some(action) = &job.action {
         headers.insert(H_ACTION.into(), long_string(action));
@@ -71,16 +80,22 @@ pub fn decode(properties: &BasicProperties, data: Vec<u8>) -> Result<Job, Malfor
             _ => Err(MalformedJob(name)),
         }
     };
-    let key = DeliveryKey::from_parts(
+    let destination = match headers.inner().get(H_DESTINATION) {
+        None => String::new(),
+        Some(_) => text(H_DESTINATION)?,
+    };
+    let key = LegKey::from_parts(
         &text(H_PROVIDER)?,
         &text(H_SOURCE)?,
         &text(H_HOOK_ID)?,
         &text(H_DELIVERY_ID)?,
+        &destination,
     )
     .map_err(|e| {
         MalformedJob(match e.part() {
             "source" => H_SOURCE,
             "hook_id" => H_HOOK_ID,
+            "destination" => H_DESTINATION,
             _ => H_DELIVERY_ID,
         })
     })?;

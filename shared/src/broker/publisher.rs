@@ -2,6 +2,7 @@
 //! taken responsibility for the job
 //! (<https://www.rabbitmq.com/docs/confirms>).
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -11,9 +12,10 @@ use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection};
 use tokio::sync::Mutex;
 
-use super::{BrokerError, DEAD_ROUTING_KEY, Topology, WORK_ROUTING_KEY, connect, message};
+use super::{BrokerError, DEAD_ROUTING_KEY, Topology, connect, message};
 use crate::deliveries::DeadLetter;
 use crate::job::Job;
+use crate::key::{DestinationName, SourceName};
 
 /// A publisher with confirms over one lazily (re)connected channel.
 ///
@@ -28,6 +30,9 @@ pub struct Publisher {
     state: Mutex<PublisherState>,
     /// Publishes awaiting their confirm at once.
     window: Arc<tokio::sync::Semaphore>,
+    /// The destinations' queues declared on the current channel (by its
+    /// id): a leg's queue is declared before its first publish.
+    declared: std::sync::Mutex<(u16, HashSet<String>)>,
 }
 
 /// Publishes awaiting a confirm at once, by default.
@@ -55,6 +60,7 @@ impl Publisher {
             timeout,
             state: Mutex::new(PublisherState::default()),
             window: Arc::new(tokio::sync::Semaphore::new(DEFAULT_PUBLISH_WINDOW)),
+            declared: std::sync::Mutex::new((0, HashSet::new())),
         }
     }
 
@@ -107,6 +113,10 @@ impl Publisher {
                 state.connection = Some(connection);
                 state.channel = Some(channel.clone());
                 state.failed_at = None;
+                // A new connection: declare each destination's queue again
+                // (its channel may reuse the old one's id).
+                *self.declared.lock().unwrap_or_else(|e| e.into_inner()) =
+                    (channel.id(), HashSet::new());
                 Ok(channel)
             }
             Err(e) => {
@@ -202,17 +212,60 @@ impl Publisher {
         result
     }
 
-    /// Publishes a job to the work queue and waits for its confirm. Only
-    /// `Ok` means the broker holds the job; every other outcome (nack,
-    /// return, timeout, closed channel) is a failed publish.
+    /// Publishes a job to its destination's queue and waits for its
+    /// confirm. Only `Ok` means the broker holds the job; every other
+    /// outcome (nack, return, timeout, closed channel) is a failed
+    /// publish. The queue is declared first if this channel has not yet.
     pub async fn publish(&self, job: &Job) -> Result<(), BrokerError> {
+        let (source, destination) = (&job.key.source, &job.key.destination);
+        if !destination.is_legacy() {
+            self.ensure_leg_queue(source, destination).await?;
+        }
         self.publish_raw(
             &self.topology.work_exchange(),
-            WORK_ROUTING_KEY,
+            &Topology::leg_routing_key(source, destination),
             &job.body,
             message::properties(job),
         )
         .await
+    }
+
+    /// Declares a destination's queue on the current channel, once per
+    /// channel: a publish to a queue nobody declared would come back
+    /// unroutable.
+    async fn ensure_leg_queue(
+        &self,
+        source: &SourceName,
+        destination: &DestinationName,
+    ) -> Result<(), BrokerError> {
+        let channel = self.channel().await?;
+        let queue = self.topology.leg_queue(source, destination);
+        {
+            let declared = self.declared.lock().unwrap_or_else(|e| e.into_inner());
+            if declared.0 == channel.id() && declared.1.contains(&queue) {
+                return Ok(());
+            }
+        }
+        let declare = self
+            .topology
+            .declare_leg_queue(&channel, source, destination);
+        match tokio::time::timeout(self.timeout, declare).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                self.forget(&channel).await;
+                return Err(BrokerError::Channel(e));
+            }
+            Err(_) => {
+                self.forget(&channel).await;
+                return Err(BrokerError::Timeout(self.timeout));
+            }
+        }
+        let mut declared = self.declared.lock().unwrap_or_else(|e| e.into_inner());
+        if declared.0 != channel.id() {
+            *declared = (channel.id(), HashSet::new());
+        }
+        declared.1.insert(queue);
+        Ok(())
     }
 
     /// Publishes a dead-letter copy of a failed job, with headers for the

@@ -5,6 +5,7 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, ExchangeKind};
 
 use super::{DELIVERY_LIMIT, WORK_ROUTING_KEY, long_string};
+use crate::key::{DestinationName, SourceName};
 
 /// The names of every exchange and queue under one prefix
 /// (`HOOKINBOX_QUEUE_PREFIX`), so test runs and deployments never share one.
@@ -26,9 +27,28 @@ impl Topology {
         format!("{}.work", self.prefix)
     }
 
-    /// The quorum queue workers consume.
+    /// The shared queue of legs claimed before destinations existed (and
+    /// of every job of an earlier version): workers keep consuming it.
     pub fn work_queue(&self) -> String {
         format!("{}.work", self.prefix)
+    }
+
+    /// The quorum queue of one destination's legs: each destination has
+    /// its own, so a slow or failing one never delays another. A legacy
+    /// leg (the empty destination) goes through [`Topology::work_queue`].
+    pub fn leg_queue(&self, source: &SourceName, destination: &DestinationName) -> String {
+        if destination.is_legacy() {
+            return self.work_queue();
+        }
+        format!("{}.work.{source}.{destination}", self.prefix)
+    }
+
+    /// The routing key of a leg's jobs on the work exchange.
+    pub fn leg_routing_key(source: &SourceName, destination: &DestinationName) -> String {
+        if destination.is_legacy() {
+            return WORK_ROUTING_KEY.to_owned();
+        }
+        format!("{source}.{destination}")
     }
 
     /// The dead-letter exchange, fed by the work queue and by workers.
@@ -85,6 +105,39 @@ impl Topology {
                 FieldTable::default(),
             )
             .await?;
+        self.declare_work_queue(channel, &self.work_queue(), WORK_ROUTING_KEY)
+            .await
+    }
+
+    /// Declares one destination's queue and binds it (after
+    /// [`Topology::declare`]), idempotently: a publisher declares a queue
+    /// the first time it publishes to it, a worker before it consumes it.
+    pub async fn declare_leg_queue(
+        &self,
+        channel: &Channel,
+        source: &SourceName,
+        destination: &DestinationName,
+    ) -> Result<(), lapin::Error> {
+        self.declare_work_queue(
+            channel,
+            &self.leg_queue(source, destination),
+            &Self::leg_routing_key(source, destination),
+        )
+        .await
+    }
+
+    /// A work queue: the legacy one and each destination's have the same
+    /// arguments.
+    async fn declare_work_queue(
+        &self,
+        channel: &Channel,
+        queue: &str,
+        routing_key: &str,
+    ) -> Result<(), lapin::Error> {
+        let durable_queue = QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        };
         let mut work_args = FieldTable::default();
         work_args.insert("x-queue-type".into(), long_string("quorum"));
         work_args.insert(
@@ -107,13 +160,13 @@ impl Topology {
             AMQPValue::LongLongInt(DELIVERY_LIMIT),
         );
         channel
-            .queue_declare(&self.work_queue(), durable_queue, work_args)
+            .queue_declare(queue, durable_queue, work_args)
             .await?;
         channel
             .queue_bind(
-                &self.work_queue(),
+                queue,
                 &self.work_exchange(),
-                WORK_ROUTING_KEY,
+                routing_key,
                 QueueBindOptions::default(),
                 FieldTable::default(),
             )

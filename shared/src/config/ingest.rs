@@ -9,8 +9,8 @@ use std::time::Duration;
 use clap::builder::BoolishValueParser;
 
 use super::{
-    CommonArgs, CommonConfig, ConfigError, EventFilter, HandlerConfig, RateLimit, Source,
-    at_least_one, from_file, invalid, load_secrets,
+    CommonArgs, CommonConfig, ConfigError, Destination, DestinationKind, EventFilter, HandlerKind,
+    RateLimit, Source, at_least_one, from_file, invalid, load_secrets,
 };
 use crate::key::SourceName;
 
@@ -70,6 +70,17 @@ pub struct IngestArgs {
         default_value = ""
     )]
     pub allowed_events: String,
+
+    /// The kind of the `default` source's one destination, which names its
+    /// legs: set it as the workers' HOOKINBOX_HANDLER is set.
+    #[arg(
+        long,
+        env = "HOOKINBOX_HANDLER",
+        value_name = "HOOKINBOX_HANDLER",
+        value_enum,
+        default_value = "store"
+    )]
+    pub handler: HandlerKind,
 
     /// Largest body accepted, in bytes (GitHub caps payloads at 25 MiB).
     #[arg(long, env = "HOOKINBOX_MAX_BODY_BYTES",
@@ -199,8 +210,12 @@ impl IngestArgs {
                         .split(',')
                         .filter(|e| !e.trim().is_empty()),
                 )?,
-                // Ingest does not run handlers nor reconcile.
-                handler: HandlerConfig::Store,
+                // Ingest names the legs and runs no handler: the
+                // destination's name is all it needs (the forward settings
+                // are the workers').
+                destinations: vec![Destination::of_kind(DestinationKind::Custom(
+                    self.handler.destination_name().as_str().to_owned(),
+                ))],
                 github: None,
                 replay_guard: self.replay_guard.unwrap_or(true),
                 rate_limit: RateLimit::from_settings(

@@ -18,23 +18,27 @@ use crate::broker::{DEFAULT_PUBLISH_WINDOW, Publisher, Topology};
 use crate::deliveries::Policy;
 use crate::postgres::{DEFAULT_REQUEST_TIMEOUT, DbError, PoolOptions, Pooler};
 
+mod destinations;
 mod github;
 mod ingest;
 mod secrets;
 mod sources;
 mod worker;
 
+pub use destinations::{
+    Breaker, DEFAULT_DISABLE_AFTER, DEFAULT_FORWARD_SCHEDULE, DEFAULT_FORWARD_TIMEOUT, Destination,
+    DestinationKind, Filtered, ForwardConfig, RepositoryFilter, parse_forward_url,
+};
 pub use github::{
     DEFAULT_API_URL, DEFAULT_INTERVAL_SECS, DEFAULT_MAX_REDELIVERIES, DEFAULT_MIN_AGE_SECS,
     DEFAULT_PER_SECOND, GithubAuth, GithubSettings, HookKind, IdValue, Reconcile,
 };
 pub use ingest::{IngestArgs, IngestConfig};
 pub use secrets::{inline_secret, load_secrets, secrets_from_lines};
-pub use sources::{
-    DEFAULT_FORWARD_TIMEOUT, EventFilter, ForwardConfig, HandlerConfig, RateLimit, Source,
-    from_file, from_toml, parse_forward_url,
+pub use sources::{EventFilter, RateLimit, Source, from_file, from_toml};
+pub use worker::{
+    HandlerKind, MIN_COMPLETED_RETENTION, ReconcileTarget, Route, WorkerArgs, WorkerConfig,
 };
-pub use worker::{HandlerKind, MIN_COMPLETED_RETENTION, ReconcileTarget, WorkerArgs, WorkerConfig};
 
 /// A setting that makes a binary refuse to start. The message names the
 /// variable and never contains a secret.
@@ -113,6 +117,9 @@ fn parse_duration(name: &'static str, value: &str) -> Result<Duration, ConfigErr
     parse_duration_text(value).map_err(|problem| invalid(name, problem))
 }
 
+/// `HOOKINBOX_MAX_ATTEMPTS` when unset.
+pub const DEFAULT_MAX_ATTEMPTS: i32 = 8;
+
 /// Direct connections a worker's leaders use when DATABASE_URL points at a
 /// transaction pooler (see [`CommonConfig::leaders`]).
 pub const LEADER_CONNECTIONS: usize = 3;
@@ -165,15 +172,17 @@ pub struct CommonArgs {
     )]
     pub lease_secs: u64,
 
-    /// Takes allowed before a delivery is dead-lettered as poison.
+    /// Takes allowed before a delivery is dead-lettered (default 8). A
+    /// `forward` destination set by the single-source variables uses it
+    /// (with HOOKINBOX_RETRY_BASE_MS and HOOKINBOX_RETRY_MAX_MS) only when
+    /// one of the three is set; otherwise its own 24-hour schedule.
     #[arg(
         long,
         env = "HOOKINBOX_MAX_ATTEMPTS",
         value_name = "HOOKINBOX_MAX_ATTEMPTS",
-        value_parser = at_least_one::<i32>,
-        default_value_t = 8
+        value_parser = at_least_one::<i32>
     )]
-    pub max_attempts: i32,
+    pub max_attempts: Option<i32>,
 
     /// Milliseconds to wait for a publisher confirm.
     #[arg(
@@ -299,6 +308,8 @@ pub struct CommonConfig {
     pub lease: Duration,
     /// Takes allowed before a delivery is poison.
     pub max_attempts: i32,
+    /// Whether `HOOKINBOX_MAX_ATTEMPTS` was given (rather than defaulted).
+    pub max_attempts_set: bool,
     /// How long to wait for a publisher confirm.
     pub publish_timeout: Duration,
     /// Publishes awaiting their confirm at once.
@@ -368,7 +379,8 @@ impl CommonArgs {
             queue_prefix: self.queue_prefix,
             auto_migrate: self.auto_migrate,
             lease: Duration::from_secs(self.lease_secs),
-            max_attempts: self.max_attempts,
+            max_attempts: self.max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS),
+            max_attempts_set: self.max_attempts.is_some(),
             publish_timeout: Duration::from_millis(self.publish_timeout_ms),
             publish_window: self.publish_window,
             db_pool_size: self.db_pool_size,

@@ -1,23 +1,26 @@
 //! Webhook sources: each has a name (its route), secrets, optionally the
-//! hook ids it accepts, the events it takes, and the handler that runs its
-//! deliveries.
+//! hook ids it accepts, the events it takes, and the destinations its
+//! deliveries go to.
 //!
 //! Several sources come from a TOML file named by `HOOKINBOX_CONFIG` (see
 //! `config.example.toml`); without it, environment variables configure
 //! one source named `default`. Both binaries read the same file: ingest
-//! uses the secrets, pins and event filters; the worker uses the handlers.
+//! uses the secrets, pins, event filters and the destinations' names and
+//! filters; the worker runs the destinations.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::destinations::{
+    Destination, DestinationKind, FileDestination, check_all, forward_config,
+};
 use super::secrets::{inline_secret, read, secrets_from_lines};
 use super::{ConfigError, GithubSettings};
 use crate::key::{EventName, HookId, SourceName};
-use crate::signature::{Secret, Secrets};
+use crate::signature::Secrets;
 
 /// The events a source takes: every event, or a list where each event may
 /// be limited to some actions (`pull_request.opened`).
@@ -93,26 +96,6 @@ impl EventFilter {
     }
 }
 
-/// Settings of the `forward` handler.
-#[derive(Clone, Debug)]
-pub struct ForwardConfig {
-    /// Where to POST.
-    pub url: reqwest::Url,
-    /// Signs each request (`X-Hookinbox-Signature-256`) when set.
-    pub secret: Option<Secret>,
-    /// Request timeout.
-    pub timeout: Duration,
-}
-
-/// Which handler runs a source's deliveries.
-#[derive(Clone, Debug)]
-pub enum HandlerConfig {
-    /// Write the event into `github_events`.
-    Store,
-    /// POST it to a URL.
-    Forward(ForwardConfig),
-}
-
 /// One webhook source.
 #[derive(Clone, Debug)]
 pub struct Source {
@@ -126,8 +109,9 @@ pub struct Source {
     pub hook_ids: Option<BTreeSet<HookId>>,
     /// Which events it takes.
     pub events: EventFilter,
-    /// Which handler runs its deliveries.
-    pub handler: HandlerConfig,
+    /// Where its deliveries go: one leg each per destination that takes
+    /// them. Never empty.
+    pub destinations: Vec<Destination>,
     /// The GitHub hook it receives from, for the reconciler, as given: the
     /// worker validates it and reads its credentials
     /// ([`GithubSettings::load`]); ingest has no use for it.
@@ -183,9 +167,6 @@ impl Source {
     }
 }
 
-/// The default forward timeout.
-pub const DEFAULT_FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
-
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct File {
@@ -204,8 +185,9 @@ struct FileSource {
     hook_ids: Option<Vec<HookIdValue>>,
     #[serde(default)]
     events: Vec<String>,
+    handler: Option<FileHandler>,
     #[serde(default)]
-    handler: FileHandler,
+    destinations: Vec<FileDestination>,
     github: Option<GithubSettings>,
     #[serde(default = "on")]
     replay_guard: bool,
@@ -214,9 +196,9 @@ struct FileSource {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct FileRateLimit {
-    per_second: u32,
-    burst: Option<u32>,
+pub(super) struct FileRateLimit {
+    pub(super) per_second: u32,
+    pub(super) burst: Option<u32>,
 }
 
 fn on() -> bool {
@@ -230,10 +212,9 @@ enum HookIdValue {
     Text(String),
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
 enum FileHandler {
-    #[default]
     Store,
     Forward {
         url: String,
@@ -241,19 +222,6 @@ enum FileHandler {
         secret_file: Option<PathBuf>,
         timeout_ms: Option<u64>,
     },
-}
-
-/// Parses a forward URL (http or https).
-pub fn parse_forward_url(field: &str, raw: &str) -> Result<reqwest::Url, ConfigError> {
-    let url = reqwest::Url::parse(raw)
-        .map_err(|e| ConfigError::field(field, format!("not a valid URL ({e})")))?;
-    if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
-        return Err(ConfigError::field(
-            field,
-            "must be an http:// or https:// URL with a host",
-        ));
-    }
-    Ok(url)
 }
 
 /// Loads every source from the TOML file at `path`. Every error names the
@@ -327,42 +295,39 @@ pub fn from_toml(text: &str) -> Result<Vec<Source>, ConfigError> {
             }
         };
         let events = EventFilter::parse(&at("events"), raw.events.iter().map(String::as_str))?;
-        let handler = match raw.handler {
-            FileHandler::Store => HandlerConfig::Store,
-            FileHandler::Forward {
-                url,
-                secret,
-                secret_file,
-                timeout_ms,
-            } => {
-                let url = parse_forward_url(&at("handler.url"), &url)?;
-                let secret = match (secret, secret_file) {
-                    (Some(_), Some(_)) => {
-                        return Err(ConfigError::field(
-                            &at("handler.secret"),
-                            "give secret or secret_file, not both",
-                        ));
-                    }
-                    (Some(s), None) => Some(inline_secret(&at("handler.secret"), &s)?),
-                    (None, Some(file)) => {
-                        let field = at("handler.secret_file");
-                        Some(inline_secret(&field, &read(&field, &file)?)?)
-                    }
-                    (None, None) => None,
-                };
-                if timeout_ms == Some(0) {
-                    return Err(ConfigError::field(
-                        &at("handler.timeout_ms"),
-                        "must be at least 1",
-                    ));
+        let destinations = match (raw.handler, raw.destinations) {
+            (Some(_), destinations) if !destinations.is_empty() => {
+                return Err(ConfigError::field(
+                    &at("handler"),
+                    "give handler or [[sources.destinations]], not both",
+                ));
+            }
+            (None, destinations) if destinations.is_empty() => {
+                vec![Destination::of_kind(DestinationKind::Store)]
+            }
+            (None, destinations) => {
+                let mut loaded = Vec::with_capacity(destinations.len());
+                for (j, raw) in destinations.into_iter().enumerate() {
+                    let field = |f: &str| at(&format!("destinations[{j}].{f}"));
+                    loaded.push(raw.load(&field)?);
                 }
-                HandlerConfig::Forward(ForwardConfig {
+                check_all(&at, &loaded)?;
+                loaded
+            }
+            (Some(FileHandler::Store), _) => vec![Destination::of_kind(DestinationKind::Store)],
+            (
+                Some(FileHandler::Forward {
                     url,
                     secret,
-                    timeout: timeout_ms
-                        .map(Duration::from_millis)
-                        .unwrap_or(DEFAULT_FORWARD_TIMEOUT),
-                })
+                    secret_file,
+                    timeout_ms,
+                }),
+                _,
+            ) => {
+                let field = |f: &str| at(&format!("handler.{f}"));
+                vec![Destination::of_kind(DestinationKind::Forward(
+                    forward_config(&field, &url, secret, secret_file, timeout_ms)?,
+                ))]
             }
         };
         let rate_limit = match raw.rate_limit {
@@ -377,7 +342,7 @@ pub fn from_toml(text: &str) -> Result<Vec<Source>, ConfigError> {
             secrets: Secrets::new(secrets),
             hook_ids,
             events,
-            handler,
+            destinations,
             github: raw.github,
             replay_guard: raw.replay_guard,
             rate_limit,
@@ -388,6 +353,8 @@ pub fn from_toml(text: &str) -> Result<Vec<Source>, ConfigError> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn ev(s: &str) -> EventName {
@@ -451,8 +418,160 @@ handler = { kind = "forward", url = "http://127.0.0.1:9/hook", secret = "sign", 
         assert_eq!(sources[0].secrets.len(), 2);
         assert!(sources[0].accepts_hook(&HookId::parse(Some(b"456")).expect("id")));
         assert!(!sources[0].accepts_hook(&HookId::parse(Some(b"789")).expect("id")));
-        assert!(matches!(sources[1].handler, HandlerConfig::Forward(_)));
+        assert!(matches!(
+            sources[1].destinations[0].kind,
+            DestinationKind::Forward(_)
+        ));
+        assert_eq!(sources[0].destinations[0].name.as_str(), "store");
         let _ = std::fs::remove_file(path);
+    }
+
+    #[test]
+    fn destinations_parse_with_their_defaults() {
+        let sources = from_toml(
+            r#"
+[[sources]]
+name = "main"
+secrets = ["s"]
+
+[[sources.destinations]]
+name = "ci"
+kind = "forward"
+url = "http://127.0.0.1:9/ci"
+events = ["push", "pull_request.opened"]
+repositories = ["acme/widgets", "acme/*"]
+timeout_ms = 500
+concurrency = 8
+rate_limit = { per_second = 50, burst = 100 }
+retry = ["5s", "1m"]
+breaker = { failure_ratio = 0.25, probe_secs = 10 }
+disable_after = "24h"
+
+[[sources.destinations]]
+name = "archive"
+kind = "store"
+
+[[sources.destinations]]
+name = "counter"
+kind = "commit_counter"
+breaker = true
+
+[[sources.destinations]]
+name = "quiet"
+kind = "forward"
+url = "https://example.com/hook"
+breaker = false
+"#,
+        )
+        .expect("valid");
+        let d = &sources[0].destinations;
+        assert_eq!(d.len(), 4);
+        assert_eq!(d[0].name.as_str(), "ci");
+        assert_eq!(d[0].concurrency.map(|c| c.get()), Some(8));
+        assert_eq!(d[0].retry.as_ref().map(|r| r.max_attempts()), Some(3));
+        let breaker = d[0].breaker.expect("on");
+        assert_eq!(breaker.failure_ratio, 0.25);
+        assert_eq!(breaker.min_requests, 10);
+        assert_eq!(breaker.probe, Duration::from_secs(10));
+        assert_eq!(d[0].disable_after, Duration::from_secs(24 * 3600));
+        assert!(matches!(d[1].kind, DestinationKind::Store));
+        assert!(d[1].breaker.is_none());
+        assert!(matches!(&d[2].kind, DestinationKind::Custom(k) if k == "commit_counter"));
+        assert!(d[2].breaker.is_some());
+        assert!(d[3].breaker.is_none());
+    }
+
+    #[test]
+    fn every_bad_destination_field_is_named() {
+        let head = "[[sources]]\nname = \"a\"\nsecrets = [\"s\"]\n[[sources.destinations]]\n";
+        let cases = [
+            (
+                "name = \"Bad\"\nkind = \"store\"\n",
+                "sources[0].destinations[0].name",
+            ),
+            (
+                "name = \"x\"\nkind = \"forward\"\n",
+                "sources[0].destinations[0].url",
+            ),
+            (
+                "name = \"x\"\nkind = \"forward\"\nurl = \"ftp://h/\"\n",
+                "sources[0].destinations[0].url",
+            ),
+            (
+                "name = \"x\"\nkind = \"store\"\nurl = \"http://h/\"\n",
+                "sources[0].destinations[0].url",
+            ),
+            (
+                "name = \"x\"\nkind = \"Bad Kind\"\n",
+                "sources[0].destinations[0].kind",
+            ),
+            (
+                "name = \"x\"\nkind = \"store\"\nevents = [\"push.\"]\n",
+                "sources[0].destinations[0].events",
+            ),
+            (
+                "name = \"x\"\nkind = \"store\"\nrepositories = [\"acme\"]\n",
+                "sources[0].destinations[0].repositories[0]",
+            ),
+            (
+                "name = \"x\"\nkind = \"store\"\nconcurrency = 0\n",
+                "sources[0].destinations[0].concurrency",
+            ),
+            (
+                "name = \"x\"\nkind = \"store\"\nretry = []\n",
+                "sources[0].destinations[0].retry",
+            ),
+            (
+                "name = \"x\"\nkind = \"store\"\nretry = [\"soon\"]\n",
+                "sources[0].destinations[0].retry[0]",
+            ),
+            (
+                "name = \"x\"\nkind = \"store\"\nretry = [\"0s\"]\n",
+                "sources[0].destinations[0].retry[0]",
+            ),
+            (
+                "name = \"x\"\nkind = \"store\"\nbreaker = { failure_ratio = 1.5 }\n",
+                "sources[0].destinations[0].breaker.failure_ratio",
+            ),
+            (
+                "name = \"x\"\nkind = \"store\"\nbreaker = { probe_secs = 0 }\n",
+                "sources[0].destinations[0].breaker.probe_secs",
+            ),
+            (
+                "name = \"x\"\nkind = \"store\"\ndisable_after = \"never\"\n",
+                "sources[0].destinations[0].disable_after",
+            ),
+            (
+                "name = \"x\"\nkind = \"store\"\nrate_limit = { per_second = 0 }\n",
+                "sources[0].destinations[0].rate_limit.per_second",
+            ),
+            (
+                "name = \"x\"\nkind = \"store\"\n[[sources.destinations]]\nname = \"x\"\nkind = \"store\"\n",
+                "sources[0].destinations[1].name",
+            ),
+            (
+                "name = \"x\"\nkind = \"store\"\n[[sources.destinations]]\nname = \"y\"\nkind = \"store\"\n",
+                "sources[0].destinations[1].kind",
+            ),
+            ("name = \"x\"\nkind = \"store\"\ncolour = 1\n", "colour"),
+        ];
+        for (text, expected) in cases {
+            let text = format!("{head}{text}");
+            let err = from_toml(&text)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(
+                err.contains(expected),
+                "{text:?}: expected {expected:?} in {err:?}"
+            );
+        }
+        let both = "[[sources]]\nname = \"a\"\nsecrets = [\"s\"]\nhandler = { kind = \"store\" }\n[[sources.destinations]]\nname = \"x\"\nkind = \"store\"\n";
+        let err = from_toml(both)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("sources[0].handler"), "{err}");
     }
 
     #[test]

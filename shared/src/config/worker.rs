@@ -1,6 +1,5 @@
 //! Settings of `hookinbox-worker`.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -9,21 +8,33 @@ use std::time::Duration;
 use clap::builder::BoolishValueParser;
 
 use super::{
-    CommonArgs, CommonConfig, ConfigError, DEFAULT_FORWARD_TIMEOUT, EventFilter, ForwardConfig,
-    GithubSettings, HandlerConfig, IdValue, Reconcile, at_least_one, from_file, inline_secret,
-    invalid, parse_duration, parse_forward_url,
+    CommonArgs, CommonConfig, ConfigError, DEFAULT_FORWARD_SCHEDULE, DEFAULT_FORWARD_TIMEOUT,
+    Destination, DestinationKind, EventFilter, ForwardConfig, GithubSettings, IdValue, Reconcile,
+    at_least_one, from_file, inline_secret, invalid, parse_duration, parse_forward_url,
 };
 use crate::deliveries::Retention;
-use crate::key::SourceName;
-use crate::retry::RetryPolicy;
+use crate::key::{DestinationName, SourceName};
+use crate::retry::{Retries, RetryPolicy, Schedule};
 
-/// Which built-in handler a worker runs.
+/// Which built-in handler the single-source variables' destination is
+/// (`HOOKINBOX_HANDLER`); the destination is named after it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum HandlerKind {
     /// Write each event into `github_events`, in the completing statement.
     Store,
     /// POST each event to `HOOKINBOX_FORWARD_URL`.
     Forward,
+}
+
+impl HandlerKind {
+    /// The name of the destination it describes.
+    pub fn destination_name(self) -> DestinationName {
+        let name = match self {
+            Self::Store => "store",
+            Self::Forward => "forward",
+        };
+        DestinationName::parse(name).unwrap_or_default()
+    }
 }
 
 /// Settings of `hookinbox-worker`.
@@ -145,24 +156,24 @@ pub struct WorkerArgs {
     )]
     pub shutdown_grace_secs: u64,
 
-    /// First retry delay in milliseconds (doubles each attempt, plus jitter).
+    /// First retry delay in milliseconds (doubles each attempt, plus
+    /// jitter; default 1000).
     #[arg(
         long,
         env = "HOOKINBOX_RETRY_BASE_MS",
         value_name = "HOOKINBOX_RETRY_BASE_MS",
-        value_parser = at_least_one::<u64>,
-        default_value_t = 1000
+        value_parser = at_least_one::<u64>
     )]
-    pub retry_base_ms: u64,
+    pub retry_base_ms: Option<u64>,
 
-    /// Longest retry delay in milliseconds; also caps a handler's Retry-After.
+    /// Longest retry delay in milliseconds; also caps a handler's
+    /// Retry-After (default 600000).
     #[arg(
         long,
         env = "HOOKINBOX_RETRY_MAX_MS",
-        value_name = "HOOKINBOX_RETRY_MAX_MS",
-        default_value_t = 600_000
+        value_name = "HOOKINBOX_RETRY_MAX_MS"
     )]
-    pub retry_max_ms: u64,
+    pub retry_max_ms: Option<u64>,
 
     /// Comma-separated events the default source takes (as ingest's
     /// setting of the same name); the reconciler leaves the others alone.
@@ -333,7 +344,8 @@ pub struct WorkerConfig {
     pub handler_timeout: Duration,
     /// Drain time after SIGTERM.
     pub shutdown_grace: Duration,
-    /// Backoff and attempts.
+    /// Backoff and attempts of the exponential policy (`store`, and
+    /// destinations of other kinds without a schedule).
     pub retry: RetryPolicy,
     /// How long completed and failed rows, the replay guard's bodies and
     /// stored events are kept.
@@ -342,10 +354,39 @@ pub struct WorkerConfig {
     pub reap_after: Duration,
     /// Pause between scheduler passes.
     pub scheduler_interval: Duration,
-    /// The handler of each configured source.
-    pub handlers: Arc<BTreeMap<SourceName, HandlerConfig>>,
+    /// Every configured destination, source by source, in the order
+    /// configured (a source's first runs the legs claimed before
+    /// destinations existed).
+    pub routes: Arc<Vec<Route>>,
     /// The sources that name a GitHub hook to reconcile.
     pub reconcile: Arc<Vec<ReconcileTarget>>,
+}
+
+/// A destination as a worker runs it: its source, its settings, and what
+/// its defaults resolve to.
+#[derive(Clone, Debug)]
+pub struct Route {
+    /// The source whose deliveries it takes.
+    pub source: SourceName,
+    /// As configured.
+    pub destination: Destination,
+    /// Handlers at once per worker, and its queue's prefetch.
+    pub concurrency: u16,
+    /// How its legs are retried.
+    pub retries: Retries,
+}
+
+impl WorkerConfig {
+    /// The route of a leg: its source's destination of that name, or, for
+    /// a leg claimed before destinations existed (the empty name), its
+    /// source's first destination.
+    pub fn route(&self, source: &SourceName, destination: &DestinationName) -> Option<&Route> {
+        let mut of_source = self.routes.iter().filter(|r| &r.source == source);
+        if destination.is_legacy() {
+            return of_source.next();
+        }
+        of_source.find(|r| &r.destination.name == destination)
+    }
 }
 
 /// A source the reconciler reads GitHub's delivery log for.
@@ -358,6 +399,11 @@ pub struct ReconcileTarget {
     /// The hook, the credentials and the pace.
     pub settings: Reconcile,
 }
+
+/// `HOOKINBOX_RETRY_BASE_MS` when unset.
+const DEFAULT_RETRY_BASE_MS: u64 = 1000;
+/// `HOOKINBOX_RETRY_MAX_MS` when unset.
+const DEFAULT_RETRY_MAX_MS: u64 = 600_000;
 
 /// The events' retention when none is set, unless the completed
 /// retention is longer.
@@ -419,12 +465,26 @@ impl WorkerArgs {
     pub fn validate(self) -> Result<WorkerConfig, ConfigError> {
         let github = self.github_settings();
         let common = self.common.validate()?;
-        if self.retry_max_ms < self.retry_base_ms {
+        let retry_base_ms = self.retry_base_ms.unwrap_or(DEFAULT_RETRY_BASE_MS);
+        let retry_max_ms = self.retry_max_ms.unwrap_or(DEFAULT_RETRY_MAX_MS);
+        if retry_max_ms < retry_base_ms {
             return Err(invalid(
                 "HOOKINBOX_RETRY_MAX_MS",
                 "must be at least HOOKINBOX_RETRY_BASE_MS",
             ));
         }
+        let retry = RetryPolicy {
+            base: Duration::from_millis(retry_base_ms),
+            max: Duration::from_millis(retry_max_ms),
+            max_attempts: common.max_attempts,
+        };
+        // A forward destination of the single-source variables keeps the
+        // exponential policy its operator tuned; untouched, it gets the
+        // schedule meant to outlast an outage.
+        let exponential_forward = self.config.is_none()
+            && (self.retry_base_ms.is_some()
+                || self.retry_max_ms.is_some()
+                || common.max_attempts_set);
         let idle_in_transaction = common.db_idle_in_transaction;
         if !idle_in_transaction.is_zero()
             && idle_in_transaction <= Duration::from_millis(self.handler_timeout_ms)
@@ -451,7 +511,7 @@ impl WorkerArgs {
             failed: retention_failed,
             events: events_retention(self.events_retention_days, retention_completed)?,
         };
-        let (handlers, reconcile) = match &self.config {
+        let (sources, reconcile) = match &self.config {
             Some(path) => {
                 if !github.is_empty() {
                     return Err(invalid(
@@ -460,7 +520,7 @@ impl WorkerArgs {
                          HOOKINBOX_RECONCILE_HOOK and the other HOOKINBOX_GITHUB_* settings",
                     ));
                 }
-                let mut handlers = BTreeMap::new();
+                let mut sources = Vec::new();
                 let mut reconcile = Vec::new();
                 for (i, source) in from_file(path)?.into_iter().enumerate() {
                     let name = |key: &str| format!("sources[{i}].github.{key}");
@@ -477,13 +537,13 @@ impl WorkerArgs {
                             settings,
                         });
                     }
-                    handlers.insert(source.name, source.handler);
+                    sources.push((source.name, source.destinations));
                 }
-                (handlers, reconcile)
+                (sources, reconcile)
             }
             None => {
-                let handler = match self.handler {
-                    HandlerKind::Store => HandlerConfig::Store,
+                let kind = match self.handler {
+                    HandlerKind::Store => DestinationKind::Store,
                     HandlerKind::Forward => {
                         let url = self.forward_url.as_deref().ok_or_else(|| {
                             invalid(
@@ -491,7 +551,7 @@ impl WorkerArgs {
                                 "is required with HOOKINBOX_HANDLER=forward",
                             )
                         })?;
-                        HandlerConfig::Forward(ForwardConfig {
+                        DestinationKind::Forward(ForwardConfig {
                             url: parse_forward_url("HOOKINBOX_FORWARD_URL", url)?,
                             secret: self
                                 .forward_secret
@@ -516,20 +576,40 @@ impl WorkerArgs {
                         settings,
                     }],
                 };
-                let handlers = [(SourceName::default_source(), handler)]
-                    .into_iter()
-                    .collect();
-                (handlers, reconcile)
+                let sources = vec![(
+                    SourceName::default_source(),
+                    vec![Destination::of_kind(kind)],
+                )];
+                (sources, reconcile)
             }
         };
+        let routes = sources
+            .into_iter()
+            .flat_map(|(source, destinations)| {
+                destinations.into_iter().map(move |d| (source.clone(), d))
+            })
+            .map(|(source, destination)| {
+                let retries = match (&destination.retry, &destination.kind) {
+                    (Some(schedule), _) => Retries::Schedule(schedule.clone()),
+                    (None, DestinationKind::Forward(_)) if !exponential_forward => {
+                        Retries::Schedule(Schedule::of(DEFAULT_FORWARD_SCHEDULE))
+                    }
+                    (None, _) => Retries::Exponential(retry),
+                };
+                Route {
+                    concurrency: destination
+                        .concurrency
+                        .map_or(self.concurrency, |c| c.get()),
+                    retries,
+                    source,
+                    destination,
+                }
+            })
+            .collect();
         Ok(WorkerConfig {
-            handlers: Arc::new(handlers),
+            routes: Arc::new(routes),
             reconcile: Arc::new(reconcile),
-            retry: RetryPolicy {
-                base: Duration::from_millis(self.retry_base_ms),
-                max: Duration::from_millis(self.retry_max_ms),
-                max_attempts: common.max_attempts,
-            },
+            retry,
             common,
             concurrency: self.concurrency,
             complete_batch: self.complete_batch,

@@ -10,14 +10,16 @@ use super::filter::{Filter, list};
 use super::parked::{Parked, Unreadable, headers_from_json};
 use super::row::{delivery, parked};
 use super::{ErrorClass, Policy, Status, execute, query_opt, redact, secs};
-use crate::key::{ClaimToken, DeliveryKey};
+use crate::key::{ClaimToken, LegKey};
 use crate::postgres::DbError;
+use crate::postgres::sql;
 
-/// One row of `deliveries`, as operators and tests see it.
+/// One row of `deliveries` (one leg of a delivery), as operators and
+/// tests see it.
 #[derive(Clone, Debug)]
 pub struct Delivery {
-    /// The key.
-    pub key: DeliveryKey,
+    /// The leg's key: the delivery's and the destination.
+    pub key: LegKey,
     /// `X-GitHub-Event`.
     pub event: String,
     /// The payload's `action`.
@@ -57,6 +59,10 @@ pub struct Delivery {
     pub claimed_at: DateTime<Utc>,
     /// When the dead-letter copy was confirmed.
     pub dead_lettered_at: Option<DateTime<Utc>>,
+    /// Why its destination's filters did not take it (`filtered` legs).
+    pub filter_reason: Option<String>,
+    /// The takes its destination allows, as its last take recorded.
+    pub max_attempts: Option<i32>,
 }
 
 /// Why and when a delivery was dead-lettered: the headers of its copy in
@@ -104,8 +110,8 @@ where ",
     key!()
 );
 
-/// Reads one delivery.
-pub async fn get(client: &impl Session, key: &DeliveryKey) -> Result<Option<Delivery>, DbError> {
+/// Reads one leg.
+pub async fn get(client: &impl Session, key: &LegKey) -> Result<Option<Delivery>, DbError> {
     let row = query_opt(client, GET, key, &[]).await?;
     row.as_ref().map(delivery).transpose()
 }
@@ -115,7 +121,7 @@ const REPLAY: &str = concat!(
 update deliveries d
 set status = 'processing', retryable = false, claim_token = gen_random_uuid(),
     attempts = 0, replays = d.replays + 1, next_attempt_at = null,
-    lease_until = now() + make_interval(secs => $5), claimed_at = now(),
+    lease_until = now() + make_interval(secs => $6), claimed_at = now(),
     dead_lettered_at = null
 from parked_bodies p
 where ",
@@ -124,7 +130,8 @@ where ",
   and d.status = 'failed'
   and p.provider = d.provider and p.source = d.source
   and p.hook_id = d.hook_id and p.delivery_id = d.delivery_id
-returning d.provider, d.source, d.hook_id, d.delivery_id, d.event, d.action,
+  and p.destination = d.destination
+returning d.provider, d.source, d.hook_id, d.delivery_id, d.destination, d.event, d.action,
           d.claim_token, d.attempts, p.content_type, p.headers, p.body"
 );
 
@@ -157,7 +164,8 @@ const REPLAY_REFUSED: &str = concat!(
 select not exists (
            select 1 from parked_bodies p
            where p.provider = d.provider and p.source = d.source
-             and p.hook_id = d.hook_id and p.delivery_id = d.delivery_id)
+             and p.hook_id = d.hook_id and p.delivery_id = d.delivery_id
+             and p.destination = d.destination)
        and (d.status = 'failed' or ",
     awaiting_redelivery!("d"),
     ")
@@ -176,7 +184,7 @@ where ",
 pub async fn replay(
     client: &impl Session,
     policy: &Policy,
-    key: &DeliveryKey,
+    key: &LegKey,
 ) -> Result<Replayed, DbError> {
     if let Some(row) = query_opt(client, REPLAY, key, &[&secs(policy.lease)]).await? {
         return Ok(match parked(&row) {
@@ -198,11 +206,11 @@ const UNREPLAY: &str = concat!(
     "
 update deliveries
 set status = 'failed', retryable = false, dead_lettered_at = now(),
-    last_error = $6
+    last_error = $7
 where ",
     key!(),
     " and ",
-    held_by!("$5"),
+    held_by!("$6"),
     " and attempts = 0"
 );
 
@@ -210,7 +218,7 @@ where ",
 /// publish failed. Token-guarded, and only while no worker took it.
 pub async fn unreplay(
     client: &impl Session,
-    key: &DeliveryKey,
+    key: &LegKey,
     token: ClaimToken,
     error: &str,
 ) -> Result<bool, DbError> {
@@ -268,11 +276,13 @@ where ",
     key!()
 );
 
+/// `github_events` holds one row per delivery (one `store` destination a
+/// source at most): addressed by the delivery's four parts.
 const EVENT_PAYLOAD: &str = concat!(
     "
-select payload from github_events
+select payload from github_events g
 where ",
-    key!()
+    delivery_key!("g")
 );
 
 /// The payload stored for a delivery: its parked body if it has one (what a
@@ -280,7 +290,7 @@ where ",
 /// is kept (a forwarded delivery once completed, or one in flight).
 pub async fn stored_payload(
     client: &impl Session,
-    key: &DeliveryKey,
+    key: &LegKey,
 ) -> Result<Option<StoredPayload>, DbError> {
     if let Some(row) = query_opt(client, PARKED_PAYLOAD, key, &[]).await? {
         let headers: serde_json::Value = row.get(1);
@@ -292,13 +302,18 @@ pub async fn stored_payload(
             raw: Some(row.get(2)),
         }));
     }
-    Ok(query_opt(client, EVENT_PAYLOAD, key, &[])
-        .await?
-        .map(|row| StoredPayload {
-            origin: PayloadOrigin::Event,
-            content_type: None,
-            headers: Vec::new(),
-            json: Some(row.get(0)),
-            raw: None,
-        }))
+    let d = &key.delivery;
+    Ok(sql::query_opt(
+        client,
+        EVENT_PAYLOAD,
+        &[&d.provider, &d.source, &d.hook_id, &d.delivery_id],
+    )
+    .await?
+    .map(|row| StoredPayload {
+        origin: PayloadOrigin::Event,
+        content_type: None,
+        headers: Vec::new(),
+        json: Some(row.get(0)),
+        raw: None,
+    }))
 }

@@ -1,18 +1,26 @@
-//! Ingest's transitions: the claim (one request, or a batch of them by
-//! group commit), and what ingest records when it cannot publish.
+//! Ingest's transitions: the claim of a delivery's legs (one request, or a
+//! batch of them by group commit), and what ingest records when it cannot
+//! publish a leg.
+//!
+//! A delivery's legs are decided once, at its first claim: one per
+//! destination of its source, `processing` where the destination's
+//! filters take the delivery and `filtered` (with the reason) where they
+//! do not. A later claim of the same delivery (a redelivery from GitHub or
+//! the reconciler) never adds a leg; it takes over the legs that may be
+//! taken over (an expired lease, or a due retry with attempts left) and
+//! reports the others.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use crate::postgres::sql::{self, Session};
-use uuid::Uuid;
 
 use super::parked::ParkedBody;
-use super::row::{KeyColumns, KeyTuple, firsts_by_key, key_tuple, status_of};
-use super::{Policy, Status, execute, params, query_one, redact, secs};
-use crate::key::{ClaimToken, DeliveryKey};
+use super::row::status_of;
+use super::{Policy, Status, execute, query_one, redact, secs};
+use crate::key::{ClaimToken, DeliveryKey, DestinationName, LegKey};
 use crate::postgres::DbError;
 
-/// A claim request from ingest.
+/// A claim request from ingest: one delivery and its legs.
 #[derive(Clone, Debug)]
 pub struct ClaimRequest {
     /// The delivery's key.
@@ -31,19 +39,31 @@ pub struct ClaimRequest {
     /// The source pins its hook ids: the same delivery id under another
     /// (pinned) hook id is one event sent to two hooks, not a replay.
     pub pinned: bool,
+    /// One leg per destination of the source, in the configured order.
+    pub legs: Vec<LegRequest>,
 }
 
-/// What a claim decided.
+/// A leg a new delivery gets.
+#[derive(Clone, Debug)]
+pub struct LegRequest {
+    /// Its destination.
+    pub destination: DestinationName,
+    /// `Some(reason)`: the destination's filters do not take the delivery,
+    /// and the leg is recorded `filtered` with the reason.
+    pub filtered: Option<&'static str>,
+}
+
+/// What a claim decided for one leg.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Claim {
-    /// This request owns the claim: publish a job carrying `token`.
+pub enum LegClaim {
+    /// This request owns the leg's claim: publish a job carrying `token`.
     Claimed {
         /// The token the job must carry.
         token: ClaimToken,
-        /// False for a new row; true when an expired lease or a due retry
+        /// False for a new leg; true when an expired lease or a due retry
         /// was claimed again.
         reclaimed: bool,
-        /// Takes so far (0 for a new row; a reclaim keeps the count).
+        /// Takes so far (0 for a new leg; a reclaim keeps the count).
         attempts: i32,
     },
     /// Claimed by an earlier request that never saw its job taken, longer
@@ -53,8 +73,20 @@ pub enum Claim {
         /// The token of the existing claim.
         token: ClaimToken,
     },
-    /// A duplicate of a delivery in this state; nothing to publish.
+    /// A new leg its destination's filters did not take: recorded, nothing
+    /// to publish.
+    Filtered,
+    /// A leg of a delivery claimed before, in this state; nothing to publish.
     Duplicate(Status),
+}
+
+/// What a claim decided for a delivery.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// Each leg of the delivery, by destination, and what was decided for
+    /// it. A delivery claimed before the destinations existed has one leg,
+    /// to the empty (legacy) destination.
+    Legs(Vec<(DestinationName, LegClaim)>),
     /// The same key arrived before with another body.
     Conflict,
     /// The body arrived before under another key (another delivery id, or
@@ -66,62 +98,132 @@ pub enum Claim {
 /// The SQLSTATE `hookinbox_replayed_body()` raises (migration 6).
 const REPLAYED_BODY: &str = "HB409";
 
-/// The replay guard, after a claim CTE named `claimed` (`inserted` true for
-/// a new row): each new row's body is recorded for its source in
-/// `seen_bodies`; when the body was recorded before under another delivery
-/// id, or another hook id where hook ids are not pinned, the statement
-/// raises `HB409` and leaves nothing behind. `DO UPDATE` (a no-op) rather
-/// than `DO NOTHING`: it returns the row that is there, even one a
-/// concurrent claim committed after this statement began.
-macro_rules! guard_new_bodies {
-    ($rows:literal) => {
-        concat!(
-            ", guard as (
-    insert into seen_bodies (provider, source, body_sha256, hook_id, delivery_id)
-    ",
-            $rows,
-            "
-    on conflict (provider, source, body_sha256) do update set hook_id = seen_bodies.hook_id
-    returning provider, source, body_sha256, hook_id, delivery_id
-)"
-        )
-    };
-}
-
+/// The claim of many deliveries' legs, in one statement: `$1`–`$10` the
+/// deliveries (their key, event, action, body hash, guard settings and
+/// repository, numbered by position), `$11`–`$13` their legs (the
+/// delivery's position, the destination, the filter's reason), `$14` the
+/// lease in seconds, `$15` the attempts allowed a leg that records none.
+///
+/// - `reclaimed` takes over, under new tokens, the existing legs of each
+///   delivery that may be taken over, with the same body: of a configured
+///   destination, or the legacy (empty) one. It locks them in key order
+///   first (`candidates`), so concurrent claims cannot deadlock.
+/// - `inserted` inserts the legs of each delivery that has none yet: a
+///   redelivery never adds a leg. Two racing copies of a new delivery both
+///   try; the primary key lets one in, the other's `on conflict do nothing`
+///   leaves it nothing, and it reports what the first wrote.
+/// - `guard` records each new delivery's body for the replay guard, once
+///   per delivery, and the final select raises `HB409` (rolling everything
+///   back) when the body was recorded before under another delivery id, or
+///   another hook id where hook ids are not pinned.
 const CLAIM: &str = concat!(
     "
-with claimed as (
+with input as (
+    select * from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+                         $7::bytea[], $8::bool[], $9::bool[], $10::text[]) with ordinality
+        as i(provider, source, hook_id, delivery_id, event, action, body_sha256, guarded,
+             pinned, repository, ix)
+), legs as (
+    select i.provider, i.source, i.hook_id, i.delivery_id, l.destination, l.filter_reason,
+           i.event, i.action, i.body_sha256, i.repository
+    from unnest($11::int8[], $12::text[], $13::text[]) as l(ix, destination, filter_reason)
+    join input i using (ix)
+), candidates as (
+    select d.provider, d.source, d.hook_id, d.delivery_id, d.destination
+    from deliveries d join input i using (provider, source, hook_id, delivery_id)
+    where d.body_sha256 = i.body_sha256
+      and (d.destination = ''
+           or exists (select 1 from legs l
+                      where l.provider = d.provider and l.source = d.source
+                        and l.hook_id = d.hook_id and l.delivery_id = d.delivery_id
+                        and l.destination = d.destination))
+      and ",
+    reclaimable!("d", "$15"),
+    "
+    order by d.provider, d.source, d.hook_id, d.delivery_id, d.destination
+    for update of d
+), reclaimed as (
+    update deliveries d
+    set status = 'processing', retryable = false, claim_token = gen_random_uuid(),
+        lease_until = now() + make_interval(secs => $14), claimed_at = now(),
+        next_attempt_at = null
+    from candidates c
+    where d.provider = c.provider and d.source = c.source and d.hook_id = c.hook_id
+      and d.delivery_id = c.delivery_id and d.destination = c.destination
+      and ",
+    reclaimable!("d", "$15"),
+    "
+    returning d.provider, d.source, d.hook_id, d.delivery_id, d.destination, d.claim_token,
+              d.attempts, d.status, false as inserted
+), inserted as (
     insert into deliveries as d
-        (provider, source, hook_id, delivery_id, event, action, body_sha256,
-         status, claim_token, lease_until, claimed_at, repository)
-    values ($1, $2, $3, $4, $5, $6, $7,
-            'processing', $8, now() + make_interval(secs => $9), now(), $13)
-    ",
-    reclaim_on_conflict!(),
-    "
-    returning (xmax = 0) as inserted, attempts
-)",
-    guard_new_bodies!("select $1, $2, $7, $3, $4 from claimed where claimed.inserted and $11"),
-    "
-select inserted, attempts,
-       case when exists (select 1 from guard g where g.delivery_id <> $4 or (g.hook_id <> $3 and not $12))
+        (provider, source, hook_id, delivery_id, destination, event, action, body_sha256,
+         status, claim_token, lease_until, claimed_at, repository, filter_reason, completed_at)
+    select l.provider, l.source, l.hook_id, l.delivery_id, l.destination, l.event, l.action,
+           l.body_sha256,
+           case when l.filter_reason is null then 'processing' else 'filtered' end,
+           gen_random_uuid(),
+           case when l.filter_reason is null then now() + make_interval(secs => $14) end,
+           now(), l.repository, l.filter_reason,
+           case when l.filter_reason is not null then now() end
+    from legs l
+    where not exists (
+        select 1 from deliveries x
+        where x.provider = l.provider and x.source = l.source
+          and x.hook_id = l.hook_id and x.delivery_id = l.delivery_id)
+    order by l.provider, l.source, l.hook_id, l.delivery_id, l.destination
+    on conflict do nothing
+    returning d.provider, d.source, d.hook_id, d.delivery_id, d.destination, d.claim_token,
+              d.attempts, d.status, true as inserted
+), guard as (
+    insert into seen_bodies (provider, source, body_sha256, hook_id, delivery_id)
+    select distinct on (i.provider, i.source, i.body_sha256)
+           i.provider, i.source, i.body_sha256, i.hook_id, i.delivery_id
+    from inserted c join input i using (provider, source, hook_id, delivery_id)
+    where i.guarded
+    order by i.provider, i.source, i.body_sha256
+    on conflict (provider, source, body_sha256) do update set hook_id = seen_bodies.hook_id
+    returning provider, source, body_sha256, hook_id, delivery_id
+)
+select c.provider, c.source, c.hook_id, c.delivery_id, c.destination, c.claim_token,
+       c.attempts, c.status, c.inserted,
+       case when exists (
+           select 1 from guard g join input i using (provider, source, body_sha256)
+           where i.guarded and (g.delivery_id <> i.delivery_id
+                                or (g.hook_id <> i.hook_id and not i.pinned)))
             then hookinbox_replayed_body() end
-from claimed"
+from (select * from reclaimed union all select * from inserted) c"
 );
 
-/// The state a claim reports when `ON CONFLICT … WHERE` refused the key.
-const CLAIM_STATE: &str = concat!(
-    "
-select status, attempts, claim_token, body_sha256, lease_until > now(),
-       claimed_at < now() - make_interval(secs => $5)
-from deliveries
-where ",
-    key!()
-);
+/// What is there of the deliveries whose legs the claim did not all write
+/// (`$1`–`$4` their keys, `$5` the publish timeout in seconds): every leg,
+/// with what [`Existing::decide`] needs.
+const CLAIM_STATE: &str = "
+select d.provider, d.source, d.hook_id, d.delivery_id, d.destination, d.status, d.attempts,
+       d.claim_token, d.body_sha256, d.lease_until > now(),
+       d.claimed_at < now() - make_interval(secs => $5)
+from deliveries d
+join unnest($1::text[], $2::text[], $3::text[], $4::text[])
+     as k(provider, source, hook_id, delivery_id)
+  using (provider, source, hook_id, delivery_id)
+order by d.destination";
 
-/// What a row the claim could not take over says; [`Existing::decide`]
-/// turns it into the answer, for [`claim`] and [`claim_batch`] alike.
+/// A delivery's key as four owned strings.
+type DeliveryTuple = (String, String, String, String);
+
+fn delivery_tuple(key: &DeliveryKey) -> DeliveryTuple {
+    (
+        key.provider.clone(),
+        key.source.as_str().to_owned(),
+        key.hook_id.as_str().to_owned(),
+        key.delivery_id.as_str().to_owned(),
+    )
+}
+
+/// What a leg the claim did not take over says; [`Existing::decide`] turns
+/// it into the leg's answer.
 struct Existing {
+    destination: String,
     status: Status,
     attempts: i32,
     token: ClaimToken,
@@ -131,263 +233,289 @@ struct Existing {
 }
 
 impl Existing {
-    fn from_row(row: &tokio_postgres::Row, at: usize) -> Result<Self, DbError> {
+    fn from_row(row: &tokio_postgres::Row) -> Result<Self, DbError> {
         Ok(Self {
-            status: status_of(row.get(at))?,
-            attempts: row.get(at + 1),
-            token: ClaimToken(row.get(at + 2)),
-            body_sha256: row.get(at + 3),
-            lease_live: row.get(at + 4),
-            publish_overdue: row.get(at + 5),
+            destination: row.get(4),
+            status: status_of(row.get(5))?,
+            attempts: row.get(6),
+            token: ClaimToken(row.get(7)),
+            body_sha256: row.get(8),
+            lease_live: row.get(9),
+            publish_overdue: row.get(10),
         })
     }
 
-    /// Another body under the same key is a conflict. A claim nobody took
-    /// (attempts 0), still leased, but claimed longer ago than the publish
-    /// timeout may have lost its publish with its ingest: republish it with
-    /// the same token. Anything else is a duplicate of what is there.
-    fn decide(&self, body_sha256: &[u8; 32]) -> Claim {
-        if self.body_sha256.as_slice() != body_sha256.as_slice() {
-            Claim::Conflict
-        } else if self.status == Status::Processing
+    /// A claim nobody took (attempts 0), still leased, but claimed longer
+    /// ago than the publish timeout may have lost its publish with its
+    /// ingest: republish it with the same token. Anything else is a
+    /// duplicate of what is there.
+    fn decide(&self) -> LegClaim {
+        if self.status == Status::Processing
             && self.attempts == 0
             && self.lease_live == Some(true)
             && self.publish_overdue
         {
-            Claim::Republish { token: self.token }
+            LegClaim::Republish { token: self.token }
         } else {
-            Claim::Duplicate(self.status)
+            LegClaim::Duplicate(self.status)
         }
     }
 }
 
-/// Claims a delivery for ingest in one statement: a new key is inserted;
-/// an existing one is taken over only when its lease expired or its retry is
-/// due, and only with the same body. Never `exists()` then `insert()`: two
-/// racing copies of one delivery must get one claim between them.
+/// Claims one delivery's legs: [`claim_batch`] with one request, the same
+/// statement (so the single and the batched claim cannot disagree).
 pub async fn claim(
     client: &impl Session,
     policy: &Policy,
     req: &ClaimRequest,
 ) -> Result<Claim, DbError> {
-    let body_sha: &[u8] = &req.body_sha256;
-    // The row may vanish between the two statements (retention); then the
-    // claim is simply tried again.
-    for _ in 0..3 {
-        let token = ClaimToken::new();
-        let row = sql::query_opt(
-            client,
-            CLAIM,
-            &params(
-                &req.key,
-                &[
-                    &req.event,
-                    &req.action,
-                    &body_sha,
-                    &token.0,
-                    &secs(policy.lease),
-                    &policy.max_attempts,
-                    &req.guarded,
-                    &req.pinned,
-                    &req.repository,
-                ],
-            ),
-        )
-        .await;
-        let row = match row {
-            Err(e) if replayed(&e) => return Ok(Claim::ReplayedBody),
-            other => other?,
-        };
-        if let Some(row) = row {
-            let inserted: bool = row.get(0);
-            return Ok(Claim::Claimed {
-                token,
-                reclaimed: !inserted,
-                attempts: row.get(1),
-            });
-        }
-        // ON CONFLICT ... WHERE refused: report what is there.
-        if let Some(row) = sql::query_opt(
-            client,
-            CLAIM_STATE,
-            &params(&req.key, &[&secs(policy.publish_timeout)]),
-        )
-        .await?
-        {
-            return Ok(Existing::from_row(&row, 0)?.decide(&req.body_sha256));
-        }
-    }
-    Ok(Claim::Duplicate(Status::Processing))
+    let mut answers = claim_batch(client, policy, std::slice::from_ref(req)).await?;
+    Ok(answers.pop().unwrap_or(Claim::Legs(Vec::new())))
 }
 
-const CLAIM_BATCH: &str = concat!(
-    "
-with input as (
-    select * from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-                         $7::bytea[], $8::uuid[], $11::bool[], $12::bool[], $13::text[])
-        as i(provider, source, hook_id, delivery_id, event, action, body_sha256, claim_token,
-             guarded, pinned, repository)
-), claimed as (
-    insert into deliveries as d
-        (provider, source, hook_id, delivery_id, event, action, body_sha256,
-         status, claim_token, lease_until, claimed_at, repository)
-    select provider, source, hook_id, delivery_id, event, action, body_sha256,
-           'processing', claim_token, now() + make_interval(secs => $9), now(), repository
-    from input
-    order by provider, source, hook_id, delivery_id
-    ",
-    reclaim_on_conflict!(),
-    "
-    returning d.provider, d.source, d.hook_id, d.delivery_id, (xmax = 0) as inserted, d.attempts
-)",
-    guard_new_bodies!(
-        "select distinct on (i.provider, i.source, i.body_sha256)
-           i.provider, i.source, i.body_sha256, i.hook_id, i.delivery_id
-    from claimed c join input i using (provider, source, hook_id, delivery_id)
-    where c.inserted and i.guarded
-    order by i.provider, i.source, i.body_sha256"
-    ),
-    "
-select c.provider, c.source, c.hook_id, c.delivery_id, c.inserted, c.attempts,
-       case when exists (
-           select 1 from guard g join input i using (provider, source, body_sha256)
-           where i.guarded and (g.delivery_id <> i.delivery_id
-                                or (g.hook_id <> i.hook_id and not i.pinned)))
-            then hookinbox_replayed_body() end
-from claimed c"
-);
+/// How often a claim whose delivery vanished between its two statements
+/// (retention swept it) is tried again before it is reported as in flight.
+const SWEPT_RETRIES: usize = 3;
 
 /// Whether `e` is the replay guard's refusal.
 fn replayed(e: &DbError) -> bool {
     e.refusal().is_some_and(|r| r.code == REPLAYED_BODY)
 }
 
-/// [`CLAIM_STATE`] for many keys.
-const CLAIM_BATCH_STATE: &str = "
-select d.provider, d.source, d.hook_id, d.delivery_id, d.status, d.attempts, d.claim_token,
-       d.body_sha256, d.lease_until > now(),
-       d.claimed_at < now() - make_interval(secs => $5)
-from deliveries d
-join unnest($1::text[], $2::text[], $3::text[], $4::text[])
-     as k(provider, source, hook_id, delivery_id)
-  using (provider, source, hook_id, delivery_id)";
-
-/// Group commit: claims many requests in one statement
-/// (`INSERT … SELECT FROM unnest(…) ON CONFLICT … RETURNING`), answering
-/// each exactly as [`claim`] would.
+/// Claims many deliveries' legs in one statement ([`CLAIM`]), answering
+/// each request as a claim of its own would. Never `exists()` then
+/// `insert()`: two racing copies of one delivery get one claim of each leg
+/// between them.
 ///
-/// One statement cannot affect the same row twice, so the keys are
-/// deduplicated first: the first request of a key takes part in the
-/// statement, and later copies in the same batch are duplicates of it (or
-/// conflicts, with another body). The keys are sorted, so concurrent batches
-/// lock rows in the same order and cannot deadlock.
+/// One statement cannot affect the same row twice, so the deliveries are
+/// deduplicated first: the first request of a key takes part, and later
+/// copies in the same batch are duplicates of it (or, with another body,
+/// claimed on their own). The keys are sorted, so concurrent batches lock
+/// rows in one order and cannot deadlock. A replayed body refuses the
+/// whole statement; the group commit then claims each request on its own.
 pub async fn claim_batch(
     client: &impl Session,
     policy: &Policy,
     requests: &[ClaimRequest],
 ) -> Result<Vec<Claim>, DbError> {
-    let firsts = firsts_by_key(requests.iter().map(|r| &r.key));
-    let tokens: HashMap<usize, ClaimToken> =
-        firsts.values().map(|&i| (i, ClaimToken::new())).collect();
-    let keys = KeyColumns::of(firsts.keys().copied());
-    let events: Vec<&str> = firsts
-        .values()
-        .map(|&i| requests[i].event.as_str())
-        .collect();
-    let actions: Vec<Option<&str>> = firsts
-        .values()
-        .map(|&i| requests[i].action.as_deref())
-        .collect();
-    let shas: Vec<&[u8]> = firsts
-        .values()
-        .map(|&i| &requests[i].body_sha256[..])
-        .collect();
-    let uuids: Vec<Uuid> = firsts.values().map(|i| tokens[i].0).collect();
-    let guarded: Vec<bool> = firsts.values().map(|&i| requests[i].guarded).collect();
-    let pinned: Vec<bool> = firsts.values().map(|&i| requests[i].pinned).collect();
-    let repositories: Vec<Option<&str>> = firsts
-        .values()
-        .map(|&i| requests[i].repository.as_deref())
-        .collect();
-    let rows = sql::query(
-        client,
-        CLAIM_BATCH,
-        &keys.params(&[
-            &events,
-            &actions,
-            &shas,
-            &uuids,
-            &secs(policy.lease),
-            &policy.max_attempts,
-            &guarded,
-            &pinned,
-            &repositories,
-        ]),
-    )
-    .await?;
-    let claimed: HashMap<KeyTuple, (bool, i32)> = rows
-        .iter()
-        .map(|r| {
-            (
-                (r.get(0), r.get(1), r.get(2), r.get(3)),
-                (r.get(4), r.get(5)),
-            )
-        })
-        .collect();
-
-    // Report what is there for the keys the statement did not claim.
-    let missing: Vec<&DeliveryKey> = firsts
-        .keys()
-        .copied()
-        .filter(|k| !claimed.contains_key(&key_tuple(k)))
-        .collect();
-    let mut states: HashMap<KeyTuple, Existing> = HashMap::new();
-    if !missing.is_empty() {
-        let keys = KeyColumns::of(missing.iter().copied());
-        for r in sql::query(
-            client,
-            CLAIM_BATCH_STATE,
-            &keys.params(&[&secs(policy.publish_timeout)]),
-        )
-        .await?
-        {
-            states.insert(
-                (r.get(0), r.get(1), r.get(2), r.get(3)),
-                Existing::from_row(&r, 4)?,
-            );
-        }
+    let mut firsts: BTreeMap<&DeliveryKey, usize> = BTreeMap::new();
+    for (i, r) in requests.iter().enumerate() {
+        firsts.entry(&r.key).or_insert(i);
     }
-
+    // The row may vanish between the two statements (retention); then the
+    // claim is simply tried again.
+    let mut decided = match claim_firsts(client, policy, requests, &firsts).await {
+        Ok(decided) => decided,
+        Err(e) if replayed(&e) && requests.len() == 1 => return Ok(vec![Claim::ReplayedBody]),
+        Err(e) => return Err(e),
+    };
     let mut out = Vec::with_capacity(requests.len());
     for (i, r) in requests.iter().enumerate() {
-        let k = key_tuple(&r.key);
         let first = firsts[&r.key];
-        let answer = if let Some(&(inserted, attempts)) = claimed.get(&k) {
-            if first == i {
-                Claim::Claimed {
-                    token: tokens[&i],
-                    reclaimed: !inserted,
-                    attempts,
+        let answer = if first == i {
+            match decided.remove(&i) {
+                Some(answer) => answer,
+                // Swept between the statements: claim it again on its own.
+                None => {
+                    let mut again = Claim::Legs(Vec::new());
+                    for _ in 0..SWEPT_RETRIES {
+                        let mut answers =
+                            Box::pin(claim_firsts(client, policy, std::slice::from_ref(r), &{
+                                let mut one = BTreeMap::new();
+                                one.insert(&r.key, 0);
+                                one
+                            }))
+                            .await?;
+                        if let Some(answer) = answers.remove(&0) {
+                            again = answer;
+                            break;
+                        }
+                    }
+                    again
                 }
-            } else if requests[first].body_sha256 == r.body_sha256 {
-                // A copy that raced the first in this very batch.
-                Claim::Duplicate(Status::Processing)
-            } else {
-                Claim::Conflict
             }
-        } else if first != i && requests[first].body_sha256 != r.body_sha256 {
+        } else if requests[first].body_sha256 != r.body_sha256 {
             // The statement tried only the first body of this key; this one
             // differs, so decide it exactly as a claim of its own would.
-            claim(client, policy, r).await?
-        } else if let Some(row) = states.get(&k) {
-            row.decide(&r.body_sha256)
+            Box::pin(claim(client, policy, r)).await?
         } else {
-            // Swept between the statements: claim it on its own.
-            claim(client, policy, r).await?
+            // A copy that raced the first in this very batch: a duplicate
+            // of whatever the first made of it.
+            match out.get(first) {
+                Some(Claim::Legs(legs)) => Claim::Legs(
+                    legs.iter()
+                        .map(|(d, leg): &(DestinationName, LegClaim)| {
+                            let status = match leg {
+                                LegClaim::Filtered => Status::Filtered,
+                                LegClaim::Duplicate(status) => *status,
+                                _ => Status::Processing,
+                            };
+                            (d.clone(), LegClaim::Duplicate(status))
+                        })
+                        .collect(),
+                ),
+                Some(other) => other.clone(),
+                None => Claim::Legs(Vec::new()),
+            }
         };
         out.push(answer);
     }
     Ok(out)
+}
+
+/// Runs [`CLAIM`] for the first request of each key, then reads what is
+/// there for those it did not write every leg of. Answers by request
+/// position; a delivery that vanished between the two statements has no
+/// answer.
+async fn claim_firsts(
+    client: &impl Session,
+    policy: &Policy,
+    requests: &[ClaimRequest],
+    firsts: &BTreeMap<&DeliveryKey, usize>,
+) -> Result<HashMap<usize, Claim>, DbError> {
+    let order: Vec<usize> = firsts.values().copied().collect();
+    let pick = |f: &dyn Fn(&ClaimRequest) -> Option<&str>| -> Vec<Option<&str>> {
+        order.iter().map(|&i| f(&requests[i])).collect()
+    };
+    let providers = pick(&|r| Some(r.key.provider.as_str()));
+    let sources = pick(&|r| Some(r.key.source.as_str()));
+    let hook_ids = pick(&|r| Some(r.key.hook_id.as_str()));
+    let delivery_ids = pick(&|r| Some(r.key.delivery_id.as_str()));
+    let events = pick(&|r| Some(r.event.as_str()));
+    let actions = pick(&|r| r.action.as_deref());
+    let repositories = pick(&|r| r.repository.as_deref());
+    let shas: Vec<&[u8]> = order
+        .iter()
+        .map(|&i| &requests[i].body_sha256[..])
+        .collect();
+    let guarded: Vec<bool> = order.iter().map(|&i| requests[i].guarded).collect();
+    let pinned: Vec<bool> = order.iter().map(|&i| requests[i].pinned).collect();
+    let mut leg_ix: Vec<i64> = Vec::new();
+    let mut leg_destination: Vec<&str> = Vec::new();
+    let mut leg_filtered: Vec<Option<&str>> = Vec::new();
+    for (position, &i) in order.iter().enumerate() {
+        for leg in &requests[i].legs {
+            // `with ordinality` numbers the deliveries from 1.
+            leg_ix.push(position as i64 + 1);
+            leg_destination.push(leg.destination.as_str());
+            leg_filtered.push(leg.filtered);
+        }
+    }
+    let rows = sql::query(
+        client,
+        CLAIM,
+        &[
+            &providers,
+            &sources,
+            &hook_ids,
+            &delivery_ids,
+            &events,
+            &actions,
+            &shas,
+            &guarded,
+            &pinned,
+            &repositories,
+            &leg_ix,
+            &leg_destination,
+            &leg_filtered,
+            &secs(policy.lease),
+            &policy.max_attempts,
+        ],
+    )
+    .await?;
+
+    // What the statement wrote, by delivery.
+    let mut written: HashMap<DeliveryTuple, (bool, Vec<(String, LegClaim)>)> = HashMap::new();
+    for r in &rows {
+        let key = (r.get(0), r.get(1), r.get(2), r.get(3));
+        let destination: String = r.get(4);
+        let token = ClaimToken(r.get(5));
+        let attempts: i32 = r.get(6);
+        let status = status_of(r.get(7))?;
+        let inserted: bool = r.get(8);
+        let leg = match status {
+            Status::Filtered => LegClaim::Filtered,
+            _ => LegClaim::Claimed {
+                token,
+                reclaimed: !inserted,
+                attempts,
+            },
+        };
+        let entry = written.entry(key).or_insert((false, Vec::new()));
+        entry.0 |= inserted;
+        entry.1.push((destination, leg));
+    }
+
+    // A delivery the statement inserted is new: it has exactly the legs it
+    // wrote. For any other, read what is there.
+    let unresolved: Vec<&DeliveryKey> = firsts
+        .keys()
+        .copied()
+        .filter(|k| {
+            written
+                .get(&delivery_tuple(k))
+                .is_none_or(|(inserted, _)| !inserted)
+        })
+        .collect();
+    let mut existing: HashMap<DeliveryTuple, Vec<Existing>> = HashMap::new();
+    if !unresolved.is_empty() {
+        let column = |f: &dyn Fn(&DeliveryKey) -> &str| -> Vec<&str> {
+            unresolved.iter().map(|k| f(k)).collect()
+        };
+        let (p, s, h, d) = (
+            column(&|k| k.provider.as_str()),
+            column(&|k| k.source.as_str()),
+            column(&|k| k.hook_id.as_str()),
+            column(&|k| k.delivery_id.as_str()),
+        );
+        for r in sql::query(
+            client,
+            CLAIM_STATE,
+            &[&p, &s, &h, &d, &secs(policy.publish_timeout)],
+        )
+        .await?
+        {
+            existing
+                .entry((r.get(0), r.get(1), r.get(2), r.get(3)))
+                .or_default()
+                .push(Existing::from_row(&r)?);
+        }
+    }
+
+    let mut answers = HashMap::with_capacity(firsts.len());
+    for (key, &i) in firsts {
+        let k = delivery_tuple(key);
+        let (_, mut legs) = written.remove(&k).unwrap_or_default();
+        let there = existing.remove(&k).unwrap_or_default();
+        let answer = if there
+            .iter()
+            .any(|e| e.body_sha256.as_slice() != requests[i].body_sha256.as_slice())
+        {
+            Claim::Conflict
+        } else {
+            for e in &there {
+                if !legs.iter().any(|(d, _)| d == &e.destination) {
+                    legs.push((e.destination.clone(), e.decide()));
+                }
+            }
+            if legs.is_empty() {
+                // Swept between the statements: the caller claims it again.
+                continue;
+            }
+            legs.sort_by(|a, b| a.0.cmp(&b.0));
+            Claim::Legs(
+                legs.into_iter()
+                    .map(|(d, leg)| {
+                        DestinationName::stored(&d)
+                            .map(|name| (name, leg))
+                            .map_err(|e| DbError::BadRow(e.part()))
+                    })
+                    .collect::<Result<_, _>>()?,
+            )
+        };
+        answers.insert(i, answer);
+    }
+    Ok(answers)
 }
 
 const PARK_DUE: &str = concat!(
@@ -396,30 +524,30 @@ with moved as (
     update deliveries
     set status = 'failed', retryable = true, next_attempt_at = now(),
         failed_at = now(), first_failed_at = coalesce(first_failed_at, now()),
-        last_error_class = 'publish', last_error = $6
+        last_error_class = 'publish', last_error = $7
     where ",
     key!(),
     " and ",
-    held_by!("$5"),
-    " and attempts = $7
-    returning provider, source, hook_id, delivery_id
+    held_by!("$6"),
+    " and attempts = $8
+    returning provider, source, hook_id, delivery_id, destination
 ), ",
-    park_moved!(8, 9, 10),
+    park_moved!(9, 10, 11),
     "
 select count(*) from moved"
 );
 
-/// After ingest's publish failed: parks the body and records the delivery
-/// as failed, retryable, due now, so that the scheduler publishes it once
-/// the broker is back. One statement, so the row never says "due" without
-/// a body to publish. Guarded by the claim's own token *and*
+/// After ingest's publish of a leg failed: parks the body and records the
+/// leg as failed, retryable, due now, so that the scheduler publishes it
+/// once the broker is back. One statement, so the row never says "due"
+/// without a body to publish. Guarded by the claim's own token *and*
 /// `attempts` as the claim saw it (0 for a new claim; a reclaimed retry
 /// keeps its count): if a worker took the job after all (the confirm was
 /// lost, not the message), this changes nothing and never undoes the take.
 /// Returns whether it parked.
 pub async fn park_due(
     client: &impl Session,
-    key: &DeliveryKey,
+    key: &LegKey,
     token: ClaimToken,
     error: &str,
     attempts_at_claim: i32,
@@ -445,24 +573,25 @@ pub async fn park_due(
 
 const PARK_COPY: &str = concat!(
     "
-insert into parked_bodies (provider, source, hook_id, delivery_id, content_type, headers, body)
-select provider, source, hook_id, delivery_id, $5, $6, $7
+insert into parked_bodies
+    (provider, source, hook_id, delivery_id, destination, content_type, headers, body)
+select provider, source, hook_id, delivery_id, destination, $6, $7, $8
 from deliveries
 where ",
     key!(),
     "
   and status = 'processing'
-on conflict (provider, source, hook_id, delivery_id) do nothing"
+on conflict (provider, source, hook_id, delivery_id, destination) do nothing"
 );
 
-/// Parks the body of a copy that raced a claim still processing. The claim
-/// may belong to an ingest that died before publishing: then the reaper
-/// turns it `lost`, and the scheduler republishes this body. If the claim's
-/// job runs normally, completion deletes the body. One statement; a no-op
-/// when a body is parked already or the row moved on.
+/// Parks the body of a copy that raced a leg's claim still processing. The
+/// claim may belong to an ingest that died before publishing: then the
+/// reaper turns it `lost`, and the scheduler republishes this body. If the
+/// claim's job runs normally, completion deletes the body. One statement;
+/// a no-op when a body is parked already or the row moved on.
 pub async fn park_copy(
     client: &impl Session,
-    key: &DeliveryKey,
+    key: &LegKey,
     parked: ParkedBody<'_>,
 ) -> Result<(), DbError> {
     let headers = parked.headers_json();

@@ -21,7 +21,7 @@ use uuid::Uuid;
 use super::parked::ParkedBody;
 use super::row::{KeyColumns, KeyTuple, key_tuple};
 use super::{Failed, Failure, execute, query_opt, redact, secs};
-use crate::key::{ClaimToken, DeliveryKey};
+use crate::key::{ClaimToken, LegKey};
 use crate::postgres::DbError;
 
 /// The one `github_events` insert: the `store` effect, written in the
@@ -51,7 +51,7 @@ macro_rules! insert_github_event {
 macro_rules! log_effect {
     ($select:literal) => {
         concat!(
-            "insert into hookinbox_effect_log (provider, source, hook_id, delivery_id) ",
+            "insert into hookinbox_effect_log (provider, source, hook_id, delivery_id, destination) ",
             $select
         )
     };
@@ -62,18 +62,19 @@ const COMPLETE: &str = concat!(
 with done as (
     update deliveries
     set status = 'completed', completed_at = now(), retryable = false, next_attempt_at = null,
-        attempts = attempts + (($6::int4) is not null)::int4
+        attempts = attempts + (($7::int4) is not null)::int4
     where ",
     key!(),
     " and ",
-    held_by!("$5"),
+    held_by!("$6"),
     "
-      and ($6::int4 is null or (attempts = $6 and attempts < $7))
-    returning provider, source, hook_id, delivery_id, created_at
+      and ($7::int4 is null or (attempts = $7 and attempts < $8))
+    returning provider, source, hook_id, delivery_id, destination, created_at
 ), unparked as (
     delete from parked_bodies p using done d
     where p.provider = d.provider and p.source = d.source
       and p.hook_id = d.hook_id and p.delivery_id = d.delivery_id
+      and p.destination = d.destination
 )
 select created_at from done"
 );
@@ -89,7 +90,7 @@ select created_at from done"
 /// `None` when fenced.
 pub async fn complete(
     client: &impl Session,
-    key: &DeliveryKey,
+    key: &LegKey,
     token: ClaimToken,
     take: Option<i32>,
     max_attempts: i32,
@@ -112,7 +113,7 @@ pub struct StoredEvent {
 }
 
 const STORE_EVENT: &str = insert_github_event!(
-    "select provider, source, hook_id, delivery_id, $5, $6, $7::text::jsonb, created_at
+    "select provider, source, hook_id, delivery_id, $6, $7, $8::text::jsonb, created_at
     from deliveries where ",
     key!()
 );
@@ -122,7 +123,7 @@ const STORE_EVENT: &str = insert_github_event!(
 /// complete it ([`complete`]).
 pub async fn store_event(
     client: &impl Session,
-    key: &DeliveryKey,
+    key: &LegKey,
     event: &StoredEvent,
 ) -> Result<(), DbError> {
     execute(
@@ -137,21 +138,24 @@ pub async fn store_event(
     )
     .await?;
     #[cfg(feature = "failpoints")]
-    execute(client, log_effect!("values ($1, $2, $3, $4)"), key, &[]).await?;
+    execute(client, log_effect!("values ($1, $2, $3, $4, $5)"), key, &[]).await?;
     Ok(())
 }
 
 /// One completion for [`complete_batch`].
 #[derive(Clone, Debug)]
 pub struct Completing {
-    /// The delivery.
-    pub key: DeliveryKey,
+    /// The leg.
+    pub key: LegKey,
     /// The token its holder took it with (or, with `take`, the token the
     /// job was published with).
     pub token: ClaimToken,
     /// `Some(n)`: this completion is also the take (see the module notes),
-    /// and holds only while the row has `n` attempts.
+    /// and holds only while the row has `n` attempts, fewer than
+    /// `max_attempts`.
     pub take: Option<i32>,
+    /// The leg's bound on attempts (only read with `take`).
+    pub max_attempts: i32,
     /// The event to store with the completion, if the effect is one.
     pub store: Option<StoredEvent>,
 }
@@ -163,25 +167,27 @@ macro_rules! complete_batch_sql {
         concat!(
             "
 with input as (
-    select * from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::uuid[],
-                         $6::bool[], $7::text[], $8::text[], $9::text[], $10::int4[])
-        as i(provider, source, hook_id, delivery_id, token, store, event, action, payload,
-             take)
+    select * from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
+                         $6::uuid[], $7::bool[], $8::text[], $9::text[], $10::text[],
+                         $11::int4[], $12::int4[])
+        as i(provider, source, hook_id, delivery_id, destination, token, store, event, action,
+             payload, take, max_attempts)
 ), done as (
     update deliveries d
     set status = 'completed', completed_at = now(), retryable = false, next_attempt_at = null,
         attempts = d.attempts + (i.take is not null)::int4
     from input i
     where d.provider = i.provider and d.source = i.source and d.hook_id = i.hook_id
-      and d.delivery_id = i.delivery_id
+      and d.delivery_id = i.delivery_id and d.destination = i.destination
       and ",
             held_by!("d", "i.token"),
             "
-      and (i.take is null or (d.attempts = i.take and d.attempts < $11))
-    returning d.provider, d.source, d.hook_id, d.delivery_id, i.token, d.created_at
+      and (i.take is null or (d.attempts = i.take and d.attempts < i.max_attempts))
+    returning d.provider, d.source, d.hook_id, d.delivery_id, d.destination, i.token,
+              d.created_at
 ), effects as (
     select i.*, done.created_at
-    from input i join done using (provider, source, hook_id, delivery_id, token)
+    from input i join done using (provider, source, hook_id, delivery_id, destination, token)
     where i.store
 ), stored as (
     ",
@@ -194,10 +200,11 @@ with input as (
     delete from parked_bodies p using done d
     where p.provider = d.provider and p.source = d.source
       and p.hook_id = d.hook_id and p.delivery_id = d.delivery_id
+      and p.destination = d.destination
 )",
             $($log)*,
             "
-select provider, source, hook_id, delivery_id, token, created_at from done"
+select provider, source, hook_id, delivery_id, destination, token, created_at from done"
         )
     };
 }
@@ -208,7 +215,7 @@ const COMPLETE_BATCH: &str = complete_batch_sql!("");
 #[cfg(feature = "failpoints")]
 const COMPLETE_BATCH: &str = complete_batch_sql!(concat!(
     ", logged as (\n    ",
-    log_effect!("select provider, source, hook_id, delivery_id from effects"),
+    log_effect!("select provider, source, hook_id, delivery_id, destination from effects"),
     "\n)"
 ));
 
@@ -228,12 +235,11 @@ const COMPLETE_BATCH: &str = complete_batch_sql!(concat!(
 /// rows in the same order.
 pub async fn complete_batch(
     client: &impl Session,
-    max_attempts: i32,
     items: &[Completing],
 ) -> Result<Vec<Option<DateTime<Utc>>>, DbError> {
     // One statement cannot update a row twice: one entry per (key, token),
     // in key order (see `row::firsts_by_key`).
-    let mut unique: BTreeMap<(&DeliveryKey, Uuid), usize> = BTreeMap::new();
+    let mut unique: BTreeMap<(&LegKey, Uuid), usize> = BTreeMap::new();
     for (i, item) in items.iter().enumerate() {
         unique.entry((&item.key, item.token.0)).or_insert(i);
     }
@@ -255,6 +261,7 @@ pub async fn complete_batch(
     let tokens: Vec<Uuid> = unique.keys().map(|(_, token)| *token).collect();
     let store: Vec<bool> = unique.values().map(|&i| stored(i).is_some()).collect();
     let takes: Vec<Option<i32>> = unique.values().map(|&i| items[i].take).collect();
+    let max_attempts: Vec<i32> = unique.values().map(|&i| items[i].max_attempts).collect();
     let rows = sql::query(
         client,
         COMPLETE_BATCH,
@@ -271,8 +278,8 @@ pub async fn complete_batch(
     .await?;
     let mut done: HashMap<(KeyTuple, Uuid), DateTime<Utc>> = rows
         .iter()
-        .map(|r| ((r.get(0), r.get(1), r.get(2), r.get(3)), r.get(4)))
-        .zip(rows.iter().map(|r| r.get(5)))
+        .map(|r| ((r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)), r.get(5)))
+        .zip(rows.iter().map(|r| r.get(6)))
         .collect();
     // Only the entry that took part in the statement answers for its
     // (key, token); a repeat of it in the same batch is not a second
@@ -293,28 +300,32 @@ const FAIL: &str = concat!(
     "
 with moved as (
     update deliveries
-    set status = 'failed', retryable = $6,
-        next_attempt_at = case when $6 then now() + make_interval(secs => $7) end,
+    set status = 'failed', retryable = $7,
+        next_attempt_at = case when $7 then now() + make_interval(secs => $8) end,
         failed_at = now(), first_failed_at = coalesce(first_failed_at, now()),
-        last_error_class = $8, last_error = $9
+        last_error_class = $9, last_error = $10,
+        attempts = greatest(attempts - (case when $9 = 'held' then 1 else 0 end), 0)
     where ",
     key!(),
     " and ",
-    held_by!("$5"),
+    held_by!("$6"),
     "
-    returning provider, source, hook_id, delivery_id, attempts, first_failed_at, failed_at
+    returning provider, source, hook_id, delivery_id, destination, attempts, first_failed_at,
+              failed_at
 ), ",
-    park_moved!(10, 11, 12),
+    park_moved!(11, 12, 13),
     "
 select attempts, first_failed_at, failed_at from moved"
 );
 
 /// Records a failed attempt and parks the body, in one statement, guarded
 /// by the holder's token. Returns `None` when fenced (someone else holds
-/// the delivery now).
+/// the leg now). A failure of class `held` (the destination itself is
+/// wrong or down) gives its attempt back: the leg waits for its
+/// destination without being spent.
 pub async fn fail(
     client: &impl Session,
-    key: &DeliveryKey,
+    key: &LegKey,
     token: ClaimToken,
     failure: &Failure,
     parked: ParkedBody<'_>,
@@ -357,7 +368,7 @@ where ",
 /// Records that the dead-letter copy of a failed delivery was confirmed by
 /// the broker. Until then a redelivered message writes the copy again
 /// (a second copy is harmless; a missing one is not).
-pub async fn mark_dead_lettered(client: &impl Session, key: &DeliveryKey) -> Result<(), DbError> {
+pub async fn mark_dead_lettered(client: &impl Session, key: &LegKey) -> Result<(), DbError> {
     execute(client, MARK_DEAD_LETTERED, key, &[]).await?;
     Ok(())
 }

@@ -36,6 +36,8 @@ pub struct Filter {
     pub awaiting_redelivery: bool,
     /// Only this source.
     pub source: Option<String>,
+    /// Only legs to this destination.
+    pub destination: Option<String>,
     /// Only this event.
     pub event: Option<String>,
     /// Only this action.
@@ -84,7 +86,7 @@ pub struct Cursor {
     /// The last row's `created_at`.
     pub created_at: DateTime<Utc>,
     /// The last row's key, as stored.
-    pub key: [String; 4],
+    pub key: [String; 5],
 }
 
 /// A cursor that is not one this code wrote.
@@ -102,26 +104,27 @@ impl Cursor {
                 d.key.source.as_str().to_owned(),
                 d.key.hook_id.as_str().to_owned(),
                 d.key.delivery_id.as_str().to_owned(),
+                d.key.destination.as_str().to_owned(),
             ],
         }
     }
 
     /// An opaque text for URLs: hex of a JSON array.
     pub fn encode(&self) -> String {
-        let [p, s, h, d] = &self.key;
-        let value = serde_json::json!([self.created_at.timestamp_micros(), p, s, h, d]);
+        let [p, s, h, d, n] = &self.key;
+        let value = serde_json::json!([self.created_at.timestamp_micros(), p, s, h, d, n]);
         hex::encode(value.to_string())
     }
 
     /// Reads what [`Cursor::encode`] wrote.
     pub fn decode(text: &str) -> Result<Self, CursorError> {
         let bytes = hex::decode(text).map_err(|_| CursorError)?;
-        let value: (i64, String, String, String, String) =
+        let value: (i64, String, String, String, String, String) =
             serde_json::from_slice(&bytes).map_err(|_| CursorError)?;
         let created_at = DateTime::from_timestamp_micros(value.0).ok_or(CursorError)?;
         Ok(Self {
             created_at,
-            key: [value.1, value.2, value.3, value.4],
+            key: [value.1, value.2, value.3, value.4, value.5],
         })
     }
 }
@@ -234,6 +237,9 @@ fn predicates(f: &Filter, st: &mut Statement) -> String {
     if let Some(v) = &f.source {
         p.push(format!("source = {}", st.bind(v.clone())));
     }
+    if let Some(v) = &f.destination {
+        p.push(format!("destination = {}", st.bind(v.clone())));
+    }
     if let Some(v) = &f.event {
         p.push(format!("event = {}", st.bind(v.clone())));
     }
@@ -302,7 +308,8 @@ fn branches(f: &Filter) -> &'static [&'static str] {
     }
 }
 
-const NEWEST: &str = "created_at desc, provider desc, source desc, hook_id desc, delivery_id desc";
+const NEWEST: &str =
+    "created_at desc, provider desc, source desc, hook_id desc, delivery_id desc, destination desc";
 const RECENTLY_ACTIVE: &str = "greatest(created_at, failed_at, completed_at) desc";
 
 /// The list statement: each branch ordered and limited on its own (so
@@ -312,13 +319,14 @@ fn list_statement(f: &Filter, after: Option<&Cursor>, limit: i64) -> (String, St
     let mut pred = predicates(f, &mut st);
     if let Some(c) = after {
         let at = st.bind(c.created_at);
-        let [p, s, h, d] = c.key.clone();
-        let (p, s, h, d) = (st.bind(p), st.bind(s), st.bind(h), st.bind(d));
+        let [p, s, h, d, n] = c.key.clone();
+        let (p, s, h, d, n) = (st.bind(p), st.bind(s), st.bind(h), st.bind(d), st.bind(n));
         // The first comparison bounds the index range; the row comparison
         // breaks ties on the key.
         pred.push_str(&format!(
-            " and created_at <= {at} and (created_at, provider, source, hook_id, delivery_id) \
-             < ({at}, {p}, {s}, {h}, {d})"
+            " and created_at <= {at} and \
+             (created_at, provider, source, hook_id, delivery_id, destination) \
+             < ({at}, {p}, {s}, {h}, {d}, {n})"
         ));
     }
     let order = match f.order {
@@ -428,7 +436,13 @@ pub fn statements_for_explain(f: &Filter) -> Vec<(String, Vec<String>)> {
     let (list, l) = list_statement(f, None, 51);
     let cursor = Cursor {
         created_at: Utc::now(),
-        key: ["github".into(), "default".into(), "1".into(), "x".into()],
+        key: [
+            "github".into(),
+            "default".into(),
+            "1".into(),
+            "x".into(),
+            "store".into(),
+        ],
     };
     let (next, n) = list_statement(f, Some(&cursor), 51);
     let (count, c) = count_statement(f);
@@ -443,7 +457,13 @@ mod tests {
     fn cursors_round_trip_and_refuse_anything_else() {
         let c = Cursor {
             created_at: DateTime::from_timestamp_micros(1_700_000_000_123_456).expect("time"),
-            key: ["github".into(), "default".into(), "".into(), "abc".into()],
+            key: [
+                "github".into(),
+                "default".into(),
+                "".into(),
+                "abc".into(),
+                "ci".into(),
+            ],
         };
         assert_eq!(Cursor::decode(&c.encode()), Ok(c));
         assert_eq!(Cursor::decode("zz"), Err(CursorError));

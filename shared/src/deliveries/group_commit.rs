@@ -16,9 +16,23 @@ use deadpool_postgres::Pool;
 
 use crate::postgres::sql::Session;
 
-use super::{Claim, ClaimRequest, Completing, Policy, Take};
-use crate::key::{ClaimToken, DeliveryKey};
+use super::{AttemptLog, Claim, ClaimRequest, Completing, Policy, Take, Taking};
 use crate::postgres::{BatchShape, Batcher, DbError, Refusal};
+
+/// The destinations' attempt log, many attempts per statement.
+pub type AttemptLogBatcher = Batcher<AttemptLog, ()>;
+
+/// Starts the attempt-log collector.
+pub fn attempt_log(pool: Pool, shape: BatchShape) -> AttemptLogBatcher {
+    Batcher::start(shape, move |items: Vec<AttemptLog>| {
+        let pool = pool.clone();
+        async move {
+            let client = pool.get().await?;
+            super::log_attempts(&client, &items).await?;
+            Ok(vec![(); items.len()])
+        }
+    })
+}
 
 /// Ingest's claims, `HOOKINBOX_CLAIM_BATCH` per statement; a claim Postgres
 /// refused on its own answers its refusal.
@@ -51,11 +65,11 @@ pub fn claims(pool: Pool, policy: Policy, shape: BatchShape) -> ClaimBatcher {
 /// the fast path did not take it (see [`super::take_batch`]), and the
 /// caller takes it on its own. A batch Postgres refused answers `None` for
 /// every message, so each finds its own answer.
-pub type TakeBatcher = Batcher<(DeliveryKey, ClaimToken), Option<Take>>;
+pub type TakeBatcher = Batcher<Taking, Option<Take>>;
 
 /// Starts the take collector.
 pub fn takes(pool: Pool, policy: Policy, shape: BatchShape) -> TakeBatcher {
-    Batcher::start(shape, move |items: Vec<(DeliveryKey, ClaimToken)>| {
+    Batcher::start(shape, move |items: Vec<Taking>| {
         let pool = pool.clone();
         async move {
             let client = pool.get().await?;
@@ -76,12 +90,12 @@ pub type CompletionBatcher = Batcher<Completing, Result<Option<Received>, Refusa
 pub type Received = chrono::DateTime<chrono::Utc>;
 
 /// Starts the completion collector.
-pub fn completions(pool: Pool, policy: Policy, shape: BatchShape) -> CompletionBatcher {
+pub fn completions(pool: Pool, shape: BatchShape) -> CompletionBatcher {
     Batcher::start(shape, move |items: Vec<Completing>| {
         let pool = pool.clone();
         async move {
             let client = pool.get().await?;
-            let result = complete_apart(&client, policy.max_attempts, &items).await;
+            let result = complete_apart(&client, &items).await;
             if result.is_err() {
                 // Whether the statement committed is unknown; never hand
                 // this session out again.
@@ -97,7 +111,6 @@ pub fn completions(pool: Pool, policy: Policy, shape: BatchShape) -> CompletionB
 /// same call.
 pub async fn complete_apart(
     client: &impl Session,
-    max_attempts: i32,
     items: &[Completing],
 ) -> Result<Vec<Result<Option<Received>, Refusal>>, DbError> {
     let mut answers: Vec<Option<Result<Option<Received>, Refusal>>> = vec![None; items.len()];
@@ -105,7 +118,7 @@ pub async fn complete_apart(
     let mut ranges: Vec<std::ops::Range<usize>> = Vec::new();
     ranges.push(0..items.len());
     while let Some(range) = ranges.pop() {
-        match super::complete_batch(client, max_attempts, &items[range.clone()]).await {
+        match super::complete_batch(client, &items[range.clone()]).await {
             Ok(done) => {
                 for (i, completed) in range.zip(done) {
                     answers[i] = Some(Ok(completed));

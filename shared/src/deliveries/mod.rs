@@ -4,13 +4,14 @@
 //!
 //! | file | caller | transitions |
 //! |---|---|---|
-//! | [`claim`](self::claim) | ingest | `claim`, `claim_batch`, `park_due`, `park_copy` |
-//! | [`take`](self::take) | worker | `take`, `take_batch`, `renew`, `fence`, `release_lease` |
+//! | [`claim`](self::claim) | ingest | `claim`, `claim_batch` (a delivery's legs), `park_due`, `park_copy` |
+//! | [`take`](self::take) | worker | `take` (and the hold of a gated leg), `take_batch`, `renew`, `fence`, `release_lease` |
 //! | [`complete`](self::complete) | worker | `complete`, `complete_batch`, `store_event`, `fail`, `mark_dead_lettered` |
-//! | [`schedule`](self::schedule) | scheduler, reaper | `schedule_due`, `reschedule`, `exhaust_due`, `needing_copy`, `dead_letter_unreadable`, `reap` |
+//! | [`schedule`](self::schedule) | scheduler, reaper | `schedule_due`, `probe_due`, `reschedule`, `exhaust_due`, `needing_copy`, `dead_letter_unreadable`, `reap` |
 //! | [`retention`](self::retention) | sweeper, operators | `sweep`, `purge` |
 //! | [`admin`](self::admin) | operators | `get`, `find`, `stored_payload`, `replay`, `unreplay`, `purge` |
 //! | [`reconcile`](self::reconcile) | the reconciler | `held` (reads only) |
+//! | [`destinations`](self::destinations) | worker, operators | the breaker: `register`, `trip`, `close`, `disable`, `disable_stale`, `set_by_operator`; the attempt log: `log_attempts`, `window`, `leg_attempts` |
 //! | [`filter`](self::filter) | operators | `list`, `list_page`, `count`, `purge_dead`: the one filter of the CLI and the console |
 //! | [`overview`](self::overview) | operators | `overview`: the console's counts and ages |
 //!
@@ -50,16 +51,35 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tokio_postgres::types::ToSql;
 
-use crate::key::DeliveryKey;
+use crate::key::LegKey;
 use crate::postgres::DbError;
 use crate::postgres::sql::{self, Session};
 
-/// The key predicate: `$1`–`$4` of every keyed statement, optionally on a
-/// table alias (`key!("d")`).
+/// The key predicate of one leg: `$1`–`$5` of every keyed statement (the
+/// delivery's four parts and the destination), optionally on a table
+/// alias (`key!("d")`).
 macro_rules! key {
     () => {
-        "provider = $1 and source = $2 and hook_id = $3 and delivery_id = $4"
+        "provider = $1 and source = $2 and hook_id = $3 and delivery_id = $4 and destination = $5"
     };
+    ($t:literal) => {
+        concat!(
+            $t,
+            ".provider = $1 and ",
+            $t,
+            ".source = $2 and ",
+            $t,
+            ".hook_id = $3 and ",
+            $t,
+            ".delivery_id = $4 and ",
+            $t,
+            ".destination = $5"
+        )
+    };
+}
+
+/// The delivery predicate: `$1`–`$4`, every leg of one delivery.
+macro_rules! delivery_key {
     ($t:literal) => {
         concat!(
             $t,
@@ -92,20 +112,31 @@ macro_rules! held_by {
     };
 }
 
-/// What a claim may take over when the key exists (`$9` the lease in
-/// seconds, `$10` the attempts allowed): the same body, and either a
-/// processing claim whose lease expired or a retryable failure that is due
-/// with attempts left. Shared by [`claim`] and [`claim_batch`].
-macro_rules! reclaim_on_conflict {
-    () => {
-        "on conflict (provider, source, hook_id, delivery_id) do update
-    set status = 'processing', retryable = false,
-        claim_token = excluded.claim_token, lease_until = excluded.lease_until,
-        claimed_at = excluded.claimed_at, next_attempt_at = null
-    where d.body_sha256 = excluded.body_sha256
-      and ((d.status = 'processing' and d.lease_until < now())
-        or (d.status = 'failed' and d.retryable and d.next_attempt_at <= now()
-            and d.attempts < $10))"
+/// What a claim may take over of a leg that exists (`$max` the attempts
+/// allowed when the leg records none): a processing claim whose lease
+/// expired, or a retryable failure that is due with attempts left. Shared
+/// by [`claim`] and [`claim_batch`]; the body is compared beside it.
+macro_rules! reclaimable {
+    ($t:literal, $max:literal) => {
+        concat!(
+            "((",
+            $t,
+            ".status = 'processing' and ",
+            $t,
+            ".lease_until < now()) or (",
+            $t,
+            ".status = 'failed' and ",
+            $t,
+            ".retryable and ",
+            $t,
+            ".next_attempt_at <= now() and ",
+            $t,
+            ".attempts < coalesce(",
+            $t,
+            ".max_attempts, ",
+            $max,
+            ")))"
+        )
     };
 }
 
@@ -146,9 +177,17 @@ macro_rules! park_moved {
     ($a:literal, $b:literal, $c:literal) => {
         concat!(
             "parked as (
-    insert into parked_bodies (provider, source, hook_id, delivery_id, content_type, headers, body)
-    select provider, source, hook_id, delivery_id, $", $a, ", $", $b, ", $", $c, " from moved
-    on conflict (provider, source, hook_id, delivery_id) do nothing
+    insert into parked_bodies
+        (provider, source, hook_id, delivery_id, destination, content_type, headers, body)
+    select provider, source, hook_id, delivery_id, destination, $",
+            $a,
+            ", $",
+            $b,
+            ", $",
+            $c,
+            "
+    from moved
+    on conflict (provider, source, hook_id, delivery_id, destination) do nothing
 )"
         )
     };
@@ -160,7 +199,8 @@ macro_rules! delivery_columns {
         "provider, source, hook_id, delivery_id, event, action, status, retryable,
        claim_token, attempts, replays, lease_until, next_attempt_at, created_at,
        completed_at, failed_at, dead_lettered_at is not null, last_error_class, last_error,
-       first_failed_at, repository, claimed_at, dead_lettered_at"
+       first_failed_at, repository, claimed_at, dead_lettered_at, destination, filter_reason,
+       max_attempts"
     };
 }
 
@@ -179,7 +219,9 @@ macro_rules! awaiting_redelivery {
             $t,
             ".hook_id and p.delivery_id = ",
             $t,
-            ".delivery_id) and ((",
+            ".delivery_id and p.destination = ",
+            $t,
+            ".destination) and ((",
             $t,
             ".status = 'failed' and ",
             $t,
@@ -194,9 +236,31 @@ macro_rules! awaiting_redelivery {
     };
 }
 
+/// `FromStr` for a stored name: one of `ALL` by its `as_str`, anything
+/// else an [`UnknownName`] that lists the names.
+macro_rules! from_stored_name {
+    ($t:ty, $what:literal) => {
+        impl std::str::FromStr for $t {
+            type Err = UnknownName;
+
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                Self::ALL
+                    .into_iter()
+                    .find(|c| c.as_str() == s)
+                    .ok_or_else(|| UnknownName {
+                        what: $what,
+                        value: s.to_owned(),
+                        allowed: Self::ALL.map(Self::as_str).join(", "),
+                    })
+            }
+        }
+    };
+}
+
 mod admin;
 mod claim;
 mod complete;
+mod destinations;
 mod filter;
 pub mod group_commit;
 mod overview;
@@ -211,9 +275,16 @@ pub use admin::{
     DeadLetter, Delivery, NO_BODY_TO_REPLAY, PayloadOrigin, Replayed, StoredPayload, find, get,
     replay, stored_payload, unreplay,
 };
-pub use claim::{Claim, ClaimRequest, claim, claim_batch, park_copy, park_due};
+pub use claim::{
+    Claim, ClaimRequest, LegClaim, LegRequest, claim, claim_batch, park_copy, park_due,
+};
 pub use complete::{
     Completing, StoredEvent, complete, complete_batch, fail, mark_dead_lettered, store_event,
+};
+pub use destinations::{
+    AttemptLog, AttemptResult, BreakerState, DestinationRow, EXCERPT_BYTES, LoggedAttempt,
+    Registration, close, disable, disable_stale, leg_attempts, log_attempts, register, rows,
+    set_by_operator, trip, window,
 };
 #[doc(hidden)]
 pub use filter::statements_for_explain;
@@ -225,9 +296,9 @@ pub use parked::{Parked, ParkedBody, Unreadable};
 pub use reconcile::{Held, held};
 pub use retention::{Retention, Swept, purge, sweep};
 pub use schedule::{
-    dead_letter_unreadable, exhaust_due, needing_copy, reap, reschedule, schedule_due,
+    dead_letter_unreadable, exhaust_due, needing_copy, probe_due, reap, reschedule, schedule_due,
 };
-pub use take::{Take, fence, release_lease, renew, take, take_batch};
+pub use take::{Take, Taking, fence, release_lease, renew, take, take_batch};
 
 /// The knobs every transition shares.
 #[derive(Clone, Copy, Debug)]
@@ -248,20 +319,27 @@ fn secs(d: Duration) -> f64 {
 
 type Param<'a> = &'a (dyn ToSql + Sync);
 
-/// The key's four columns (`$1`–`$4` of every keyed statement, see
+/// The leg's five key columns (`$1`–`$5` of every keyed statement, see
 /// [`key!`]), then `rest`.
-fn params<'a>(key: &'a DeliveryKey, rest: &[Param<'a>]) -> Vec<Param<'a>> {
-    let mut all: Vec<Param<'a>> = vec![&key.provider, &key.source, &key.hook_id, &key.delivery_id];
+fn params<'a>(key: &'a LegKey, rest: &[Param<'a>]) -> Vec<Param<'a>> {
+    let d = &key.delivery;
+    let mut all: Vec<Param<'a>> = vec![
+        &d.provider,
+        &d.source,
+        &d.hook_id,
+        &d.delivery_id,
+        &key.destination,
+    ];
     all.extend_from_slice(rest);
     all
 }
 
-/// Runs a keyed statement ([`sql::execute`]): `$1`–`$4` the key, then
+/// Runs a keyed statement ([`sql::execute`]): `$1`–`$5` the leg's key, then
 /// `rest`. Returns the rows it changed.
 async fn execute(
     client: &impl Session,
     statement: &str,
-    key: &DeliveryKey,
+    key: &LegKey,
     rest: &[Param<'_>],
 ) -> Result<u64, DbError> {
     sql::execute(client, statement, &params(key, rest)).await
@@ -271,17 +349,27 @@ async fn execute(
 async fn query_opt(
     client: &impl Session,
     statement: &str,
-    key: &DeliveryKey,
+    key: &LegKey,
     rest: &[Param<'_>],
 ) -> Result<Option<tokio_postgres::Row>, DbError> {
     sql::query_opt(client, statement, &params(key, rest)).await
+}
+
+/// Like [`execute`], for a statement that returns any number of rows.
+async fn query_all(
+    client: &impl Session,
+    statement: &str,
+    key: &LegKey,
+    rest: &[Param<'_>],
+) -> Result<Vec<tokio_postgres::Row>, DbError> {
+    sql::query(client, statement, &params(key, rest)).await
 }
 
 /// Like [`execute`], for a statement that returns exactly one row.
 async fn query_one(
     client: &impl Session,
     statement: &str,
-    key: &DeliveryKey,
+    key: &LegKey,
     rest: &[Param<'_>],
 ) -> Result<tokio_postgres::Row, DbError> {
     sql::query_one(client, statement, &params(key, rest)).await
@@ -307,6 +395,10 @@ pub enum ErrorClass {
     MaxAttempts,
     /// The job could not be published.
     Publish,
+    /// Waiting for its destination (breaker open, paused or disabled, or
+    /// an answer that says the destination itself is wrong): no attempt
+    /// spent, due once the destination takes legs again.
+    Held,
 }
 
 impl ErrorClass {
@@ -321,11 +413,12 @@ impl ErrorClass {
             Self::Lost => "lost",
             Self::MaxAttempts => "max_attempts",
             Self::Publish => "publish",
+            Self::Held => "held",
         }
     }
 
     /// Every class, in the order above.
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 9] = [
         Self::Transient,
         Self::Permanent,
         Self::Timeout,
@@ -334,6 +427,7 @@ impl ErrorClass {
         Self::Lost,
         Self::MaxAttempts,
         Self::Publish,
+        Self::Held,
     ];
 }
 
@@ -344,27 +438,6 @@ pub struct UnknownName {
     what: &'static str,
     value: String,
     allowed: String,
-}
-
-/// `FromStr` for a stored name: one of `ALL` by its `as_str`, anything
-/// else an [`UnknownName`] that lists the names.
-macro_rules! from_stored_name {
-    ($t:ty, $what:literal) => {
-        impl std::str::FromStr for $t {
-            type Err = UnknownName;
-
-            fn from_str(s: &str) -> Result<Self, Self::Err> {
-                Self::ALL
-                    .into_iter()
-                    .find(|c| c.as_str() == s)
-                    .ok_or_else(|| UnknownName {
-                        what: $what,
-                        value: s.to_owned(),
-                        allowed: Self::ALL.map(Self::as_str).join(", "),
-                    })
-            }
-        }
-    };
 }
 
 from_stored_name!(ErrorClass, "error class");
@@ -398,11 +471,19 @@ pub enum Status {
     Completed,
     /// Failed; `retryable` says whether it will be tried again.
     Failed,
+    /// Its destination's filters did not take the delivery
+    /// (`filter_reason` says why). Terminal.
+    Filtered,
 }
 
 impl Status {
     /// Every status.
-    pub const ALL: [Self; 3] = [Self::Processing, Self::Completed, Self::Failed];
+    pub const ALL: [Self; 4] = [
+        Self::Processing,
+        Self::Completed,
+        Self::Failed,
+        Self::Filtered,
+    ];
 
     /// The stored name.
     pub fn as_str(self) -> &'static str {
@@ -410,7 +491,13 @@ impl Status {
             Self::Processing => "processing",
             Self::Completed => "completed",
             Self::Failed => "failed",
+            Self::Filtered => "filtered",
         }
+    }
+
+    /// Completed or filtered: nothing more will happen to the leg.
+    pub fn is_done(self) -> bool {
+        matches!(self, Self::Completed | Self::Filtered)
     }
 }
 

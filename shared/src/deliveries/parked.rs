@@ -75,8 +75,8 @@ pub struct Parked {
 /// forever.
 #[derive(Clone, Debug)]
 pub struct Unreadable {
-    /// The key's four parts, as stored.
-    pub parts: Box<[String; 4]>,
+    /// The leg's five key parts, as stored.
+    pub parts: Box<[String; 5]>,
     /// The token the row carries now.
     pub token: ClaimToken,
     /// What does not parse.

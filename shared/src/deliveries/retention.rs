@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::postgres::sql::{self, Session};
 
 use super::{execute, secs};
-use crate::key::DeliveryKey;
+use crate::key::LegKey;
 use crate::postgres::DbError;
 
 /// Deletes up to `$2` rows of `table` whose `at` column is older than `$1`
@@ -37,6 +37,7 @@ where ctid in (
 }
 
 const SWEEP_COMPLETED: &str = sweep!("deliveries", "completed_at", " and status = 'completed'");
+const SWEEP_FILTERED: &str = sweep!("deliveries", "completed_at", " and status = 'filtered'");
 const SWEEP_FAILED: &str = sweep!("deliveries", "failed_at", " and status = 'failed'");
 const SWEEP_SEEN_BODIES: &str = sweep!("seen_bodies", "seen_at", "");
 const SWEEP_EVENTS: &str = sweep!("github_events", "received_at", "");
@@ -59,6 +60,8 @@ pub struct Retention {
 pub struct Swept {
     /// Completed rows older than their retention.
     pub completed: u64,
+    /// Filtered legs older than the completed retention.
+    pub filtered: u64,
     /// Failed rows older than theirs.
     pub failed: u64,
     /// Bodies the replay guard no longer needs to remember.
@@ -70,7 +73,7 @@ pub struct Swept {
 impl Swept {
     /// Rows deleted in all.
     pub fn total(&self) -> u64 {
-        self.completed + self.failed + self.seen_bodies + self.events
+        self.completed + self.filtered + self.failed + self.seen_bodies + self.events
     }
 }
 
@@ -88,6 +91,7 @@ pub async fn sweep(
     let mut swept = Swept::default();
     let mut tables = vec![
         (SWEEP_COMPLETED, retention.completed, &mut swept.completed),
+        (SWEEP_FILTERED, retention.completed, &mut swept.filtered),
         (SWEEP_FAILED, retention.failed, &mut swept.failed),
         (
             SWEEP_SEEN_BODIES,
@@ -122,6 +126,6 @@ where ",
 /// Deletes one dead letter (and its parked body), by key; the console's
 /// bulk purge runs it item by item. Returns false when the delivery is no
 /// longer a dead letter (replayed meanwhile) or is gone.
-pub async fn purge(client: &impl Session, key: &DeliveryKey) -> Result<bool, DbError> {
+pub async fn purge(client: &impl Session, key: &LegKey) -> Result<bool, DbError> {
     Ok(execute(client, PURGE_ONE, key, &[]).await? == 1)
 }

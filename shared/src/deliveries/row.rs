@@ -6,19 +6,21 @@ use std::collections::BTreeMap;
 use super::parked::{Parked, Unreadable, headers_from_json};
 use super::{Delivery, ErrorClass, Param, Status};
 use crate::job::Job;
-use crate::key::{ClaimToken, DeliveryKey, EventName};
+use crate::key::{ClaimToken, EventName, LegKey};
 use crate::postgres::DbError;
 
-/// A key as four owned strings, the shape a batched statement returns.
-pub(super) type KeyTuple = (String, String, String, String);
+/// A leg's key as five owned strings, the shape a batched statement
+/// returns.
+pub(super) type KeyTuple = (String, String, String, String, String);
 
 /// `key` as a [`KeyTuple`].
-pub(super) fn key_tuple(key: &DeliveryKey) -> KeyTuple {
+pub(super) fn key_tuple(key: &LegKey) -> KeyTuple {
     (
         key.provider.clone(),
         key.source.as_str().to_owned(),
         key.hook_id.as_str().to_owned(),
         key.delivery_id.as_str().to_owned(),
+        key.destination.as_str().to_owned(),
     )
 }
 
@@ -27,8 +29,8 @@ pub(super) fn key_tuple(key: &DeliveryKey) -> KeyTuple {
 /// that send their keys in one order lock rows in one order, so concurrent
 /// batches cannot deadlock.
 pub(super) fn firsts_by_key<'a>(
-    keys: impl Iterator<Item = &'a DeliveryKey>,
-) -> BTreeMap<&'a DeliveryKey, usize> {
+    keys: impl Iterator<Item = &'a LegKey>,
+) -> BTreeMap<&'a LegKey, usize> {
     let mut firsts = BTreeMap::new();
     for (i, key) in keys.enumerate() {
         firsts.entry(key).or_insert(i);
@@ -36,40 +38,44 @@ pub(super) fn firsts_by_key<'a>(
     firsts
 }
 
-/// The key's four columns of many keys, for
-/// `unnest($1::text[], $2::text[], $3::text[], $4::text[])`.
+/// The five key columns of many legs, for
+/// `unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[])`.
 pub(super) struct KeyColumns<'a> {
     pub(super) provider: Vec<&'a str>,
     pub(super) source: Vec<&'a str>,
     pub(super) hook_id: Vec<&'a str>,
     pub(super) delivery_id: Vec<&'a str>,
+    pub(super) destination: Vec<&'a str>,
 }
 
 impl<'a> KeyColumns<'a> {
-    /// The four columns as `$1`–`$4`, then `rest`.
+    /// The five columns as `$1`–`$5`, then `rest`.
     pub(super) fn params<'p>(&'p self, rest: &[Param<'p>]) -> Vec<Param<'p>> {
         let mut all: Vec<Param<'p>> = vec![
             &self.provider,
             &self.source,
             &self.hook_id,
             &self.delivery_id,
+            &self.destination,
         ];
         all.extend_from_slice(rest);
         all
     }
 
-    pub(super) fn of(keys: impl Iterator<Item = &'a DeliveryKey>) -> Self {
+    pub(super) fn of(keys: impl Iterator<Item = &'a LegKey>) -> Self {
         let mut columns = Self {
             provider: Vec::new(),
             source: Vec::new(),
             hook_id: Vec::new(),
             delivery_id: Vec::new(),
+            destination: Vec::new(),
         };
         for key in keys {
             columns.provider.push(&key.provider);
             columns.source.push(key.source.as_str());
             columns.hook_id.push(key.hook_id.as_str());
             columns.delivery_id.push(key.delivery_id.as_str());
+            columns.destination.push(key.destination.as_str());
         }
         columns
     }
@@ -87,21 +93,22 @@ fn class_of(stored: Option<&str>) -> Result<Option<ErrorClass>, DbError> {
         .transpose()
 }
 
-/// The four key columns of a row, as stored.
-fn key_parts(row: &tokio_postgres::Row) -> [String; 4] {
+/// The five key columns of a row, as stored.
+fn key_parts(row: &tokio_postgres::Row) -> [String; 5] {
     [
         row.get("provider"),
         row.get("source"),
         row.get("hook_id"),
         row.get("delivery_id"),
+        row.get("destination"),
     ]
 }
 
 /// The key of a row. Rows are written from validated keys; a row that no
 /// longer parses is reported rather than trusted.
-fn key_from_parts(parts: &[String; 4]) -> Result<DeliveryKey, DbError> {
-    let [provider, source, hook_id, delivery_id] = parts;
-    DeliveryKey::from_parts(provider, source, hook_id, delivery_id)
+fn key_from_parts(parts: &[String; 5]) -> Result<LegKey, DbError> {
+    let [provider, source, hook_id, delivery_id, destination] = parts;
+    LegKey::from_parts(provider, source, hook_id, delivery_id, destination)
         .map_err(|e| DbError::BadRow(e.part()))
 }
 
@@ -161,5 +168,7 @@ pub(super) fn delivery(row: &tokio_postgres::Row) -> Result<Delivery, DbError> {
         repository: row.get(20),
         claimed_at: row.get(21),
         dead_lettered_at: row.get(22),
+        filter_reason: row.get(24),
+        max_attempts: row.get(25),
     })
 }

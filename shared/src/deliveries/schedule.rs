@@ -10,16 +10,22 @@ use crate::postgres::sql::{self, Session};
 use super::parked::{Parked, Unreadable};
 use super::row::parked;
 use super::{Policy, execute, redact, secs};
-use crate::key::{ClaimToken, DeliveryKey};
+use crate::key::{ClaimToken, LegKey};
 use crate::postgres::DbError;
 
+/// The legs of a destination that takes no legs now (its breaker is open
+/// or half open, or it is paused or disabled) wait; the probe is picked by
+/// [`probe_due`].
 const SCHEDULE: &str = "
 with due as (
-    select d.provider, d.source, d.hook_id, d.delivery_id
+    select d.provider, d.source, d.hook_id, d.delivery_id, d.destination
     from deliveries d
-    join parked_bodies p using (provider, source, hook_id, delivery_id)
+    join parked_bodies p using (provider, source, hook_id, delivery_id, destination)
     where d.status = 'failed' and d.retryable and d.next_attempt_at <= now()
-      and d.attempts < $1
+      and d.attempts < coalesce(d.max_attempts, $1)
+      and not exists (select 1 from destinations x
+                      where x.source = d.source and x.name = d.destination
+                        and x.state <> 'closed')
     order by d.next_attempt_at
     limit $2
     for update of d skip locked
@@ -31,10 +37,69 @@ set status = 'processing', retryable = false, claim_token = gen_random_uuid(),
 from due, parked_bodies p
 where d.provider = due.provider and d.source = due.source
   and d.hook_id = due.hook_id and d.delivery_id = due.delivery_id
+  and d.destination = due.destination
   and p.provider = d.provider and p.source = d.source
   and p.hook_id = d.hook_id and p.delivery_id = d.delivery_id
-returning d.provider, d.source, d.hook_id, d.delivery_id, d.event, d.action,
+  and p.destination = d.destination
+returning d.provider, d.source, d.hook_id, d.delivery_id, d.destination, d.event, d.action,
           d.claim_token, d.attempts, p.content_type, p.headers, p.body";
+
+/// The breaker's probe, fleet-wide at most one per destination per
+/// `probe_secs`: for each destination whose breaker is open (or half open
+/// with its probe overdue) and whose next probe is due, the compare-and-set
+/// on its row (`skip locked`, `probe_at <= now()`) moves its oldest waiting
+/// leg to `processing` under a new token and makes that token the probe's:
+/// its take passes the gate. One statement, so a probe is never out
+/// without the row saying so.
+const PROBE: &str = "
+with due as (
+    select x.source, x.name from destinations x
+    where x.state in ('open', 'half_open') and x.probe_at <= now()
+    for update skip locked
+), leg as (
+    select w.provider, w.source, w.hook_id, w.delivery_id, w.destination
+    from due cross join lateral (
+        select d.provider, d.source, d.hook_id, d.delivery_id, d.destination
+        from deliveries d
+        join parked_bodies p using (provider, source, hook_id, delivery_id, destination)
+        where d.source = due.source and d.destination = due.name
+          and d.status = 'failed' and d.retryable
+        order by d.next_attempt_at
+        limit 1
+        for update of d skip locked
+    ) w
+), moved as (
+    update deliveries d
+    set status = 'processing', retryable = false, claim_token = gen_random_uuid(),
+        lease_until = now() + make_interval(secs => $1), claimed_at = now(),
+        next_attempt_at = null
+    from leg
+    where d.provider = leg.provider and d.source = leg.source
+      and d.hook_id = leg.hook_id and d.delivery_id = leg.delivery_id
+      and d.destination = leg.destination
+    returning d.provider, d.source, d.hook_id, d.delivery_id, d.destination, d.event,
+              d.action, d.claim_token, d.attempts
+), probing as (
+    update destinations x
+    set state = 'half_open', probe_at = now() + make_interval(secs => x.probe_secs),
+        probe_token = m.claim_token
+    from moved m
+    where x.source = m.source and x.name = m.destination
+)
+select m.provider, m.source, m.hook_id, m.delivery_id, m.destination, m.event, m.action,
+       m.claim_token, m.attempts, p.content_type, p.headers, p.body
+from moved m
+join parked_bodies p using (provider, source, hook_id, delivery_id, destination)";
+
+/// Picks the probes that are due (see [`PROBE`]); the caller publishes
+/// each like a scheduled retry.
+pub async fn probe_due(
+    client: &impl Session,
+    policy: &Policy,
+) -> Result<Vec<Result<Parked, Unreadable>>, DbError> {
+    let rows = sql::query(client, PROBE, &[&secs(policy.lease)]).await?;
+    Ok(rows.iter().map(parked).collect())
+}
 
 /// The retry scheduler's pick: moves up to `limit` due retries back to
 /// `processing` under new tokens, in one compare-and-set. `skip locked`
@@ -61,12 +126,12 @@ const RESCHEDULE: &str = concat!(
     "
 update deliveries
 set status = 'failed', retryable = true,
-    next_attempt_at = now() + make_interval(secs => $6),
-    last_error_class = 'publish', last_error = $7
+    next_attempt_at = now() + make_interval(secs => $7),
+    last_error_class = 'publish', last_error = $8
 where ",
     key!(),
     " and ",
-    held_by!("$5")
+    held_by!("$6")
 );
 
 /// Puts a scheduled retry back as due after `delay`, because its publish
@@ -74,7 +139,7 @@ where ",
 /// lost, not the message), nothing changes.
 pub async fn reschedule(
     client: &impl Session,
-    key: &DeliveryKey,
+    key: &LegKey,
     token: ClaimToken,
     delay: Duration,
     error: &str,
@@ -95,7 +160,8 @@ set retryable = false, last_error_class = 'max_attempts',
     last_error = 'attempts exhausted', failed_at = now()
 where ctid in (
     select ctid from deliveries
-    where status = 'failed' and retryable and next_attempt_at <= now() and attempts >= $1
+    where status = 'failed' and retryable and next_attempt_at <= now()
+      and attempts >= coalesce(max_attempts, $1)
     limit $2
     for update skip locked
 )";
@@ -112,10 +178,10 @@ pub async fn exhaust_due(
 }
 
 const NEEDING_COPY: &str = "
-select d.provider, d.source, d.hook_id, d.delivery_id, d.event, d.action,
+select d.provider, d.source, d.hook_id, d.delivery_id, d.destination, d.event, d.action,
        d.claim_token, d.attempts, p.content_type, p.headers, p.body
 from deliveries d
-join parked_bodies p using (provider, source, hook_id, delivery_id)
+join parked_bodies p using (provider, source, hook_id, delivery_id, destination)
 where d.status = 'failed' and not d.retryable and d.dead_lettered_at is null
   and d.failed_at < now() - make_interval(secs => $1)
 order by d.failed_at
@@ -142,10 +208,10 @@ const DEAD_LETTER_UNREADABLE: &str = concat!(
 update deliveries
 set status = 'failed', retryable = false, next_attempt_at = null,
     failed_at = now(), first_failed_at = coalesce(first_failed_at, now()),
-    dead_lettered_at = now(), last_error_class = 'permanent', last_error = $6
+    dead_lettered_at = now(), last_error_class = 'permanent', last_error = $7
 where ",
     key!(),
-    " and claim_token = $5"
+    " and claim_token = $6"
 );
 
 /// Dead-letters a parked row that cannot become a job (see
@@ -157,7 +223,7 @@ pub async fn dead_letter_unreadable(
     client: &impl Session,
     row: &Unreadable,
 ) -> Result<bool, DbError> {
-    let [provider, source, hook_id, delivery_id] = &*row.parts;
+    let [provider, source, hook_id, delivery_id, destination] = &*row.parts;
     let message = redact(&format!(
         "the parked row cannot be read as a job: {}",
         row.reason
@@ -170,6 +236,7 @@ pub async fn dead_letter_unreadable(
             source,
             hook_id,
             delivery_id,
+            destination,
             &row.token.0,
             &message,
         ],

@@ -1,6 +1,7 @@
-//! The worker's hold on a delivery: the take (one message, or a batch of
-//! them by group commit), the lease renewal, the fence before a database
-//! effect, and the early release on shutdown.
+//! The worker's hold on a leg: the take (one message, or a batch of them by
+//! group commit) behind the breaker's gate, the hold of a gated leg, the
+//! lease renewal, the fence before a database effect, and the early
+//! release on shutdown.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -12,7 +13,7 @@ use uuid::Uuid;
 use super::parked::ParkedBody;
 use super::row::{KeyColumns, KeyTuple, firsts_by_key, key_tuple, status_of};
 use super::{Policy, Status, execute, params, query_opt, secs};
-use crate::key::{ClaimToken, DeliveryKey};
+use crate::key::{ClaimToken, LegKey};
 use crate::postgres::DbError;
 
 /// What a worker's take decided.
@@ -28,6 +29,9 @@ pub enum Take {
         takeover: bool,
         /// When the delivery was first claimed (for end-to-end timing).
         created_at: DateTime<Utc>,
+        /// Whether this leg is its destination's probe: its result closes
+        /// the breaker or opens it again.
+        probe: bool,
     },
     /// Attempts were exhausted: the delivery is now failed, class `poison`,
     /// its body parked, and it must be dead-lettered without running the
@@ -41,9 +45,48 @@ pub enum Take {
         /// Time left on that lease, by the database clock.
         lease_left: Duration,
     },
+    /// Its destination is not taking legs (breaker open, paused or
+    /// disabled): the leg is now held, failed and retryable with class
+    /// `held`, its body parked and its attempts kept. Ack it; the scheduler
+    /// publishes it once the destination is closed again.
+    Held,
     /// Nothing to do for this message: the delivery is completed, failed,
     /// or no longer exists. Ack it.
     Resolved(Option<Status>),
+}
+
+/// Whether the leg `$t`, presenting `$presented`, is its destination's
+/// probe.
+macro_rules! is_probe {
+    ($t:literal, $presented:literal) => {
+        concat!(
+            "exists (select 1 from destinations x where x.source = ",
+            $t,
+            ".source and x.name = ",
+            $t,
+            ".destination and x.probe_token = ",
+            $presented,
+            ")"
+        )
+    };
+}
+
+/// The breaker's gate on a leg `$t` presenting `$presented`: its
+/// destination's row says it takes no legs (not `closed`), and this leg is
+/// not its probe. A destination without a row (legs from before
+/// destinations, `store` without a breaker) is never gated.
+macro_rules! gated {
+    ($t:literal, $presented:literal) => {
+        concat!(
+            "exists (select 1 from destinations x where x.source = ",
+            $t,
+            ".source and x.name = ",
+            $t,
+            ".destination and x.state <> 'closed' and x.probe_token is distinct from ",
+            $presented,
+            ")"
+        )
+    };
 }
 
 const TAKE: &str = concat!(
@@ -57,18 +100,24 @@ with prev as (
 )
 update deliveries d
 set status = 'processing', retryable = false, next_attempt_at = null,
-    claim_token = $6, lease_until = now() + make_interval(secs => $7),
-    attempts = d.attempts + 1
+    claim_token = $7, lease_until = now() + make_interval(secs => $8),
+    attempts = d.attempts + 1, max_attempts = $9
 from prev
 where ",
     key!("d"),
     "
-  and d.attempts < $8
+  and d.attempts < $9
   and ",
-    takeable!("d", "$5"),
+    takeable!("d", "$6"),
     "
-returning d.attempts, prev.claim_token <> $5 and d.last_error_class is distinct from 'lost',
-          d.created_at"
+  and not ",
+    gated!("d", "$6"),
+    "
+returning d.attempts, prev.claim_token <> $6 and d.last_error_class is distinct from 'lost',
+          d.created_at, ",
+    is_probe!("d", "$6"),
+    "
+"
 );
 
 const POISON: &str = concat!(
@@ -82,15 +131,44 @@ with moved as (
     where ",
     key!(),
     "
-      and attempts >= $6
+      and attempts >= $7
       and ",
-    takeable!("$5"),
+    takeable!("$6"),
     "
-    returning provider, source, hook_id, delivery_id, attempts
+    returning provider, source, hook_id, delivery_id, destination, attempts
+), ",
+    park_moved!(8, 9, 10),
+    "
+select attempts from moved"
+);
+
+/// A leg the gate turned away, while it is ours to take: held, no attempt
+/// spent, due now (the scheduler publishes it once its destination is
+/// closed again), its body parked, in one statement.
+const HOLD: &str = concat!(
+    "
+with moved as (
+    update deliveries d
+    set status = 'failed', retryable = true, next_attempt_at = now(),
+        failed_at = now(), first_failed_at = coalesce(first_failed_at, now()),
+        last_error_class = 'held',
+        last_error = 'held: its destination is ' || (
+            select x.state from destinations x
+            where x.source = d.source and x.name = d.destination)
+    where ",
+    key!("d"),
+    "
+      and ",
+    takeable!("d", "$6"),
+    "
+      and ",
+    gated!("d", "$6"),
+    "
+    returning provider, source, hook_id, delivery_id, destination
 ), ",
     park_moved!(7, 8, 9),
     "
-select attempts from moved"
+select 1 from moved"
 );
 
 const TAKE_STATE: &str = concat!(
@@ -101,16 +179,21 @@ where ",
     key!()
 );
 
-/// Takes a delivery for a worker, presenting the token its message carries.
+/// Takes a leg for a worker, presenting the token its message carries;
+/// `max_attempts` is the leg's own bound (its destination's schedule), and
+/// the take records it on the row.
 ///
 /// The take installs a new token and counts the attempt *before* the effect
 /// runs: a job that crashes its worker every time still reaches
-/// `max_attempts`, and is then failed as `poison` instead of run again.
+/// `max_attempts`, and is then failed as `poison` instead of run again. It
+/// also passes the breaker's gate: a leg whose destination takes no legs
+/// now is held instead ([`Take::Held`]), without spending an attempt.
 pub async fn take(
     client: &impl Session,
     policy: &Policy,
-    key: &DeliveryKey,
+    key: &LegKey,
     presented: ClaimToken,
+    max_attempts: i32,
     parked: ParkedBody<'_>,
 ) -> Result<Take, DbError> {
     let headers = parked.headers_json();
@@ -120,7 +203,7 @@ pub async fn take(
         if let Some(row) = sql::query_opt(
             client,
             TAKE,
-            &params(key, &[&presented.0, &token.0, &lease, &policy.max_attempts]),
+            &params(key, &[&presented.0, &token.0, &lease, &max_attempts]),
         )
         .await?
         {
@@ -129,6 +212,7 @@ pub async fn take(
                 attempts: row.get(0),
                 takeover: row.get(1),
                 created_at: row.get(2),
+                probe: row.get(3),
             });
         }
         if let Some(row) = sql::query_opt(
@@ -138,7 +222,7 @@ pub async fn take(
                 key,
                 &[
                     &presented.0,
-                    &policy.max_attempts,
+                    &max_attempts,
                     &parked.content_type,
                     &headers,
                     &parked.body,
@@ -150,6 +234,19 @@ pub async fn take(
             return Ok(Take::Poisoned {
                 attempts: row.get(0),
             });
+        }
+        if sql::query_opt(
+            client,
+            HOLD,
+            &params(
+                key,
+                &[&presented.0, &parked.content_type, &headers, &parked.body],
+            ),
+        )
+        .await?
+        .is_some()
+        {
+            return Ok(Take::Held);
         }
         let Some(row) = sql::query_opt(client, TAKE_STATE, &params(key, &[])).await? else {
             return Ok(Take::Resolved(None));
@@ -172,37 +269,58 @@ pub async fn take(
 const TAKE_BATCH: &str = concat!(
     "
 with input as (
-    select * from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::uuid[], $6::uuid[])
-        as i(provider, source, hook_id, delivery_id, presented, token)
+    select * from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
+                         $6::uuid[], $7::uuid[], $8::int4[])
+        as i(provider, source, hook_id, delivery_id, destination, presented, token,
+             max_attempts)
 ), prev as (
-    select d.provider, d.source, d.hook_id, d.delivery_id, d.claim_token as prev_token
-    from deliveries d join input i using (provider, source, hook_id, delivery_id)
-    order by d.provider, d.source, d.hook_id, d.delivery_id
+    select d.provider, d.source, d.hook_id, d.delivery_id, d.destination,
+           d.claim_token as prev_token
+    from deliveries d join input i using (provider, source, hook_id, delivery_id, destination)
+    order by d.provider, d.source, d.hook_id, d.delivery_id, d.destination
     for update of d
 )
 update deliveries d
 set status = 'processing', retryable = false, next_attempt_at = null,
-    claim_token = i.token, lease_until = now() + make_interval(secs => $7),
-    attempts = d.attempts + 1
-from input i join prev p using (provider, source, hook_id, delivery_id)
+    claim_token = i.token, lease_until = now() + make_interval(secs => $9),
+    attempts = d.attempts + 1, max_attempts = i.max_attempts
+from input i join prev p using (provider, source, hook_id, delivery_id, destination)
 where d.provider = i.provider and d.source = i.source and d.hook_id = i.hook_id
-  and d.delivery_id = i.delivery_id
-  and d.attempts < $8
+  and d.delivery_id = i.delivery_id and d.destination = i.destination
+  and d.attempts < i.max_attempts
   and ",
     takeable!("d", "i.presented"),
     "
-returning d.provider, d.source, d.hook_id, d.delivery_id, d.attempts,
+  and not ",
+    gated!("d", "i.presented"),
+    "
+returning d.provider, d.source, d.hook_id, d.delivery_id, d.destination, d.attempts,
           p.prev_token <> i.presented and d.last_error_class is distinct from 'lost',
-          d.created_at"
+          d.created_at, ",
+    is_probe!("d", "i.presented"),
+    "
+"
 );
 
-/// Group commit of takes: the common case of [`take`] (the delivery can be
+/// One take of a [`take_batch`]: the leg, the token its message presents,
+/// and the leg's own bound on attempts.
+#[derive(Clone, Debug)]
+pub struct Taking {
+    /// The leg.
+    pub key: LegKey,
+    /// The token its message carries.
+    pub presented: ClaimToken,
+    /// Takes the leg may have in all.
+    pub max_attempts: i32,
+}
+
+/// Group commit of takes: the common case of [`take`] (the leg can be
 /// taken) for many messages in one statement. Each answer is
 /// `Some(Take::Taken)` exactly when [`take`] would have taken it, under the
 /// same compare-and-set (the message's token, or an expired lease, or a
-/// `lost` row, and attempts left); `None` means "not taken here", and the
-/// caller runs [`take`] for that message, which decides the rarer outcomes
-/// (poison, deferred, resolved).
+/// `lost` row, attempts left, and the breaker's gate open); `None` means
+/// "not taken here", and the caller runs [`take`] for that message, which
+/// decides the rarer outcomes (poison, held, deferred, resolved).
 ///
 /// Rows are locked in key order, so concurrent batches cannot deadlock; a
 /// key that appears twice takes part once (one statement cannot update a
@@ -210,31 +328,27 @@ returning d.provider, d.source, d.hook_id, d.delivery_id, d.attempts,
 pub async fn take_batch(
     client: &impl Session,
     policy: &Policy,
-    items: &[(DeliveryKey, ClaimToken)],
+    items: &[Taking],
 ) -> Result<Vec<Option<Take>>, DbError> {
-    let firsts = firsts_by_key(items.iter().map(|(key, _)| key));
+    let firsts = firsts_by_key(items.iter().map(|t| &t.key));
     let tokens: HashMap<usize, ClaimToken> =
         firsts.values().map(|&i| (i, ClaimToken::new())).collect();
     let keys = KeyColumns::of(firsts.keys().copied());
-    let presented: Vec<Uuid> = firsts.values().map(|&i| items[i].1.0).collect();
+    let presented: Vec<Uuid> = firsts.values().map(|&i| items[i].presented.0).collect();
     let new_tokens: Vec<Uuid> = firsts.values().map(|i| tokens[i].0).collect();
+    let max_attempts: Vec<i32> = firsts.values().map(|&i| items[i].max_attempts).collect();
     let rows = sql::query(
         client,
         TAKE_BATCH,
-        &keys.params(&[
-            &presented,
-            &new_tokens,
-            &secs(policy.lease),
-            &policy.max_attempts,
-        ]),
+        &keys.params(&[&presented, &new_tokens, &max_attempts, &secs(policy.lease)]),
     )
     .await?;
-    let mut taken: HashMap<KeyTuple, (i32, bool, DateTime<Utc>)> = rows
+    let mut taken: HashMap<KeyTuple, (i32, bool, DateTime<Utc>, bool)> = rows
         .iter()
         .map(|r| {
             (
-                (r.get(0), r.get(1), r.get(2), r.get(3)),
-                (r.get(4), r.get(5), r.get(6)),
+                (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)),
+                (r.get(5), r.get(6), r.get(7), r.get(8)),
             )
         })
         .collect();
@@ -243,16 +357,17 @@ pub async fn take_batch(
     Ok(items
         .iter()
         .enumerate()
-        .map(|(i, (key, _))| {
+        .map(|(i, Taking { key, .. })| {
             if firsts.get(key) != Some(&i) {
                 return None;
             }
-            let (attempts, takeover, created_at) = taken.remove(&key_tuple(key))?;
+            let (attempts, takeover, created_at, probe) = taken.remove(&key_tuple(key))?;
             Some(Take::Taken {
                 token: tokens[&i],
                 attempts,
                 takeover,
                 created_at,
+                probe,
             })
         })
         .collect())
@@ -260,11 +375,11 @@ pub async fn take_batch(
 
 const RENEW: &str = concat!(
     "
-update deliveries set lease_until = now() + make_interval(secs => $6)
+update deliveries set lease_until = now() + make_interval(secs => $7)
 where ",
     key!(),
     " and ",
-    held_by!("$5")
+    held_by!("$6")
 );
 
 /// Extends the holder's lease. Guarded by the token: a worker that lost its
@@ -272,7 +387,7 @@ where ",
 pub async fn renew(
     client: &impl Session,
     policy: &Policy,
-    key: &DeliveryKey,
+    key: &LegKey,
     token: ClaimToken,
 ) -> Result<bool, DbError> {
     let n = execute(client, RENEW, key, &[&token.0, &secs(policy.lease)]).await?;
@@ -285,7 +400,7 @@ select 1 from deliveries
 where ",
     key!(),
     " and ",
-    held_by!("$5"),
+    held_by!("$6"),
     "
 for update"
 );
@@ -296,7 +411,7 @@ for update"
 /// after the effect already ran. Returns false when fenced.
 pub async fn fence(
     client: &impl Session,
-    key: &DeliveryKey,
+    key: &LegKey,
     token: ClaimToken,
 ) -> Result<bool, DbError> {
     let row = query_opt(client, FENCE, key, &[&token.0]).await?;
@@ -309,7 +424,7 @@ update deliveries set lease_until = now()
 where ",
     key!(),
     " and ",
-    held_by!("$5")
+    held_by!("$6")
 );
 
 /// On shutdown, before the effect: ends the holder's lease now so that the
@@ -317,7 +432,7 @@ where ",
 /// for the lease to run out. Token-guarded like every write.
 pub async fn release_lease(
     client: &impl Session,
-    key: &DeliveryKey,
+    key: &LegKey,
     token: ClaimToken,
 ) -> Result<bool, DbError> {
     let n = execute(client, RELEASE_LEASE, key, &[&token.0]).await?;

@@ -135,10 +135,20 @@ async fn broker(
         &topology,
     )
     .await?;
+    topology
+        .declare_leg_queue(
+            &channel,
+            &hookinbox::SourceName::default_source(),
+            &hookinbox_tests::store_destination(),
+        )
+        .await?;
     channel.basic_qos(64, BasicQosOptions::default()).await?;
     let mut consumer = channel
         .basic_consume(
-            &topology.work_queue(),
+            &topology.leg_queue(
+                &hookinbox::SourceName::default_source(),
+                &hookinbox_tests::store_destination(),
+            ),
             "",
             BasicConsumeOptions::default(),
             Default::default(),
@@ -170,7 +180,7 @@ async fn broker(
         tokio::time::sleep_until(start + period * i as u32).await;
         let (key, event, body) = delivery(i, mix, run);
         let job = Job {
-            key,
+            key: key.leg(hookinbox_tests::store_destination()),
             event: EventName::parse(event.as_bytes()).expect("event"),
             action: Some("opened".to_owned()),
             token: hookinbox::key::ClaimToken::new(),
@@ -193,7 +203,15 @@ async fn broker(
     }
     let acked = consuming.await??;
     anyhow::ensure!(acked == total, "consumed {acked} of {total}");
-    for q in [topology.work_queue(), topology.dead_letter_queue()] {
+    let leg_queue = topology.leg_queue(
+        &hookinbox::SourceName::default_source(),
+        &hookinbox_tests::store_destination(),
+    );
+    for q in [
+        topology.work_queue(),
+        leg_queue,
+        topology.dead_letter_queue(),
+    ] {
         let _ = channel.queue_delete(&q, Default::default()).await;
     }
     let _ = connection.close(200, "done").await;
@@ -239,6 +257,10 @@ async fn postgres(
                 body_sha256: Sha256::digest(body).into(),
                 guarded: true,
                 pinned: false,
+                legs: vec![deliveries::LegRequest {
+                    destination: hookinbox_tests::store_destination(),
+                    filtered: None,
+                }],
             })
             .collect();
         client.batch_execute("begin").await?;
@@ -256,13 +278,17 @@ async fn postgres(
             .iter()
             .zip(&claims)
             .map(|((key, event, body), claim)| {
-                let deliveries::Claim::Claimed { token, .. } = claim else {
+                let deliveries::Claim::Legs(legs) = claim else {
+                    panic!("a new key is claimed: {claim:?}")
+                };
+                let [(_, deliveries::LegClaim::Claimed { token, .. })] = legs[..] else {
                     panic!("a new key is claimed: {claim:?}")
                 };
                 Completing {
-                    key: key.clone(),
-                    token: *token,
+                    key: key.clone().leg(hookinbox_tests::store_destination()),
+                    token,
                     take: Some(0),
+                    max_attempts: policy.max_attempts,
                     store: Some(StoredEvent {
                         event: (*event).to_owned(),
                         action: Some("opened".to_owned()),
@@ -271,7 +297,7 @@ async fn postgres(
                 }
             })
             .collect();
-        let done = deliveries::complete_batch(&client, policy.max_attempts, &completing).await?;
+        let done = deliveries::complete_batch(&client, &completing).await?;
         anyhow::ensure!(done.iter().all(Option::is_some), "every row completed");
     }
     Ok(())

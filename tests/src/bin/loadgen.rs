@@ -231,8 +231,16 @@ async fn queue_depth(args: &Args) -> Option<u32> {
             Duration::from_secs(5),
         )
     });
-    let queue = format!("{}.work", args.queue_prefix);
-    publisher.queue_stats(&queue).await.map(|(m, _)| m).ok()
+    // The legacy shared queue and the default source's destination's
+    // (`store` or `forward`): whichever exist.
+    let mut depth = None;
+    for queue in ["work", "work.default.store", "work.default.forward"] {
+        let queue = format!("{}.{queue}", args.queue_prefix);
+        if let Ok((messages, _)) = publisher.queue_stats(&queue).await {
+            depth = Some(depth.unwrap_or(0) + messages);
+        }
+    }
+    depth
 }
 
 /// The broker connection [`queue_depth`] samples through.

@@ -24,8 +24,8 @@ fn rabbitmqctl(args: &[&str]) {
 async fn serial_broker_restarted_during_a_backoff_loses_nothing() {
     let (env, ingest) = TestEnv::with_ingest().await;
     let mut args = env.worker_args();
-    args.retry_base_ms = 3000;
-    args.retry_max_ms = 3000;
+    args.retry_base_ms = Some(3000);
+    args.retry_max_ms = Some(3000);
     let handler = Scripted::new(vec![HandlerError::transient("receiver down")]);
     let worker = env
         .worker_with(args.validate().expect("valid"), handler.clone())

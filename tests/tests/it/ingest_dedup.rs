@@ -113,8 +113,9 @@ async fn fifty_concurrent_copies_give_one_claim_one_job_one_row() {
 
 #[tokio::test]
 async fn a_claim_batch_answers_each_request_like_a_single_claim() {
-    use hookinbox::deliveries::{self, Claim, ClaimRequest, Status};
+    use hookinbox::deliveries::{self, ClaimRequest, LegClaim, Status};
     use hookinbox::key::{DeliveryId, DeliveryKey, HookId, SourceName};
+    use hookinbox_tests::{OneLeg, one_leg};
 
     let env = TestEnv::new().await;
     let pool = env.pool(1);
@@ -135,18 +136,19 @@ async fn a_claim_batch_answers_each_request_like_a_single_claim() {
         body_sha256: [sha; 32],
         guarded: false,
         pinned: false,
+        legs: vec![hookinbox_tests::store_leg()],
     };
     // An existing completed delivery and an untaken, overdue claim.
     let first = deliveries::claim_batch(&client, &policy, &[req("done", 1), req("stale", 1)])
         .await
         .expect("batch");
     assert!(first.iter().all(|c| matches!(
-        c,
-        Claim::Claimed {
+        one_leg(c),
+        OneLeg::Leg(LegClaim::Claimed {
             reclaimed: false,
             attempts: 0,
             ..
-        }
+        })
     )));
     env.db
         .batch_execute(
@@ -171,25 +173,35 @@ async fn a_claim_batch_answers_each_request_like_a_single_claim() {
     )
     .await
     .expect("batch");
+    let answers: Vec<OneLeg> = answers.iter().map(one_leg).collect();
     assert!(matches!(
         answers[0],
-        Claim::Claimed {
+        OneLeg::Leg(LegClaim::Claimed {
             reclaimed: false,
             ..
-        }
+        })
     ));
     assert!(matches!(
         answers[1],
-        Claim::Claimed {
+        OneLeg::Leg(LegClaim::Claimed {
             reclaimed: false,
             ..
-        }
+        })
     ));
-    assert_eq!(answers[2], Claim::Duplicate(Status::Processing));
-    assert_eq!(answers[3], Claim::Conflict);
-    assert_eq!(answers[4], Claim::Duplicate(Status::Completed));
-    assert_eq!(answers[5], Claim::Conflict);
-    assert!(matches!(answers[6], Claim::Republish { .. }));
+    assert_eq!(
+        answers[2],
+        OneLeg::Leg(LegClaim::Duplicate(Status::Processing))
+    );
+    assert_eq!(answers[3], OneLeg::Conflict);
+    assert_eq!(
+        answers[4],
+        OneLeg::Leg(LegClaim::Duplicate(Status::Completed))
+    );
+    assert_eq!(answers[5], OneLeg::Conflict);
+    assert!(matches!(
+        answers[6],
+        OneLeg::Leg(LegClaim::Republish { .. })
+    ));
     assert_eq!(env.deliveries().await, 4, "one row per key");
 
     // The stored body comes second in a batch whose first copy differs:
@@ -207,14 +219,14 @@ async fn a_claim_batch_answers_each_request_like_a_single_claim() {
     let answers = deliveries::claim_batch(&client, &policy, &[req("mixed", 6), req("mixed", 5)])
         .await
         .expect("batch");
-    assert_eq!(answers[0], Claim::Conflict);
+    assert_eq!(one_leg(&answers[0]), OneLeg::Conflict);
     assert!(
         matches!(
-            answers[1],
-            Claim::Claimed {
+            one_leg(&answers[1]),
+            OneLeg::Leg(LegClaim::Claimed {
                 reclaimed: true,
                 ..
-            }
+            })
         ),
         "{answers:?}"
     );

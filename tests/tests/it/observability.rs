@@ -34,6 +34,9 @@ async fn both_metrics_endpoints_show_every_series_moving_after_real_traffic() {
         &[
             ("HOOKINBOX_GITHUB_SECRET", SECRET),
             ("HOOKINBOX_PUBLISH_TIMEOUT_MS", "1000"),
+            // As the worker below: the default source's destination is
+            // `forward`.
+            ("HOOKINBOX_HANDLER", "forward"),
         ],
     );
     let base = format!("http://127.0.0.1:{}", ingest.port);

@@ -1099,7 +1099,7 @@ async fn the_replay_library_call_tells_a_delivery_without_a_body_from_one_not_fa
     let client = pool.get().await.expect("client");
     let policy = env.policy();
     let replay = async |hook: &Hook| {
-        deliveries::replay(&client, &policy, &hook.key())
+        deliveries::replay(&client, &policy, &hook.leg())
             .await
             .expect("replay")
     };

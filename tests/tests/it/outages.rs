@@ -1,7 +1,7 @@
 //! RabbitMQ or Postgres unreachable (through a closable proxy, never by
 //! stopping the shared services), and a claim whose publish was lost.
 
-use hookinbox::deliveries::{self, Claim, ClaimRequest};
+use hookinbox::deliveries::{self, ClaimRequest};
 use hookinbox_worker::JobOutcome;
 use std::sync::Arc;
 
@@ -103,13 +103,15 @@ async fn untaken_claim_is_rescued_by_a_redelivery_that_republishes_it() {
             body_sha256: sha,
             guarded: false,
             pinned: false,
+            legs: vec![hookinbox_tests::store_leg()],
         },
     )
     .await
     .expect("claim");
-    let Claim::Claimed { token, .. } = claim else {
+    let Some(token) = hookinbox_tests::claimed_token(&claim) else {
         panic!("{claim:?}")
     };
+    let key = hook.leg();
 
     // A copy racing the first publish does not republish.
     let answer = ingest.send(&hook).await;
@@ -171,6 +173,7 @@ async fn a_copy_answered_while_the_first_ingest_died_before_publishing_is_not_lo
             body_sha256: sha,
             guarded: false,
             pinned: false,
+            legs: vec![hookinbox_tests::store_leg()],
         },
     )
     .await

@@ -1,7 +1,7 @@
 //! The hot path's statements keep finding rows by key as the table grows,
 //! even when Postgres has no statistics for it (autovacuum off, no ANALYZE).
 
-use hookinbox::deliveries::{self, Claim, ClaimRequest, Completing, Take};
+use hookinbox::deliveries::{self, ClaimRequest, Completing, Take};
 use hookinbox::key::{DeliveryId, DeliveryKey, HookId, SourceName};
 use hookinbox_tests::TestEnv;
 
@@ -56,37 +56,43 @@ async fn one_round(env: &TestEnv, client: &deadpool_postgres::Object, id: &str) 
             body_sha256: [7; 32],
             guarded: false,
             pinned: false,
+            legs: vec![hookinbox_tests::store_leg()],
         }],
     )
     .await
     .expect("claim");
-    let Some(Claim::Claimed { token, .. }) = claims.into_iter().next() else {
+    let Some(token) = claims.first().and_then(hookinbox_tests::claimed_token) else {
         panic!("a new key is claimed")
     };
-    let takes = deliveries::take_batch(client, &policy, &[(key(id), token)])
-        .await
-        .expect("take");
+    let leg = key(id).leg(hookinbox_tests::store_destination());
+    let takes = deliveries::take_batch(
+        client,
+        &policy,
+        &[deliveries::Taking {
+            key: leg.clone(),
+            presented: token,
+            max_attempts: policy.max_attempts,
+        }],
+    )
+    .await
+    .expect("take");
     let Some(Some(Take::Taken { token, .. })) = takes.into_iter().next() else {
         panic!("a fresh claim is taken")
     };
     // The single-row statements of a running job: renewal and fence.
     assert!(
-        deliveries::renew(client, &policy, &key(id), token)
+        deliveries::renew(client, &policy, &leg, token)
             .await
             .expect("renew")
     );
-    assert!(
-        deliveries::fence(client, &key(id), token)
-            .await
-            .expect("fence")
-    );
+    assert!(deliveries::fence(client, &leg, token).await.expect("fence"));
     let done = deliveries::complete_batch(
         client,
-        3,
         &[Completing {
-            key: key(id),
+            key: leg,
             token,
             take: None,
+            max_attempts: 3,
             store: None,
         }],
     )

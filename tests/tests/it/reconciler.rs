@@ -247,6 +247,7 @@ async fn a_claim_whose_ingest_died_before_publishing_is_listed_then_redelivered_
             body_sha256: sha,
             guarded: false,
             pinned: false,
+            legs: vec![hookinbox_tests::store_leg()],
         },
     )
     .await

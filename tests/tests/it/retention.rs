@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use hookinbox::deliveries::{self, Claim, ClaimRequest};
+use hookinbox::deliveries::{self, ClaimRequest};
 use hookinbox_tests::{Hook, TestEnv, fixtures, settle, worker_cli};
 use hookinbox_worker::JobOutcome;
 use sha2::{Digest, Sha256};
@@ -96,11 +96,12 @@ async fn the_reaper_marks_only_abandoned_claims_lost_and_both_ways_out_complete(
             body_sha256: sha,
             guarded: false,
             pinned: false,
+            legs: vec![hookinbox_tests::store_leg()],
         },
     )
     .await
     .expect("claim");
-    assert!(matches!(claim, Claim::Claimed { .. }));
+    assert!(hookinbox_tests::claimed_token(&claim).is_some());
     // C: a live claim; D: expired only a moment ago.
     let c = Hook::fixture("push");
     let d = Hook::fixture("push");
@@ -124,8 +125,9 @@ async fn the_reaper_marks_only_abandoned_claims_lost_and_both_ways_out_complete(
     let taken = deliveries::take(
         &client,
         &env.policy(),
-        &e.key(),
+        &e.leg(),
         hookinbox::key::ClaimToken(t0),
+        env.policy().max_attempts,
         deliveries::ParkedBody {
             content_type: "application/json",
             headers: &[],

@@ -42,7 +42,7 @@ handler = {{ kind = "forward", url = "{}" }}
     let worker = env
         .worker_with(
             config.clone(),
-            hookinbox_worker::from_config(&config.handlers).expect("client"),
+            hookinbox_worker::from_config(&config.routes, &Default::default()).expect("client"),
         )
         .await;
 
@@ -85,7 +85,7 @@ handler = {{ kind = "forward", url = "{}" }}
     assert_eq!(forwarded.len(), 1);
     assert_eq!(
         forwarded[0].header("idempotency-key"),
-        Some(format!("github:beta:123456:{}", beta.id()).as_str())
+        Some(format!("github:beta:123456:{}:forward", beta.id()).as_str())
     );
     let _ = std::fs::remove_file(path);
     env.cleanup().await;

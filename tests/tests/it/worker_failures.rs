@@ -35,7 +35,7 @@ impl Handler for Hangs {
 async fn a_job_that_crashes_every_time_is_stopped_by_max_attempts_as_poison() {
     let (env, ingest) = TestEnv::with_ingest().await;
     let mut args = env.worker_args();
-    args.common.max_attempts = 3;
+    args.common.max_attempts = Some(3);
     let worker = env
         .worker_with(args.validate().expect("valid"), Arc::new(Panics))
         .await;

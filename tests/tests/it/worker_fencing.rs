@@ -6,19 +6,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hookinbox::Job;
-use hookinbox::deliveries::{self, Claim, ClaimRequest, Take};
-use hookinbox::key::{DeliveryId, DeliveryKey, HookId, SourceName};
+use hookinbox::deliveries::{self, ClaimRequest, Take};
+use hookinbox::key::{DeliveryId, DeliveryKey, HookId, LegKey, SourceName};
 use hookinbox_tests::{Hook, TestEnv, bin, connect, fixtures, wait_until};
 use hookinbox_worker::JobOutcome;
 use hookinbox_worker::{Completion, Effect, Handler, HandlerError, Store};
 use tokio::sync::Notify;
 
-fn key(id: &str) -> DeliveryKey {
+/// The leg (to the default settings' `store`) of delivery `id`.
+fn key(id: &str) -> LegKey {
     DeliveryKey::github(
         SourceName::default_source(),
         HookId::parse(Some(b"1")).expect("digits"),
         DeliveryId::parse(id.as_bytes()).expect("ascii"),
     )
+    .leg(hookinbox_tests::store_destination())
 }
 
 #[tokio::test]
@@ -49,7 +51,7 @@ async fn stale_worker_cannot_complete() {
         attempts,
         takeover,
         ..
-    } = deliveries::take(&client, &policy, &k, t0, body)
+    } = deliveries::take(&client, &policy, &k, t0, policy.max_attempts, body)
         .await
         .expect("take")
     else {
@@ -284,21 +286,23 @@ async fn taken(
 ) -> (hookinbox::key::ClaimToken, hookinbox::key::ClaimToken) {
     let policy = env.policy();
     let k = key(id);
-    let Claim::Claimed { token: t0, .. } = deliveries::claim(
+    let claim = deliveries::claim(
         client,
         &policy,
         &ClaimRequest {
-            key: k.clone(),
+            key: k.delivery.clone(),
             event: "push".into(),
             action: None,
             repository: None,
             body_sha256: [7; 32],
             guarded: false,
             pinned: false,
+            legs: vec![hookinbox_tests::store_leg()],
         },
     )
     .await
-    .expect("claim") else {
+    .expect("claim");
+    let Some(t0) = hookinbox_tests::claimed_token(&claim) else {
         panic!("new key must be claimed")
     };
     let raw = fixtures::own("push");
@@ -307,9 +311,10 @@ async fn taken(
         headers: &[],
         body: &raw,
     };
-    let Take::Taken { token, .. } = deliveries::take(client, &policy, &k, t0, body)
-        .await
-        .expect("take")
+    let Take::Taken { token, .. } =
+        deliveries::take(client, &policy, &k, t0, policy.max_attempts, body)
+            .await
+            .expect("take")
     else {
         panic!("take")
     };
@@ -337,11 +342,11 @@ async fn a_batch_of_completions_fences_each_row_by_its_own_token() {
         key: key(id),
         token,
         take: None,
+        max_attempts: 3,
         store,
     };
     let answers = deliveries::complete_batch(
         &client,
-        3,
         &[
             item("batch-live", live, event()),
             // A stale holder rides in the same batch: fenced, no effect.

@@ -146,7 +146,7 @@ async fn a_redelivered_message_is_taken_before_its_handler_runs() {
 async fn a_database_only_job_that_crashes_every_time_is_dead_lettered_as_poison() {
     let (env, ingest) = TestEnv::with_ingest().await;
     let mut args = env.worker_args();
-    args.common.max_attempts = 3;
+    args.common.max_attempts = Some(3);
     let worker = env
         .worker_with(args.validate().expect("valid"), Arc::new(PanicsInDatabase))
         .await;
@@ -211,7 +211,10 @@ async fn get_the_job(
         .await
         .expect("amqp");
     let channel = connection.create_channel().await.expect("channel");
-    let queue = Topology::new(&env.prefix).work_queue();
+    let queue = Topology::new(&env.prefix).leg_queue(
+        &hookinbox::SourceName::default_source(),
+        &hookinbox_tests::store_destination(),
+    );
     let message = channel
         .basic_get(&queue, BasicGetOptions::default())
         .await

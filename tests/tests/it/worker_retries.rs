@@ -18,8 +18,8 @@ fn transient() -> HandlerError {
 async fn transient_three_times_then_ok_takes_four_attempts_with_growing_gaps_never_early() {
     let (env, ingest) = TestEnv::with_ingest().await;
     let mut args = env.worker_args();
-    args.retry_base_ms = 200;
-    args.retry_max_ms = 5000;
+    args.retry_base_ms = Some(200);
+    args.retry_max_ms = Some(5000);
     let handler = Scripted::new(vec![transient(), transient(), transient()]);
     let worker = env
         .worker_with(args.validate().expect("valid"), handler.clone())
@@ -85,7 +85,7 @@ async fn retry_after_from_the_handler_is_respected() {
 async fn exhausted_attempts_are_dead_lettered_as_max_attempts() {
     let (env, ingest) = TestEnv::with_ingest().await;
     let mut args = env.worker_args();
-    args.common.max_attempts = 3;
+    args.common.max_attempts = Some(3);
     let handler = Scripted::new((0..10).map(|_| transient()).collect());
     let worker = env
         .worker_with(args.validate().expect("valid"), handler.clone())
@@ -117,8 +117,8 @@ async fn exhausted_attempts_are_dead_lettered_as_max_attempts() {
 async fn redelivery_during_a_backoff_is_a_duplicate_and_starts_no_job() {
     let (env, ingest) = TestEnv::with_ingest().await;
     let mut args = env.worker_args();
-    args.retry_base_ms = 60_000;
-    args.retry_max_ms = 60_000;
+    args.retry_base_ms = Some(60_000);
+    args.retry_max_ms = Some(60_000);
     let worker = env
         .worker_with(
             args.validate().expect("valid"),

@@ -56,7 +56,7 @@ async fn terminate(mut child: tokio::process::Child) {
 
 #[tokio::test]
 async fn sigterm_releases_unfinished_leases_and_leaves_messages_for_another_worker() {
-    let (env, ingest) = TestEnv::with_ingest().await;
+    let (env, ingest) = TestEnv::with_forward_ingest().await;
     // A forward receiver that never answers in time: the job is stuck in
     // its handler, before any effect.
     let receiver = Receiver::start(|_, _| Reply {
@@ -97,8 +97,18 @@ async fn sigterm_releases_unfinished_leases_and_leaves_messages_for_another_work
         || async { env.work_depth().await == 1 },
     )
     .await;
-    // Taken at once (no deferred wait for a lease), completed once.
-    let report = env.store_worker().await.drain().await.expect("drain");
+    // Taken at once (no deferred wait for a lease), completed once: by a
+    // worker of the same destination whose own handler stores.
+    let mut args = env.worker_args();
+    args.handler = hookinbox::config::HandlerKind::Forward;
+    args.forward_url = Some(receiver.url.clone());
+    let other = env
+        .worker_with(
+            args.validate().expect("valid"),
+            std::sync::Arc::new(hookinbox_worker::Store),
+        )
+        .await;
+    let report = other.drain().await.expect("drain");
     assert_eq!(report.outcomes, vec![JobOutcome::Completed]);
     assert_eq!(env.events().await, 1);
     env.cleanup().await;
@@ -197,7 +207,7 @@ async fn worker_holds_messages_while_postgres_is_unreachable_and_finishes_after(
 
 #[tokio::test]
 async fn sigterm_lets_in_flight_jobs_finish_within_the_grace_period_and_acks_them() {
-    let (env, ingest) = TestEnv::with_ingest().await;
+    let (env, ingest) = TestEnv::with_forward_ingest().await;
     // Each job spends 2 s in its handler: SIGTERM arrives while all five
     // are running, well inside a 10-second grace period.
     let receiver = Receiver::start(|_, _| Reply {

@@ -185,7 +185,7 @@ pub(crate) fn job_json(job: &jobs::Job, items: &[jobs::Item]) -> Value {
         "finished_at": job.finished_at,
         "cancelled_by": job.cancelled_by,
         "items": items.iter().map(|i| {
-            let [_, source, hook_id, delivery_id] = &i.key;
+            let [_, source, hook_id, delivery_id, _] = &i.key;
             json!({
                 "position": i.position,
                 key_field: {"source": source, "hook_id": hook_id, "delivery_id": delivery_id},

@@ -5,7 +5,7 @@ use chrono::{DateTime, Utc};
 use deadpool_postgres::Pool;
 use hookinbox::deliveries::group_commit::{self, CompletionBatcher};
 use hookinbox::deliveries::{self, Completing, StoredEvent};
-use hookinbox::key::{ClaimToken, DeliveryKey};
+use hookinbox::key::{ClaimToken, LegKey};
 use hookinbox::postgres::{Client, DbError, Refusal};
 
 use super::HandlerError;
@@ -29,7 +29,7 @@ pub enum Completion {
 /// attempt.
 pub struct Effect {
     pool: Pool,
-    key: DeliveryKey,
+    key: LegKey,
     token: ClaimToken,
     attempt: i32,
     /// Set when the completion is also the take (see [`Effect::taking`]).
@@ -40,6 +40,18 @@ pub struct Effect {
     staged: Option<StoredEvent>,
     /// Group commit of completions, when the runtime runs one.
     completions: Option<CompletionBatcher>,
+    /// What the destination answered, for the attempt log.
+    answer: Option<Answer>,
+}
+
+/// What a destination answered an attempt, as a handler notes it
+/// ([`Effect::note_answer`]).
+#[derive(Clone, Debug, Default)]
+pub struct Answer {
+    /// The status code, when there was an answer.
+    pub status: Option<u16>,
+    /// The first 4 KiB of the answer's body.
+    pub excerpt: Option<bytes::Bytes>,
 }
 
 /// A completion that is also the take: the row must still have `attempts`
@@ -52,7 +64,7 @@ struct FirstTake {
 
 impl Effect {
     /// The effect of one attempt at `key` under `token`.
-    pub fn new(pool: Pool, key: DeliveryKey, token: ClaimToken, attempt: i32) -> Self {
+    pub fn new(pool: Pool, key: LegKey, token: ClaimToken, attempt: i32) -> Self {
         Self {
             pool,
             key,
@@ -62,7 +74,21 @@ impl Effect {
             tx: None,
             staged: None,
             completions: None,
+            answer: None,
         }
+    }
+
+    /// Notes what the destination answered (its status code, the first
+    /// bytes of its body), for the attempt log and the console. A handler
+    /// that calls something over the network calls it once per attempt;
+    /// never pass a secret or a signature.
+    pub fn note_answer(&mut self, status: Option<u16>, excerpt: Option<bytes::Bytes>) {
+        self.answer = Some(Answer { status, excerpt });
+    }
+
+    /// What [`Effect::note_answer`] noted.
+    pub fn answer(&self) -> Option<&Answer> {
+        self.answer.as_ref()
     }
 
     /// The effect of a job run without a take: `token` is the one the job
@@ -73,7 +99,7 @@ impl Effect {
     /// fenced and nothing is written.
     pub fn taking(
         pool: Pool,
-        key: DeliveryKey,
+        key: LegKey,
         token: ClaimToken,
         attempts: i32,
         max_attempts: i32,
@@ -186,20 +212,17 @@ impl Effect {
                     key: self.key.clone(),
                     token: self.token,
                     take,
+                    max_attempts,
                     store: self.staged.take(),
                 };
                 let completed = match &self.completions {
                     Some(batcher) => batcher.submit(item).await?,
                     None => {
                         let client = self.pool.get().await?;
-                        group_commit::complete_apart(
-                            &client,
-                            max_attempts,
-                            std::slice::from_ref(&item),
-                        )
-                        .await?
-                        .pop()
-                        .unwrap_or(Ok(None))
+                        group_commit::complete_apart(&client, std::slice::from_ref(&item))
+                            .await?
+                            .pop()
+                            .unwrap_or(Ok(None))
                     }
                 };
                 Ok(match completed {

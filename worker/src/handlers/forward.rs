@@ -1,21 +1,32 @@
-//! The `forward` handler: POSTs each delivery's raw body to a URL.
+//! The `forward` handler: POSTs each leg's raw body to its destination's URL.
 //!
 //! The request carries the body byte for byte, the original `X-GitHub-*`
 //! headers and `Content-Type`, and `Idempotency-Key:
-//! <provider>:<source>:<hook_id>:<delivery_id>`. With a forward secret it
-//! also carries `X-Hookinbox-Signature-256: sha256=<hex>`, the HMAC-SHA256 of
-//! the body, so the receiver can check where it came from.
+//! <provider>:<source>:<hook_id>:<delivery_id>:<destination>`. With a
+//! forward secret it also carries `X-Hookinbox-Signature-256:
+//! sha256=<hex>`, the HMAC-SHA256 of the body, so the receiver can check
+//! where it came from.
 //!
-//! A crash between the POST and the completion sends the same delivery
-//! again, always with the same `Idempotency-Key`: receivers must dedupe on
-//! it. That is the price of an effect outside Postgres.
+//! A crash between the POST and the completion sends the same leg again,
+//! always with the same `Idempotency-Key`: receivers must dedupe on it.
+//! That is the price of an effect outside Postgres.
+//!
+//! The answer is classified ([`classify`]): 2xx is done; 408, 429 and 5xx
+//! are worth retrying; an answer that says the destination itself is wrong
+//! (401, 403, 404, 405, 410, a redirect, which is never followed) and a
+//! DNS or TLS failure are the destination's, not the delivery's
+//! ([`HandlerError::Destination`]); any other answer (400, 422, …) is
+//! permanent for this leg. At most the first 4 KiB of the answer's body
+//! are read, for the attempt log.
 
 use std::time::{Duration, SystemTime};
 
+use bytes::{Bytes, BytesMut};
 use reqwest::StatusCode;
 use reqwest::header::{CONTENT_TYPE, HeaderMap, RETRY_AFTER};
 
 use hookinbox::config::ForwardConfig;
+use hookinbox::deliveries::EXCERPT_BYTES;
 use hookinbox::job::Job;
 use hookinbox::signature::Secret;
 
@@ -57,7 +68,7 @@ impl Forward {
 
 #[async_trait::async_trait]
 impl Handler for Forward {
-    async fn handle(&self, job: &Job, _effect: &mut Effect) -> Result<(), HandlerError> {
+    async fn handle(&self, job: &Job, effect: &mut Effect) -> Result<(), HandlerError> {
         let mut request = self
             .client
             .post(self.url.clone())
@@ -72,8 +83,10 @@ impl Handler for Forward {
         }
         // `Bytes` clones share the buffer: the body is not copied.
         match request.body(job.body.clone()).send().await {
-            Ok(response) => {
-                let answer = classify(response.status(), response.headers(), SystemTime::now());
+            Ok(mut response) => {
+                let status = response.status();
+                let answer = classify(status, response.headers(), SystemTime::now());
+                effect.note_answer(Some(status.as_u16()), excerpt(&mut response).await);
                 // The receiver has the delivery; the completion has not
                 // committed. A crash here sends it again with the same key.
                 if answer.is_ok() {
@@ -86,16 +99,69 @@ impl Handler for Forward {
                 "receiver did not answer within {:?}",
                 self.timeout
             ))),
-            Err(e) if e.is_connect() => {
-                Err(HandlerError::transient("cannot connect to the receiver"))
-            }
-            Err(_) => Err(HandlerError::transient("request to the receiver failed")),
+            Err(e) => Err(unreachable(&e)),
         }
     }
 }
 
+/// At most the first [`EXCERPT_BYTES`] of an answer's body, for the attempt
+/// log; the rest is never read (the connection is dropped with it).
+async fn excerpt(response: &mut reqwest::Response) -> Option<Bytes> {
+    let mut kept = BytesMut::new();
+    while kept.len() < EXCERPT_BYTES {
+        match response.chunk().await {
+            Ok(Some(chunk)) => {
+                let room = EXCERPT_BYTES - kept.len();
+                kept.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            }
+            Ok(None) | Err(_) => break,
+        }
+    }
+    (!kept.is_empty()).then(|| kept.freeze())
+}
+
+/// A request that got no answer: a name that does not resolve and a TLS
+/// handshake that fails are the destination's failures (its address or its
+/// certificate is wrong); a refused or reset connection is worth retrying.
+fn unreachable(e: &reqwest::Error) -> HandlerError {
+    let chain = error_chain(e);
+    let destination = |message: &str| HandlerError::Destination {
+        message: message.to_owned(),
+        answered: false,
+        gone: false,
+    };
+    if chain.contains("dns error") || chain.contains("failed to lookup address") {
+        destination("the receiver's host name does not resolve")
+    } else if chain.contains("certificate")
+        || chain.contains("tls")
+        || chain.contains("handshake")
+        || chain.contains("invalid peer")
+    {
+        destination("the TLS handshake with the receiver failed")
+    } else if e.is_connect() {
+        HandlerError::transient("cannot connect to the receiver")
+    } else {
+        HandlerError::transient("request to the receiver failed")
+    }
+}
+
+/// An error and its sources, lower case, for classification only (it may
+/// hold the URL, so it is never logged or stored).
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(inner) = source {
+        text.push_str(": ");
+        text.push_str(&inner.to_string());
+        source = inner.source();
+    }
+    text.to_lowercase()
+}
+
 /// 2xx is done; 408, 429 and 5xx are worth retrying (honouring
-/// `Retry-After`); every other answer is permanent.
+/// `Retry-After`); 401, 403, 404, 405, 410 and redirects say the
+/// destination itself is wrong (410: gone for good); every other answer is
+/// permanent for this leg.
 pub fn classify(
     status: StatusCode,
     headers: &HeaderMap,
@@ -104,7 +170,8 @@ pub fn classify(
     if status.is_success() {
         return Ok(());
     }
-    let message = format!("receiver answered {}", status.as_u16());
+    let code = status.as_u16();
+    let message = format!("receiver answered {code}");
     if status == StatusCode::REQUEST_TIMEOUT
         || status == StatusCode::TOO_MANY_REQUESTS
         || status.is_server_error()
@@ -115,6 +182,20 @@ pub fn classify(
                 .get(RETRY_AFTER)
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| retry_after(v, now)),
+        });
+    }
+    if status.is_redirection() {
+        return Err(HandlerError::Destination {
+            message: format!("{message} (a redirect, which is not followed: fix the URL)"),
+            answered: true,
+            gone: false,
+        });
+    }
+    if matches!(code, 401 | 403 | 404 | 405 | 410) {
+        return Err(HandlerError::Destination {
+            message,
+            answered: true,
+            gone: code == 410,
         });
     }
     Err(HandlerError::permanent(message))
@@ -161,10 +242,18 @@ mod tests {
             let err = classify(status, &none, now).expect_err("fails");
             assert!(err.is_transient(), "{transient}");
         }
-        for permanent in [301, 400, 401, 403, 404, 410, 422] {
+        for permanent in [400, 409, 413, 415, 422] {
             let status = StatusCode::from_u16(permanent).expect("status");
             let err = classify(status, &none, now).expect_err("fails");
             assert!(!err.is_transient(), "{permanent}");
+        }
+        for destination in [301, 302, 307, 308, 401, 403, 404, 405, 410] {
+            let status = StatusCode::from_u16(destination).expect("status");
+            let err = classify(status, &none, now).expect_err("fails");
+            assert!(
+                matches!(err, HandlerError::Destination { answered: true, gone, .. } if gone == (destination == 410)),
+                "{destination}: {err:?}"
+            );
         }
     }
 }

@@ -32,18 +32,18 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hookinbox::config::HandlerConfig;
+use hookinbox::config::{DestinationKind, Route};
 use hookinbox::deliveries::{ErrorClass, Failure};
 use hookinbox::job::Job;
-use hookinbox::key::SourceName;
+use hookinbox::key::{DestinationName, SourceName};
 use hookinbox::postgres::{DbError, Refusal, describe};
-use hookinbox::retry::RetryPolicy;
+use hookinbox::retry::Retries;
 
 mod effect;
 mod forward;
 mod store;
 
-pub use effect::{Completion, Effect};
+pub use effect::{Answer, Completion, Effect};
 pub use forward::{Forward, SIGNATURE_HEADER, classify, retry_after};
 pub use store::Store;
 
@@ -76,6 +76,23 @@ pub enum HandlerError {
     /// Postgres could not be reached for the transaction.
     #[error("database unavailable: {0}")]
     Unavailable(String),
+    /// The destination itself is wrong or gone, not this delivery: an
+    /// answer such as `401`, `403`, `404`, `405`, `410` or a redirect, or a
+    /// DNS or TLS failure. With a breaker, the attempt is given back, the
+    /// leg waits for its destination (held) and the breaker opens at once;
+    /// `gone` (`410`) disables the destination. Without one, it is a
+    /// permanent failure when the destination answered and a transient one
+    /// when it could not be reached.
+    #[error("{message}")]
+    Destination {
+        /// Short description; redacted before it is stored.
+        message: String,
+        /// The destination answered (a status), rather than being out of
+        /// reach.
+        answered: bool,
+        /// It said it is gone for good (`410 Gone`).
+        gone: bool,
+    },
 }
 
 impl HandlerError {
@@ -103,6 +120,7 @@ impl HandlerError {
                 ErrorClass::Permanent
             }
             Self::Db(_) | Self::Unavailable(_) | Self::Fenced => ErrorClass::Db,
+            Self::Destination { .. } => ErrorClass::Held,
         }
     }
 
@@ -119,10 +137,28 @@ impl HandlerError {
         }
     }
 
-    /// How this error, after `attempts` takes, is recorded (see
-    /// [`RetryPolicy::decide`]).
-    pub fn failure(&self, policy: &RetryPolicy, attempts: i32) -> Failure {
-        policy.decide(self.class(), self.to_string(), self.retry_after(), attempts)
+    /// How this error, after `attempts` takes, is recorded under the
+    /// destination's retries (see [`Retries::decide`]). A destination
+    /// failure of a destination with a breaker holds the leg (due now,
+    /// gated by the breaker, its attempt given back); without a breaker it
+    /// is recorded as what it would otherwise be.
+    pub fn failure(&self, retries: &Retries, attempts: i32, breaker: bool) -> Failure {
+        match self {
+            Self::Destination { message, .. } if breaker => Failure {
+                class: ErrorClass::Held,
+                message: message.clone(),
+                retry_in: Some(Duration::ZERO),
+            },
+            Self::Destination { answered, .. } => {
+                let class = if *answered {
+                    ErrorClass::Permanent
+                } else {
+                    ErrorClass::Transient
+                };
+                retries.decide(class, self.to_string(), None, attempts)
+            }
+            _ => retries.decide(self.class(), self.to_string(), self.retry_after(), attempts),
+        }
     }
 }
 
@@ -164,45 +200,99 @@ pub trait Handler: Send + Sync + 'static {
     }
 }
 
-/// Sends each delivery to the handler of its source.
+/// Sends each leg to the handler of its destination (a leg claimed before
+/// destinations existed to its source's first destination's).
 pub struct Router {
-    routes: BTreeMap<SourceName, Arc<dyn Handler>>,
+    routes: BTreeMap<(SourceName, DestinationName), Arc<dyn Handler>>,
+    /// Each source's first destination, for legacy legs.
+    firsts: BTreeMap<SourceName, DestinationName>,
+}
+
+impl Router {
+    fn handler(&self, job: &Job) -> Option<&Arc<dyn Handler>> {
+        let source = &job.key.source;
+        let destination = if job.key.destination.is_legacy() {
+            self.firsts.get(source)?
+        } else {
+            &job.key.destination
+        };
+        self.routes.get(&(source.clone(), destination.clone()))
+    }
 }
 
 #[async_trait::async_trait]
 impl Handler for Router {
     async fn handle(&self, job: &Job, effect: &mut Effect) -> Result<(), HandlerError> {
-        match self.routes.get(&job.key.source) {
+        match self.handler(job) {
             Some(handler) => handler.handle(job, effect).await,
             None => Err(HandlerError::permanent(format!(
-                "no handler is configured for source '{}'",
-                job.key.source
+                "no destination '{}' is configured for source '{}'",
+                job.key.destination, job.key.source
             ))),
         }
     }
 
     fn database_only(&self, job: &Job) -> bool {
-        self.routes
-            .get(&job.key.source)
+        self.handler(job)
             .is_some_and(|handler| handler.database_only(job))
     }
 }
 
-/// Builds the built-in handler of every configured source (one pooled HTTP
-/// client serves all `forward` sources).
-pub fn from_config(
-    handlers: &BTreeMap<SourceName, HandlerConfig>,
-) -> Result<Arc<dyn Handler>, reqwest::Error> {
+/// Handlers a worker binary registers by name, for destinations of that
+/// kind (`kind = "<name>"`).
+pub type Registry = BTreeMap<String, Arc<dyn Handler>>;
+
+/// Why the handlers could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum RouterError {
+    /// A destination names a kind no handler is registered for.
+    #[error(
+        "destination {of_source}/{destination}: no handler '{kind}' is registered in this worker \
+         binary (built in: store, forward)"
+    )]
+    UnknownKind {
+        /// The source.
+        of_source: SourceName,
+        /// The destination.
+        destination: DestinationName,
+        /// The kind it names.
+        kind: String,
+    },
+    /// The HTTP client could not be built.
+    #[error("cannot build the HTTP client: {0}")]
+    Client(#[from] reqwest::Error),
+}
+
+/// Builds the handler of every configured destination: the built-in ones,
+/// and `registry`'s for the kinds it names (one pooled HTTP client serves
+/// all `forward` destinations).
+pub fn from_config(routes: &[Route], registry: &Registry) -> Result<Arc<dyn Handler>, RouterError> {
     let client = forward::client()?;
-    let routes = handlers
-        .iter()
-        .map(|(name, config)| {
-            let handler: Arc<dyn Handler> = match config {
-                HandlerConfig::Store => Arc::new(Store),
-                HandlerConfig::Forward(forward) => Arc::new(Forward::new(client.clone(), forward)),
-            };
-            (name.clone(), handler)
-        })
-        .collect();
-    Ok(Arc::new(Router { routes }))
+    let mut handlers = BTreeMap::new();
+    let mut firsts = BTreeMap::new();
+    for route in routes {
+        let d = &route.destination;
+        let handler: Arc<dyn Handler> = match &d.kind {
+            DestinationKind::Store => Arc::new(Store),
+            DestinationKind::Forward(forward) => Arc::new(Forward::new(client.clone(), forward)),
+            DestinationKind::Custom(kind) => {
+                registry
+                    .get(kind)
+                    .cloned()
+                    .ok_or_else(|| RouterError::UnknownKind {
+                        of_source: route.source.clone(),
+                        destination: d.name.clone(),
+                        kind: kind.clone(),
+                    })?
+            }
+        };
+        firsts
+            .entry(route.source.clone())
+            .or_insert_with(|| d.name.clone());
+        handlers.insert((route.source.clone(), d.name.clone()), handler);
+    }
+    Ok(Arc::new(Router {
+        routes: handlers,
+        firsts,
+    }))
 }

@@ -82,12 +82,22 @@ impl Sampler {
         metrics::gauge!(hookinbox::metrics::AWAITING_REDELIVERY).set(row.get::<_, i64>(6) as f64);
         metrics::gauge!(hookinbox::metrics::OLDEST_AWAITING_REDELIVERY_SECONDS)
             .set(row.get::<_, f64>(7));
-        for (label, queue) in [
-            ("work", ctx.topology.work_queue()),
-            ("dlq", ctx.topology.dead_letter_queue()),
-        ] {
+        // The legacy shared queue, the dead letters, and each configured
+        // destination's queue (labelled `work.<source>.<destination>`).
+        let mut queues = vec![
+            ("work".to_owned(), ctx.topology.work_queue()),
+            ("dlq".to_owned(), ctx.topology.dead_letter_queue()),
+        ];
+        for route in ctx.config.routes.iter() {
+            let name = &route.destination.name;
+            queues.push((
+                format!("work.{}.{name}", route.source),
+                ctx.topology.leg_queue(&route.source, name),
+            ));
+        }
+        for (label, queue) in queues {
             if let Ok((messages, consumers)) = ctx.publisher.queue_stats(&queue).await {
-                metrics::gauge!(hookinbox::metrics::QUEUE_MESSAGES, "queue" => label)
+                metrics::gauge!(hookinbox::metrics::QUEUE_MESSAGES, "queue" => label.clone())
                     .set(f64::from(messages));
                 metrics::gauge!(hookinbox::metrics::QUEUE_CONSUMERS, "queue" => label)
                     .set(f64::from(consumers));

@@ -26,7 +26,26 @@ const COPY_GRACE: Duration = Duration::from_secs(60);
 pub(crate) async fn schedule_once(ctx: &Context) -> Result<usize, RuntimeError> {
     let client = ctx.pool.get().await.map_err(DbError::from)?;
     deliveries::exhaust_due(&client, &ctx.policy, SCHEDULE_BATCH).await?;
-    let due = deliveries::schedule_due(&client, &ctx.policy, SCHEDULE_BATCH).await?;
+    let mut due = deliveries::schedule_due(&client, &ctx.policy, SCHEDULE_BATCH).await?;
+    // Breakers: destinations open too long are disabled; each open one
+    // whose pause is over gets its probe, published like a retry.
+    let disabled = deliveries::disable_stale(&client).await?;
+    if disabled > 0 {
+        tracing::warn!(
+            disabled,
+            "destinations disabled: their breakers stayed open longer than disable_after"
+        );
+    }
+    let probes = deliveries::probe_due(&client, &ctx.policy).await?;
+    for probe in probes.iter().flatten() {
+        tracing::info!(
+            source = %probe.job.key.source,
+            destination = %probe.job.key.destination,
+            delivery_id = %probe.job.key.delivery_id,
+            "probing an open destination"
+        );
+    }
+    due.extend(probes);
     let orphans = deliveries::needing_copy(&client, COPY_GRACE, SCHEDULE_BATCH).await?;
     drop(client);
 

@@ -23,9 +23,10 @@ impl DrainReport {
 }
 
 impl Worker {
-    /// Processes messages one at a time with `basic.get` until the work
-    /// queue is empty, and reports what happened to each. Tests and tools
-    /// use it to drive the runtime without sleeping.
+    /// Processes messages one at a time with `basic.get` until every queue
+    /// of this worker (each destination's, and the legacy one) is empty, and
+    /// reports what happened to each. Tests and tools use it to drive the
+    /// runtime without sleeping.
     pub async fn drain(&self) -> Result<DrainReport, RuntimeError> {
         self.drain_at_most(usize::MAX).await
     }
@@ -37,29 +38,45 @@ impl Worker {
 
     async fn drain_at_most(&self, limit: usize) -> Result<DrainReport, RuntimeError> {
         let (connection, channel) = self.open_channel("hookinbox-worker-drain").await?;
+        let inner = &self.inner;
+        for lane in inner.lanes.all() {
+            if !lane.destination.is_legacy() {
+                inner
+                    .topology
+                    .declare_leg_queue(&channel, &lane.source, &lane.destination)
+                    .await?;
+            }
+        }
         let stop = Stop::default();
         let mut report = DrainReport::default();
-        while report.outcomes.len() < limit {
-            let Some(message) = channel
-                .basic_get(
-                    &self.inner.topology.work_queue(),
-                    BasicGetOptions::default(),
-                )
-                .await?
-            else {
-                break;
-            };
-            let delivery = message.delivery;
-            let outcome = self
-                .process(
-                    delivery.properties,
-                    delivery.data,
-                    delivery.redelivered,
-                    Settle::Alone(delivery.acker),
-                    &stop,
-                )
-                .await;
-            report.outcomes.push(outcome);
+        // Round the queues, one message each, until a whole round finds
+        // them all empty.
+        let mut empty_round = false;
+        while report.outcomes.len() < limit && !empty_round {
+            empty_round = true;
+            for lane in inner.lanes.all() {
+                if report.outcomes.len() >= limit {
+                    break;
+                }
+                let Some(message) = channel
+                    .basic_get(&lane.queue, BasicGetOptions::default())
+                    .await?
+                else {
+                    continue;
+                };
+                empty_round = false;
+                let delivery = message.delivery;
+                let outcome = self
+                    .process(
+                        delivery.properties,
+                        delivery.data,
+                        delivery.redelivered,
+                        Settle::Alone(delivery.acker),
+                        &stop,
+                    )
+                    .await;
+                report.outcomes.push(outcome);
+            }
         }
         let _ = connection.close(200, "drained").await;
         Ok(report)

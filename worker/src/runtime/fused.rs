@@ -50,13 +50,18 @@ impl Worker {
     pub(super) async fn fused(&self, job: &Job, stop: &Stop) -> Option<JobOutcome> {
         let inner = &self.inner;
         let attempts = job.attempts?;
+        let lane = inner.lanes.of(job);
+        // A destination with a breaker goes the full way: its take is the
+        // breaker's gate.
         if !inner.config.fused_take
-            || attempts >= inner.policy.max_attempts
+            || attempts >= lane.max_attempts()
+            || lane.breaker.is_some()
+            || lane.limiter.is_some()
             || !inner.handler.database_only(job)
         {
             return None;
         }
-        let Ok(_slot) = inner.slots.acquire().await else {
+        let Ok(_slot) = lane.slots.acquire().await else {
             return Some(JobOutcome::Left);
         };
         tracing::Span::current().record("attempt", attempts + 1);
@@ -65,7 +70,7 @@ impl Worker {
             job.key.clone(),
             job.token,
             attempts,
-            inner.policy.max_attempts,
+            lane.max_attempts(),
         )
         .with_completions(inner.completions.clone());
         // No heartbeat, so no lease to lose.

@@ -6,7 +6,7 @@ use std::time::Duration;
 use backon::BackoffBuilder;
 use deadpool_postgres::Pool;
 use hookinbox::deliveries::{self, Policy};
-use hookinbox::key::{ClaimToken, DeliveryKey};
+use hookinbox::key::{ClaimToken, LegKey};
 use hookinbox::postgres::{self, DbError};
 use tokio_util::sync::CancellationToken;
 
@@ -28,7 +28,7 @@ pub(super) fn reconnect_backoff() -> impl Iterator<Item = Duration> {
 pub(super) async fn heartbeat(
     pool: Pool,
     policy: Policy,
-    key: DeliveryKey,
+    key: LegKey,
     token: ClaimToken,
     lost: CancellationToken,
 ) {

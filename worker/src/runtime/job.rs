@@ -41,7 +41,9 @@ use tokio_util::task::AbortOnDropHandle;
 use tracing::{Instrument, field};
 
 use super::acks::Settle;
+use super::breaker::Attempted;
 use super::heartbeat::heartbeat;
+use super::lanes::Lane;
 use super::{JobOutcome, Stop, Worker};
 use crate::handlers::{Completion, Effect, HandlerError};
 
@@ -57,6 +59,14 @@ pub(super) enum Ran {
     LeaseLost,
     /// The worker is stopping hard; it was cancelled.
     Shutdown,
+}
+
+/// What a take gave a job to attempt.
+struct Taken {
+    token: ClaimToken,
+    attempts: i32,
+    created_at: chrono::DateTime<chrono::Utc>,
+    probe: bool,
 }
 
 /// What one attempt left to do.
@@ -91,6 +101,7 @@ impl Worker {
             "delivery",
             delivery_id = %job.key.delivery_id,
             source = %job.key.source,
+            destination = %job.key.destination,
             hook_id = %job.key.hook_id,
             event = %job.event,
             action = job.action.as_deref().unwrap_or(""),
@@ -135,6 +146,13 @@ impl Worker {
             return outcome;
         }
         let inner = &self.inner;
+        let lane = inner.lanes.of(job);
+        // The destination's pace, before the take: waiting for it is not
+        // an attempt.
+        tokio::select! {
+            _ = lane.pace() => {}
+            _ = stop.hard.cancelled() => return JobOutcome::Left,
+        }
         // The token this message presents. After a take of ours whose
         // outcome is unknown (Postgres failed), it becomes our own token so
         // that the retry takes the delivery back at once.
@@ -144,7 +162,7 @@ impl Worker {
             if stop.hard.is_cancelled() {
                 return JobOutcome::Left;
             }
-            let taken = self.take(job, presented).await;
+            let taken = self.take(job, lane, presented).await;
             let take = match taken {
                 Ok(take) => take,
                 Err(error) => {
@@ -180,11 +198,16 @@ impl Worker {
                     tracing::warn!("attempts exhausted; dead-lettering as poison");
                     return self.ensure_dead_letter_copy(job, stop).await;
                 }
+                Take::Held => {
+                    tracing::info!("destination not taking legs now; held");
+                    return JobOutcome::Held;
+                }
                 Take::Taken {
                     token,
                     attempts,
                     takeover,
                     created_at,
+                    probe,
                 } => {
                     tracing::Span::current().record("attempt", attempts);
                     hookinbox::kill_point!("worker.after_take");
@@ -192,10 +215,19 @@ impl Worker {
                         tracing::info!("took over an expired lease");
                         metrics::counter!(hookinbox::metrics::TAKEOVERS).increment(1);
                     }
-                    let Ok(_slot) = inner.slots.acquire().await else {
+                    if probe {
+                        tracing::info!("probing the destination with this leg");
+                    }
+                    let Ok(_slot) = lane.slots.acquire().await else {
                         return JobOutcome::Left;
                     };
-                    match self.attempt(job, token, attempts, created_at, stop).await {
+                    let taken = Taken {
+                        token,
+                        attempts,
+                        created_at,
+                        probe,
+                    };
+                    match self.attempt(job, lane, taken, stop).await {
                         // Fenced by the reaper rather than by another
                         // worker (Postgres was out of reach past the lease):
                         // nobody holds the delivery, so this message must
@@ -216,13 +248,20 @@ impl Worker {
         }
     }
 
-    /// Takes the delivery of `job`: the common case rides in a batch with
-    /// other messages' takes; what the batch did not take goes through the
-    /// full take, which decides poison, deferred and resolved.
-    async fn take(&self, job: &Job, presented: ClaimToken) -> Result<Take, DbError> {
+    /// Takes the leg of `job`: the common case rides in a batch with other
+    /// messages' takes; what the batch did not take goes through the full
+    /// take, which decides poison, held, deferred and resolved.
+    async fn take(&self, job: &Job, lane: &Lane, presented: ClaimToken) -> Result<Take, DbError> {
         let inner = &self.inner;
         if inner.config.take_batch > 1
-            && let Some(taken) = inner.takes.submit((job.key.clone(), presented)).await?
+            && let Some(taken) = inner
+                .takes
+                .submit(deliveries::Taking {
+                    key: job.key.clone(),
+                    presented,
+                    max_attempts: lane.max_attempts(),
+                })
+                .await?
         {
             return Ok(taken);
         }
@@ -232,21 +271,22 @@ impl Worker {
             &inner.policy,
             &job.key,
             presented,
+            lane.max_attempts(),
             ParkedBody::from(job),
         )
         .await
     }
 
-    /// Runs the handler once under `token`, with the heartbeat and the time
-    /// limit, and records the result.
-    async fn attempt(
-        &self,
-        job: &Job,
-        token: ClaimToken,
-        attempts: i32,
-        created_at: chrono::DateTime<chrono::Utc>,
-        stop: &Stop,
-    ) -> Attempt {
+    /// Runs the handler once under the take's token, with the heartbeat and
+    /// the time limit, tells the destination's log and breaker how it went,
+    /// and records the result.
+    async fn attempt(&self, job: &Job, lane: &Lane, taken: Taken, stop: &Stop) -> Attempt {
+        let Taken {
+            token,
+            attempts,
+            created_at,
+            probe,
+        } = taken;
         let inner = &self.inner;
         let lost = CancellationToken::new();
         // Aborted on drop too: if this attempt's future is dropped (the
@@ -260,8 +300,33 @@ impl Worker {
         )));
         let mut effect = Effect::new(inner.pool.clone(), job.key.clone(), token, attempts)
             .with_completions(inner.completions.clone());
+        let started = std::time::Instant::now();
         let ran = self.run_handler(job, &mut effect, &lost, stop).await;
         heartbeat.abort();
+        // The destination's log and breaker hear of every attempt that
+        // reached an end of its own, before the leg's failure is recorded
+        // (see `breaker`).
+        let timed_out = HandlerError::transient(format!(
+            "handler ran past {:?}",
+            inner.config.handler_timeout
+        ));
+        let outcome = match &ran {
+            Ran::Returned(Ok(())) => Some(Ok(())),
+            Ran::Returned(Err(HandlerError::Fenced)) => None,
+            Ran::Returned(Err(e)) => Some(Err(e)),
+            Ran::TimedOut => Some(Err(&timed_out)),
+            Ran::Panicked | Ran::LeaseLost | Ran::Shutdown => None,
+        };
+        if let Some(outcome) = outcome {
+            let attempted = Attempted {
+                job,
+                attempt: attempts,
+                probe,
+                started,
+                answer: effect.answer(),
+            };
+            self.after_attempt(lane, attempted, outcome).await;
+        }
 
         let failure = match ran {
             Ran::Returned(Ok(())) => {
@@ -297,9 +362,7 @@ impl Worker {
                         } else {
                             ErrorClass::Db
                         };
-                        inner
-                            .config
-                            .retry
+                        lane.retries
                             .decide(class, refusal.to_string(), None, attempts)
                     }
                     // No answer: whether the commit landed is unknown. Take
@@ -335,17 +398,13 @@ impl Worker {
             }
             Ran::TimedOut => {
                 drop(effect);
-                inner.config.retry.decide(
-                    ErrorClass::Timeout,
-                    format!("handler ran past {:?}", inner.config.handler_timeout),
-                    None,
-                    attempts,
-                )
+                lane.retries
+                    .decide(ErrorClass::Timeout, timed_out.to_string(), None, attempts)
             }
             Ran::Returned(Err(error)) => {
                 effect.rollback().await;
                 drop(effect);
-                error.failure(&inner.config.retry, attempts)
+                error.failure(&lane.retries, attempts, lane.breaker.is_some())
             }
         };
         tracing::warn!(
@@ -361,6 +420,9 @@ impl Worker {
         };
         match recorded {
             Ok(None) => Attempt::Done(JobOutcome::Fenced),
+            // The destination itself failed: the leg waits for it, its
+            // attempt given back.
+            Ok(Some(_)) if failure.class == ErrorClass::Held => Attempt::Done(JobOutcome::Held),
             Ok(Some(_)) if failure.retry_in.is_some() => Attempt::Done(JobOutcome::Failed {
                 class: failure.class,
                 retryable: true,

@@ -1,6 +1,7 @@
-//! The consume loop: a worker attaches to the work queue, hands each
-//! message to its own task (see `job`), reconnects when the broker goes
-//! away, and stops in two stages on shutdown.
+//! The consume loop: a worker attaches to the queue of each of its
+//! destinations (its lanes, see `lanes`) on a channel of its own, hands
+//! each message to its own task (see `job`), reconnects when the broker
+//! goes away, and stops in two stages on shutdown.
 
 use std::ops::Deref;
 use std::sync::Arc;
@@ -10,13 +11,14 @@ use std::time::Duration;
 use deadpool_postgres::Pool;
 use futures::StreamExt;
 use hookinbox::config::WorkerConfig;
-use hookinbox::deliveries::group_commit::{self, CompletionBatcher, TakeBatcher};
-use hookinbox::deliveries::{ErrorClass, Swept};
+use hookinbox::deliveries::group_commit::{
+    self, AttemptLogBatcher, CompletionBatcher, TakeBatcher,
+};
+use hookinbox::deliveries::{self, ErrorClass, Swept};
 use hookinbox::metrics::{Readiness, Ready};
 use hookinbox::postgres::{self, BatchShape};
 use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
-use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -25,11 +27,13 @@ use crate::handlers::Handler;
 use crate::{maintenance, reconcile};
 
 mod acks;
+mod breaker;
 mod dead_letter;
 mod drain;
 mod fused;
 mod heartbeat;
 mod job;
+mod lanes;
 
 pub use drain::DrainReport;
 use heartbeat::reconnect_backoff;
@@ -51,6 +55,9 @@ pub enum JobOutcome {
     },
     /// Attempts were exhausted before this take; dead-lettered unrun.
     Poisoned,
+    /// Its destination takes no legs now (breaker open, paused or
+    /// disabled): the leg is held in Postgres, no attempt spent.
+    Held,
     /// The delivery was already resolved (completed or failed) or is gone.
     Duplicate,
     /// The message could not be read as a job; the broker dead-letters it.
@@ -75,6 +82,7 @@ impl JobOutcome {
                 retryable: false, ..
             } => "dead_lettered",
             Self::Poisoned => "poisoned",
+            Self::Held => "held",
             Self::Duplicate => "duplicate",
             Self::Malformed => "malformed",
             Self::Requeued => "requeued",
@@ -90,7 +98,8 @@ struct Stop {
     hard: CancellationToken,
 }
 
-/// A worker: one handler, one pool, one consumer.
+/// A worker: one handler (the router of its destinations), one pool, a
+/// consumer per destination.
 #[derive(Clone)]
 pub struct Worker {
     inner: Arc<Inner>,
@@ -100,13 +109,15 @@ struct Inner {
     /// Settings and connections, shared with the maintenance.
     ctx: Context,
     handler: Arc<dyn Handler>,
-    /// Handler slots. A deferred copy waits without one.
-    slots: Semaphore,
+    /// Each destination's way through this worker, and the legacy one.
+    lanes: lanes::Lanes,
     /// Group commit of completions.
     completions: CompletionBatcher,
     /// Group commit of takes.
     takes: TakeBatcher,
-    /// Whether the consumer is attached (for `/readyz`).
+    /// Group commit of the attempt log.
+    attempt_log: AttemptLogBatcher,
+    /// Whether the consumers are attached (for `/readyz`).
     consuming: AtomicBool,
 }
 
@@ -120,16 +131,34 @@ impl Deref for Inner {
 
 impl Worker {
     /// Builds the runtime: the pool (migrated when `HOOKINBOX_AUTO_MIGRATE`
-    /// is on) and the publisher. Consuming starts with [`Worker::run`].
+    /// is on), the publisher, and the registration of the configured
+    /// destinations (their breakers' rows). Consuming starts with
+    /// [`Worker::run`]. `handler` runs every leg: the router of the
+    /// configured destinations ([`crate::from_config`]), or one handler of
+    /// your own for all.
     pub async fn build(
         config: WorkerConfig,
         handler: Arc<dyn Handler>,
     ) -> Result<Self, RuntimeError> {
         let ctx = Context::build(config).await?;
+        // Before anything is consumed: a destination with a breaker must
+        // have its row, or the gate could not hold its legs.
+        let registrations = lanes::Lanes::registrations(&ctx.config);
+        if !registrations.is_empty() {
+            let client = ctx.pool.get().await.map_err(postgres::DbError::from)?;
+            deliveries::register(&client, &registrations).await?;
+        }
         let linger = ctx.config.common.batch_linger;
         let completions = group_commit::completions(
             ctx.pool.clone(),
-            ctx.policy,
+            BatchShape {
+                max_batch: ctx.config.complete_batch,
+                linger,
+                observe: hookinbox::metrics::complete_batch_rows,
+            },
+        );
+        let attempt_log = group_commit::attempt_log(
+            ctx.pool.clone(),
             BatchShape {
                 max_batch: ctx.config.complete_batch,
                 linger,
@@ -147,9 +176,10 @@ impl Worker {
         );
         Ok(Self {
             inner: Arc::new(Inner {
-                slots: Semaphore::new(usize::from(ctx.config.concurrency)),
+                lanes: lanes::Lanes::new(&ctx.config, &ctx.topology),
                 completions,
                 takes,
+                attempt_log,
                 handler,
                 consuming: AtomicBool::new(false),
                 ctx,
@@ -208,16 +238,30 @@ impl Worker {
             self.inner.config.clone(),
             maintenance_stop.clone(),
         ));
-        // Each connection with its channel and its ack collector: the acks
-        // of jobs still running go through that channel, and dropping it
-        // closes it.
-        let mut connections: Vec<(
-            lapin::Connection,
-            lapin::Channel,
-            tokio::task::JoinHandle<()>,
-        )> = Vec::new();
+        // The destinations' states, read every second: a hint for closing
+        // a breaker after a success, and the state gauge.
+        let breakers = tokio::spawn({
+            let worker = self.clone();
+            let stop = maintenance_stop.clone();
+            async move {
+                loop {
+                    if let Err(e) = worker.read_breakers().await {
+                        tracing::debug!(error = %e, "reading the destinations' states failed");
+                    }
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep(breaker::READ_EVERY) => {}
+                    }
+                }
+            }
+        });
+        // Each connection with its channels (one per lane) and their ack
+        // collectors: the acks of jobs still running go through those
+        // channels, and dropping a channel closes it.
+        type Lanes = Vec<(lapin::Channel, tokio::task::JoinHandle<()>)>;
+        let mut connections: Vec<(lapin::Connection, Lanes)> = Vec::new();
         while !shutdown.is_cancelled() {
-            let (connection, channel, mut consumer) = match self.consume().await {
+            let (connection, consumers) = match self.consume().await {
                 Ok(c) => {
                     delays = reconnect_backoff();
                     c
@@ -231,38 +275,57 @@ impl Worker {
                     }
                 }
             };
-            tracing::info!(queue = %self.inner.topology.work_queue(), "consuming");
+            tracing::info!(queues = consumers.len(), "consuming");
             self.inner.consuming.store(true, Ordering::Relaxed);
-            let (acks, collector) = acks::Acks::start();
+            let mut acks = Vec::with_capacity(consumers.len());
+            let mut collectors = Vec::with_capacity(consumers.len());
+            let mut cancels = Vec::with_capacity(consumers.len());
+            let mut streams = Vec::with_capacity(consumers.len());
+            for (i, (channel, consumer)) in consumers.into_iter().enumerate() {
+                let (lane_acks, collector) = acks::Acks::start();
+                acks.push(lane_acks);
+                collectors.push(collector);
+                cancels.push((channel, consumer.tag()));
+                // A lane whose consumer ends ends the loop too: every lane
+                // reconnects together.
+                streams.push(
+                    consumer
+                        .map(move |d| (i, Some(d)))
+                        .chain(futures::stream::once(async move { (i, None) }))
+                        .boxed(),
+                );
+            }
+            let mut deliveries = futures::stream::select_all(streams);
             loop {
                 tokio::select! {
                     _ = shutdown.cancelled() => {
                         // Stop taking new messages; in-flight ones go on.
-                        let tag = consumer.tag();
-                        let _ = channel.basic_cancel(tag.as_str(), BasicCancelOptions::default()).await;
+                        for (channel, tag) in &cancels {
+                            let _ = channel.basic_cancel(tag.as_str(), BasicCancelOptions::default()).await;
+                        }
                         break;
                     }
-                    next = consumer.next() => match next {
-                        Some(Ok(delivery)) => {
+                    next = deliveries.next() => match next {
+                        Some((i, Some(Ok(delivery)))) => {
                             let worker = self.clone();
                             let stop = stop.clone();
                             // Known unsettled before its job can start, so
                             // no later tag's `multiple` ack covers it.
-                            acks.received(delivery.delivery_tag);
+                            acks[i].received(delivery.delivery_tag);
                             let settle = acks::Settle::Collected {
                                 tag: delivery.delivery_tag,
                                 acker: delivery.acker,
-                                acks: acks.clone(),
+                                acks: acks[i].clone(),
                             };
                             jobs.spawn(async move {
                                 worker.process(delivery.properties, delivery.data, delivery.redelivered, settle, &stop).await
                             });
                         }
-                        Some(Err(e)) => {
+                        Some((_, Some(Err(e)))) => {
                             tracing::warn!(error = %e, "consumer failed; reconnecting");
                             break;
                         }
-                        None => {
+                        Some((_, None)) | None => {
                             tracing::warn!("consumer closed; reconnecting");
                             break;
                         }
@@ -273,12 +336,18 @@ impl Worker {
             self.inner.consuming.store(false, Ordering::Relaxed);
             // Jobs of a lost channel go on: their acks fail harmlessly and
             // the broker redelivers those messages, whose takes then find
-            // the deliveries resolved. The collector ends once its jobs
-            // have dropped their handles too, which is why the shutdown
-            // below can await it.
+            // the deliveries resolved. A collector ends once its jobs have
+            // dropped their handles too, which is why the shutdown below
+            // can await it.
             drop(acks);
-            connections.push((connection, channel, collector));
-            connections.retain(|(c, _, _)| c.status().connected());
+            drop(deliveries);
+            let lanes = cancels
+                .into_iter()
+                .map(|(channel, _)| channel)
+                .zip(collectors)
+                .collect();
+            connections.push((connection, lanes));
+            connections.retain(|(c, _)| c.status().connected());
         }
 
         let grace = self.inner.config.shutdown_grace;
@@ -295,11 +364,14 @@ impl Worker {
         maintenance_stop.cancel();
         let _ = maintenance.await;
         let _ = reconciler.await;
+        let _ = breakers.await;
         // Every job is done, so every collector has all its acks: let them
         // go out, then close. Closing the connection returns every unacked
         // message to the queue.
-        for (connection, _channel, collector) in connections {
-            let _ = collector.await;
+        for (connection, lanes) in connections {
+            for (_channel, collector) in lanes {
+                let _ = collector.await;
+            }
             let _ = connection.close(200, "shutdown").await;
         }
         self.inner.publisher.close().await;
@@ -307,27 +379,51 @@ impl Worker {
         Ok(())
     }
 
+    /// Connects and attaches a consumer to each lane's queue, each on a
+    /// channel of its own: a lane's prefetch is its destination's
+    /// concurrency, so a destination that holds its messages (slow, or
+    /// waiting on Postgres) holds only its own.
     async fn consume(
         &self,
-    ) -> Result<(lapin::Connection, lapin::Channel, lapin::Consumer), RuntimeError> {
-        let (connection, channel) = self.open_channel("hookinbox-worker").await?;
-        // Prefetch = concurrency: the broker never hands this worker more
-        // unacked messages than it can run, and a worker stuck waiting for
-        // Postgres holds at most that many.
-        channel
-            .basic_qos(self.inner.config.concurrency, BasicQosOptions::default())
-            .await?;
-        let consumer = channel
-            .basic_consume(
-                &self.inner.topology.work_queue(),
-                "",
-                // Manual acks: a message is acked only after its outcome is
-                // committed in Postgres.
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await?;
-        Ok((connection, channel, consumer))
+    ) -> Result<(lapin::Connection, Vec<(lapin::Channel, lapin::Consumer)>), RuntimeError> {
+        let inner = &self.inner;
+        let common = &inner.config.common;
+        let connection = hookinbox::broker::connect(
+            &common.amqp_url,
+            "hookinbox-worker",
+            common.publish_timeout,
+        )
+        .await?;
+        let mut consumers = Vec::new();
+        for (i, lane) in inner.lanes.all().iter().enumerate() {
+            let channel = connection.create_channel().await?;
+            if i == 0 {
+                inner.topology.declare(&channel).await?;
+            }
+            if !lane.destination.is_legacy() {
+                inner
+                    .topology
+                    .declare_leg_queue(&channel, &lane.source, &lane.destination)
+                    .await?;
+            }
+            // Prefetch = the lane's concurrency: the broker never hands this
+            // worker more of the destination's messages than it can run.
+            channel
+                .basic_qos(lane.concurrency, BasicQosOptions::default())
+                .await?;
+            let consumer = channel
+                .basic_consume(
+                    &lane.queue,
+                    "",
+                    // Manual acks: a message is acked only after its
+                    // outcome is committed in Postgres.
+                    BasicConsumeOptions::default(),
+                    FieldTable::default(),
+                )
+                .await?;
+            consumers.push((channel, consumer));
+        }
+        Ok((connection, consumers))
     }
 
     /// Connects to the broker and declares the topology on a new channel.

@@ -8,7 +8,7 @@
 //! compare-and-set (a delivery replayed or purged meanwhile is skipped,
 //! never done twice), in the transaction that records its result.
 
-use hookinbox::DeliveryKey;
+use hookinbox::LegKey;
 use hookinbox::deliveries::{self, Filter, Status};
 
 use super::error::AdminError;
@@ -147,7 +147,7 @@ pub async fn start(
             kind.as_str()
         )));
     }
-    let keys: Vec<DeliveryKey> = rows.into_iter().map(|d| d.key).collect();
+    let keys: Vec<LegKey> = rows.into_iter().map(|d| d.key).collect();
     let filter_json = target.get("filter");
     let job = store::create(&tx, kind, &who.name, filter_json, per_second, &keys).await?;
     let count = keys.len() as i64;

@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use actix_web::web;
-use hookinbox::DeliveryKey;
+use hookinbox::LegKey;
 use hookinbox::deliveries::{self, Replayed};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -103,8 +103,8 @@ async fn step(state: &State, runner: Uuid, id: i64, kind: Kind) -> Result<Step, 
         tx.commit().await?;
         return Ok(Step::Finished);
     };
-    let [p, s, h, d] = &parts;
-    let Ok(key) = DeliveryKey::from_parts(p, s, h, d) else {
+    let [p, s, h, d, n] = &parts;
+    let Ok(key) = LegKey::from_parts(p, s, h, d, n) else {
         store::done(
             &tx,
             id,

@@ -2,7 +2,7 @@
 //! delivery's lineage (the jobs that replayed or purged it).
 
 use chrono::{DateTime, Utc};
-use hookinbox::DeliveryKey;
+use hookinbox::LegKey;
 use hookinbox::postgres::DbError;
 use hookinbox::postgres::sql::{self, Session};
 use uuid::Uuid;
@@ -103,7 +103,7 @@ pub async fn create(
     actor: &str,
     filter: Option<&serde_json::Value>,
     per_second: f64,
-    keys: &[DeliveryKey],
+    keys: &[LegKey],
 ) -> Result<i64, DbError> {
     let id: i64 = sql::query_one(
         client,
@@ -119,19 +119,21 @@ pub async fn create(
     )
     .await?
     .get(0);
-    let column = |f: fn(&DeliveryKey) -> &str| keys.iter().map(f).collect::<Vec<&str>>();
+    let column = |f: fn(&LegKey) -> &str| keys.iter().map(f).collect::<Vec<&str>>();
     sql::execute(
         client,
-        "insert into admin_job_items (job_id, position, provider, source, hook_id, delivery_id)
-             select $1, k.ord, k.p, k.s, k.h, k.d
-             from unnest($2::text[], $3::text[], $4::text[], $5::text[])
-                  with ordinality as k(p, s, h, d, ord)",
+        "insert into admin_job_items
+                 (job_id, position, provider, source, hook_id, delivery_id, destination)
+             select $1, k.ord, k.p, k.s, k.h, k.d, k.n
+             from unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[])
+                  with ordinality as k(p, s, h, d, n, ord)",
         &[
             &id,
             &column(|k| k.provider.as_str()),
             &column(|k| k.source.as_str()),
             &column(|k| k.hook_id.as_str()),
             &column(|k| k.delivery_id.as_str()),
+            &column(|k| k.destination.as_str()),
         ],
     )
     .await?;
@@ -170,7 +172,7 @@ pub struct Item {
     /// Its place in the frozen selection, from 1.
     pub position: i32,
     /// The delivery it replays (`replay_of`) or purges.
-    pub key: [String; 4],
+    pub key: [String; 5],
     /// `replayed`, `purged`, `skipped`, `failed`, or none yet.
     pub result: Option<String>,
     /// Why it failed.
@@ -183,7 +185,8 @@ pub struct Item {
 pub async fn items(client: &impl Session, job_id: i64, limit: i64) -> Result<Vec<Item>, DbError> {
     Ok(sql::query(
         client,
-        "select position, provider, source, hook_id, delivery_id, result, error, done_at
+        "select position, provider, source, hook_id, delivery_id, destination, result, error,
+                    done_at
              from admin_job_items where job_id = $1 order by position limit $2",
         &[&job_id, &limit],
     )
@@ -191,10 +194,10 @@ pub async fn items(client: &impl Session, job_id: i64, limit: i64) -> Result<Vec
     .iter()
     .map(|r| Item {
         position: r.get(0),
-        key: [r.get(1), r.get(2), r.get(3), r.get(4)],
-        result: r.get(5),
-        error: r.get(6),
-        done_at: r.get(7),
+        key: [r.get(1), r.get(2), r.get(3), r.get(4), r.get(5)],
+        result: r.get(6),
+        error: r.get(7),
+        done_at: r.get(8),
     })
     .collect())
 }
@@ -217,15 +220,21 @@ pub struct Lineage {
 }
 
 /// The jobs that acted on `key`, oldest first.
-pub async fn lineage(client: &impl Session, key: &DeliveryKey) -> Result<Vec<Lineage>, DbError> {
+pub async fn lineage(client: &impl Session, key: &LegKey) -> Result<Vec<Lineage>, DbError> {
     Ok(sql::query(
         client,
         "select i.job_id, j.kind, j.actor, i.result, i.error, i.done_at
              from admin_job_items i join admin_jobs j on j.id = i.job_id
              where i.provider = $1 and i.source = $2 and i.hook_id = $3 and i.delivery_id = $4
-               and i.result is not null
+               and i.destination = $5 and i.result is not null
              order by i.done_at",
-        &[&key.provider, &key.source, &key.hook_id, &key.delivery_id],
+        &[
+            &key.provider,
+            &key.source,
+            &key.hook_id,
+            &key.delivery_id,
+            &key.destination,
+        ],
     )
     .await?
     .iter()
@@ -330,15 +339,16 @@ pub async fn hold(client: &impl Session, id: i64, runner: Uuid) -> Result<bool, 
 pub async fn next_item(
     client: &impl Session,
     id: i64,
-) -> Result<Option<(i32, [String; 4])>, DbError> {
+) -> Result<Option<(i32, [String; 5])>, DbError> {
     Ok(sql::query_opt(
         client,
-        "select position, provider, source, hook_id, delivery_id from admin_job_items
+        "select position, provider, source, hook_id, delivery_id, destination
+             from admin_job_items
              where job_id = $1 and result is null order by position limit 1",
         &[&id],
     )
     .await?
-    .map(|r| (r.get(0), [r.get(1), r.get(2), r.get(3), r.get(4)])))
+    .map(|r| (r.get(0), [r.get(1), r.get(2), r.get(3), r.get(4), r.get(5)])))
 }
 
 /// Records an item's result.

@@ -128,7 +128,7 @@ pub(crate) fn job(j: &Job, items: &[Item], session: &Session) -> Markup {
                 table.list {
                     thead { tr { th.num { "#" } th { @if j.kind == Kind::Replay { "Replay of" } @else { "Delivery" } } th { "Result" } th { "Done" } } }
                     tbody { @for i in items {
-                        @let [_, source, hook, id] = &i.key;
+                        @let [_, source, hook, id, _] = &i.key;
                         tr {
                             td.num { (i.position) }
                             td.mono { a href=(delivery_href(source, hook, id)) { (id) } }

@@ -1,0 +1,626 @@
+//! A source's destinations: where each delivery goes, each as a *leg* with
+//! its own filters, pace, retries and circuit breaker (see
+//! docs/architecture.md, "Destinations and legs").
+//!
+//! Both binaries read them: ingest decides each destination's filters at
+//! the claim and names the legs; the worker runs them. A source's old
+//! `handler = { … }`, and the single-source variables, describe one
+//! destination named after its kind.
+
+use std::num::NonZeroU16;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::secrets::{inline_secret, read};
+use super::sources::{EventFilter, RateLimit};
+use super::{ConfigError, parse_duration_text};
+use crate::key::{DestinationName, EventName};
+use crate::retry::Schedule;
+use crate::signature::Secret;
+
+/// The default forward timeout.
+pub const DEFAULT_FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The retry schedule of a `forward` destination that sets none: nine
+/// attempts over about 33 hours (at least 26 with jitter), longer than a
+/// day's outage of the receiver.
+pub const DEFAULT_FORWARD_SCHEDULE: [Duration; 8] = [
+    Duration::from_secs(5),
+    Duration::from_secs(60),
+    Duration::from_secs(5 * 60),
+    Duration::from_secs(30 * 60),
+    Duration::from_secs(2 * 3600),
+    Duration::from_secs(6 * 3600),
+    Duration::from_secs(12 * 3600),
+    Duration::from_secs(12 * 3600),
+];
+
+/// How long a breaker may stay open before its destination is disabled:
+/// GitHub's own delivery log holds three days.
+pub const DEFAULT_DISABLE_AFTER: Duration = Duration::from_secs(72 * 3600);
+
+/// Settings of a `forward` destination.
+#[derive(Clone, Debug)]
+pub struct ForwardConfig {
+    /// Where to POST.
+    pub url: reqwest::Url,
+    /// Signs each request (`X-Hookinbox-Signature-256`) when set.
+    pub secret: Option<Secret>,
+    /// Request timeout.
+    pub timeout: Duration,
+}
+
+/// What a destination does with a leg.
+#[derive(Clone, Debug)]
+pub enum DestinationKind {
+    /// Write the event into `github_events`.
+    Store,
+    /// POST it to a URL.
+    Forward(ForwardConfig),
+    /// A handler a worker binary registers under this name.
+    Custom(String),
+}
+
+impl DestinationKind {
+    /// The kind's name, as the configuration spells it.
+    pub fn name(&self) -> &str {
+        match self {
+            Self::Store => "store",
+            Self::Forward(_) => "forward",
+            Self::Custom(name) => name,
+        }
+    }
+}
+
+/// The circuit breaker of a destination (see docs/architecture.md, "The
+/// circuit breaker").
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Breaker {
+    /// Opens when at least this share of the window's attempts failed.
+    pub failure_ratio: f64,
+    /// ...and the window holds at least this many attempts.
+    pub min_requests: u32,
+    /// The window attempts are counted over.
+    pub window: Duration,
+    /// Between probes while open.
+    pub probe: Duration,
+}
+
+impl Default for Breaker {
+    fn default() -> Self {
+        Self {
+            failure_ratio: 0.5,
+            min_requests: 10,
+            window: Duration::from_secs(60),
+            probe: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Repositories a destination takes, by `OWNER/NAME` pattern: compared
+/// case-insensitively (GitHub's names are), `*` matching any run of
+/// characters within one segment.
+#[derive(Clone, Debug, Default)]
+pub struct RepositoryFilter(Option<Vec<String>>);
+
+impl RepositoryFilter {
+    /// Parses `OWNER/NAME` patterns; `field` names the setting in errors.
+    /// An empty list takes every delivery.
+    pub fn parse<'a>(
+        field: &str,
+        patterns: impl IntoIterator<Item = &'a str>,
+    ) -> Result<Self, ConfigError> {
+        let mut all = Vec::new();
+        for (i, raw) in patterns.into_iter().enumerate() {
+            let pattern = raw.trim().to_ascii_lowercase();
+            let valid = pattern.split('/').count() == 2
+                && pattern.split('/').all(|segment| {
+                    !segment.is_empty()
+                        && segment.len() <= 100
+                        && segment
+                            .bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b"-_.*".contains(&b))
+                });
+            if !valid {
+                return Err(ConfigError::field(
+                    &format!("{field}[{i}]"),
+                    format!(
+                        "'{raw}' is not OWNER/NAME (letters, digits, '-', '_', '.', and '*' \
+                         within a segment)"
+                    ),
+                ));
+            }
+            all.push(pattern);
+        }
+        Ok(Self((!all.is_empty()).then_some(all)))
+    }
+
+    /// Whether every repository is taken (no filter).
+    pub fn is_all(&self) -> bool {
+        self.0.is_none()
+    }
+
+    /// Whether `repository` (`OWNER/NAME`, any case) is taken; a delivery
+    /// without a repository is taken only when there is no filter.
+    pub fn takes(&self, repository: Option<&str>) -> bool {
+        let Some(patterns) = &self.0 else {
+            return true;
+        };
+        let Some(repository) = repository else {
+            return false;
+        };
+        let repository = repository.to_ascii_lowercase();
+        let Some((owner, name)) = repository.split_once('/') else {
+            return false;
+        };
+        patterns.iter().any(|pattern| {
+            let (p_owner, p_name) = pattern.split_once('/').unwrap_or((pattern, ""));
+            glob(p_owner, owner) && glob(p_name, name)
+        })
+    }
+}
+
+/// `*` matches any run of characters (the segment has no `/`).
+fn glob(pattern: &str, text: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let first = parts.next().unwrap_or("");
+    let Some(mut rest) = text.strip_prefix(first) else {
+        return false;
+    };
+    let parts: Vec<&str> = parts.collect();
+    let Some((last, middle)) = parts.split_last() else {
+        return rest.is_empty();
+    };
+    for part in middle {
+        match rest.find(part) {
+            Some(at) => rest = &rest[at + part.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last)
+}
+
+/// Why a destination does not take a delivery: recorded on its filtered
+/// leg, so that "why didn't `ci` get it?" has an answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Filtered {
+    /// The event (or its action) is not among the destination's events.
+    Event,
+    /// The delivery has no repository and the destination filters by one.
+    NoRepository,
+    /// The repository matches none of the destination's patterns.
+    Repository,
+}
+
+impl Filtered {
+    /// The reason as recorded on the leg.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Event => "event not taken by this destination's events filter",
+            Self::NoRepository => "no repository, and this destination filters by repository",
+            Self::Repository => "repository not taken by this destination's repositories filter",
+        }
+    }
+}
+
+/// One destination of a source.
+#[derive(Clone, Debug)]
+pub struct Destination {
+    /// Its name, unique in the source.
+    pub name: DestinationName,
+    /// What it does with a leg.
+    pub kind: DestinationKind,
+    /// The events it takes (all when empty).
+    pub events: EventFilter,
+    /// The repositories it takes (all when empty).
+    pub repositories: RepositoryFilter,
+    /// Handlers at once, per worker; `None`: `HOOKINBOX_CONCURRENCY`.
+    pub concurrency: Option<NonZeroU16>,
+    /// Legs started per second, per worker, if limited.
+    pub rate_limit: Option<RateLimit>,
+    /// Its own retry schedule; `None`: its kind's default.
+    pub retry: Option<Schedule>,
+    /// Its circuit breaker, if on.
+    pub breaker: Option<Breaker>,
+    /// How long the breaker may stay open before the destination is
+    /// disabled.
+    pub disable_after: Duration,
+}
+
+impl Destination {
+    /// A destination with its kind's defaults and no filters: what a
+    /// source's old `handler = { … }` (or the single-source variables)
+    /// describe, named after its kind.
+    pub fn of_kind(kind: DestinationKind) -> Self {
+        let name = DestinationName::parse(kind.name()).unwrap_or_default();
+        let breaker = matches!(kind, DestinationKind::Forward(_)).then(Breaker::default);
+        Self {
+            name,
+            kind,
+            events: EventFilter::all(),
+            repositories: RepositoryFilter::default(),
+            concurrency: None,
+            rate_limit: None,
+            retry: None,
+            breaker,
+            disable_after: DEFAULT_DISABLE_AFTER,
+        }
+    }
+
+    /// Whether this destination takes a verified delivery; `Err` says why
+    /// not.
+    pub fn takes(
+        &self,
+        event: &EventName,
+        action: Option<&str>,
+        repository: Option<&str>,
+    ) -> Result<(), Filtered> {
+        if !self.events.takes(event, action) {
+            return Err(Filtered::Event);
+        }
+        if !self.repositories.takes(repository) {
+            return Err(if repository.is_none() {
+                Filtered::NoRepository
+            } else {
+                Filtered::Repository
+            });
+        }
+        Ok(())
+    }
+}
+
+/// `[[sources.destinations]]` as written.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct FileDestination {
+    name: String,
+    kind: String,
+    url: Option<String>,
+    secret: Option<String>,
+    secret_file: Option<PathBuf>,
+    timeout_ms: Option<u64>,
+    #[serde(default)]
+    events: Vec<String>,
+    #[serde(default)]
+    repositories: Vec<String>,
+    concurrency: Option<u32>,
+    rate_limit: Option<super::sources::FileRateLimit>,
+    retry: Option<Vec<String>>,
+    breaker: Option<FileBreaker>,
+    disable_after: Option<String>,
+}
+
+/// `breaker = false`, or its settings (each optional).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum FileBreaker {
+    Switch(bool),
+    Settings(FileBreakerSettings),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileBreakerSettings {
+    failure_ratio: Option<f64>,
+    min_requests: Option<u32>,
+    window_secs: Option<u64>,
+    probe_secs: Option<u64>,
+}
+
+/// The settings of a `forward` destination (or of a source's old forward
+/// handler), `at` naming each field.
+pub(super) fn forward_config(
+    at: &dyn Fn(&str) -> String,
+    url: &str,
+    secret: Option<String>,
+    secret_file: Option<PathBuf>,
+    timeout_ms: Option<u64>,
+) -> Result<ForwardConfig, ConfigError> {
+    let url = parse_forward_url(&at("url"), url)?;
+    let secret = match (secret, secret_file) {
+        (Some(_), Some(_)) => {
+            return Err(ConfigError::field(
+                &at("secret"),
+                "give secret or secret_file, not both",
+            ));
+        }
+        (Some(s), None) => Some(inline_secret(&at("secret"), &s)?),
+        (None, Some(file)) => {
+            let field = at("secret_file");
+            Some(inline_secret(&field, &read(&field, &file)?)?)
+        }
+        (None, None) => None,
+    };
+    if timeout_ms == Some(0) {
+        return Err(ConfigError::field(&at("timeout_ms"), "must be at least 1"));
+    }
+    Ok(ForwardConfig {
+        url,
+        secret,
+        timeout: timeout_ms
+            .map(Duration::from_millis)
+            .unwrap_or(DEFAULT_FORWARD_TIMEOUT),
+    })
+}
+
+/// Parses a forward URL (http or https).
+pub fn parse_forward_url(field: &str, raw: &str) -> Result<reqwest::Url, ConfigError> {
+    let url = reqwest::Url::parse(raw)
+        .map_err(|e| ConfigError::field(field, format!("not a valid URL ({e})")))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+        return Err(ConfigError::field(
+            field,
+            "must be an http:// or https:// URL with a host",
+        ));
+    }
+    Ok(url)
+}
+
+impl FileDestination {
+    /// Validates one destination; `at("field")` names
+    /// `sources[i].destinations[j].field`.
+    pub(super) fn load(self, at: &dyn Fn(&str) -> String) -> Result<Destination, ConfigError> {
+        let name = DestinationName::parse(&self.name)
+            .map_err(|e| ConfigError::field(&at("name"), e.to_string()))?;
+        let forward_only = [
+            ("url", self.url.is_some()),
+            ("secret", self.secret.is_some()),
+            ("secret_file", self.secret_file.is_some()),
+            ("timeout_ms", self.timeout_ms.is_some()),
+        ];
+        let kind = match self.kind.as_str() {
+            "forward" => {
+                let url = self
+                    .url
+                    .as_deref()
+                    .ok_or_else(|| ConfigError::field(&at("url"), "is required by kind forward"))?;
+                DestinationKind::Forward(forward_config(
+                    at,
+                    url,
+                    self.secret,
+                    self.secret_file,
+                    self.timeout_ms,
+                )?)
+            }
+            other => {
+                if let Some((field, _)) = forward_only.iter().find(|(_, given)| *given) {
+                    return Err(ConfigError::field(
+                        &at(field),
+                        format!("is only for kind forward, not {other}"),
+                    ));
+                }
+                if other == "store" {
+                    DestinationKind::Store
+                } else if DestinationName::parse(other).is_ok() {
+                    DestinationKind::Custom(other.to_owned())
+                } else {
+                    return Err(ConfigError::field(
+                        &at("kind"),
+                        format!(
+                            "'{other}' is not forward, store, or a handler's name (a-z, 0-9, \
+                             '-', '_')"
+                        ),
+                    ));
+                }
+            }
+        };
+        let events = EventFilter::parse(&at("events"), self.events.iter().map(String::as_str))?;
+        let repositories = RepositoryFilter::parse(
+            &at("repositories"),
+            self.repositories.iter().map(String::as_str),
+        )?;
+        let concurrency = self
+            .concurrency
+            .map(|n| {
+                u16::try_from(n)
+                    .ok()
+                    .and_then(NonZeroU16::new)
+                    .ok_or_else(|| ConfigError::field(&at("concurrency"), "must be 1 to 65535"))
+            })
+            .transpose()?;
+        let rate_limit = match self.rate_limit {
+            None => None,
+            Some(limit) => RateLimit::from_settings(
+                (&at("rate_limit.per_second"), Some(limit.per_second)),
+                (&at("rate_limit.burst"), limit.burst),
+            )?,
+        };
+        let retry = match self.retry {
+            None => None,
+            Some(delays) => {
+                let mut parsed = Vec::with_capacity(delays.len());
+                for (k, delay) in delays.iter().enumerate() {
+                    let d = parse_duration_text(delay)
+                        .map_err(|p| ConfigError::field(&at(&format!("retry[{k}]")), p))?;
+                    if d.is_zero() {
+                        return Err(ConfigError::field(
+                            &at(&format!("retry[{k}]")),
+                            "must be longer than 0",
+                        ));
+                    }
+                    parsed.push(d);
+                }
+                if parsed.len() > 100 {
+                    return Err(ConfigError::field(&at("retry"), "has more than 100 delays"));
+                }
+                Some(Schedule::new(parsed).ok_or_else(|| {
+                    ConfigError::field(
+                        &at("retry"),
+                        "needs at least one delay (attempts = delays + 1)",
+                    )
+                })?)
+            }
+        };
+        let default_breaker = matches!(kind, DestinationKind::Forward(_));
+        let breaker = match self.breaker {
+            None => default_breaker.then(Breaker::default),
+            Some(FileBreaker::Switch(on)) => on.then(Breaker::default),
+            Some(FileBreaker::Settings(s)) => Some(breaker_settings(at, s)?),
+        };
+        let disable_after = match self.disable_after {
+            None => DEFAULT_DISABLE_AFTER,
+            Some(text) => parse_duration_text(&text)
+                .map_err(|p| ConfigError::field(&at("disable_after"), p))?,
+        };
+        Ok(Destination {
+            name,
+            kind,
+            events,
+            repositories,
+            concurrency,
+            rate_limit,
+            retry,
+            breaker,
+            disable_after,
+        })
+    }
+}
+
+fn breaker_settings(
+    at: &dyn Fn(&str) -> String,
+    s: FileBreakerSettings,
+) -> Result<Breaker, ConfigError> {
+    let d = Breaker::default();
+    let failure_ratio = s.failure_ratio.unwrap_or(d.failure_ratio);
+    if !(failure_ratio > 0.0 && failure_ratio <= 1.0) {
+        return Err(ConfigError::field(
+            &at("breaker.failure_ratio"),
+            "must be more than 0 and at most 1",
+        ));
+    }
+    let positive = |field: &str, v: Option<u64>, default: u64| match v {
+        Some(0) => Err(ConfigError::field(
+            &at(&format!("breaker.{field}")),
+            "must be at least 1",
+        )),
+        Some(n) => Ok(n),
+        None => Ok(default),
+    };
+    Ok(Breaker {
+        failure_ratio,
+        min_requests: u32::try_from(positive(
+            "min_requests",
+            s.min_requests.map(u64::from),
+            u64::from(d.min_requests),
+        )?)
+        .unwrap_or(u32::MAX),
+        window: Duration::from_secs(positive("window_secs", s.window_secs, d.window.as_secs())?),
+        probe: Duration::from_secs(positive("probe_secs", s.probe_secs, d.probe.as_secs())?),
+    })
+}
+
+/// Checks a source's destinations together: at least one, names unique,
+/// at most one `store` (they would write the same `github_events` row).
+pub(super) fn check_all(
+    at: &dyn Fn(&str) -> String,
+    destinations: &[Destination],
+) -> Result<(), ConfigError> {
+    let mut names = std::collections::BTreeSet::new();
+    let mut stores = 0;
+    for (j, d) in destinations.iter().enumerate() {
+        if !names.insert(d.name.clone()) {
+            return Err(ConfigError::field(
+                &at(&format!("destinations[{j}].name")),
+                format!("'{}' is defined twice in this source", d.name),
+            ));
+        }
+        if matches!(d.kind, DestinationKind::Store) {
+            stores += 1;
+            if stores > 1 {
+                return Err(ConfigError::field(
+                    &at(&format!("destinations[{j}].kind")),
+                    "a source has at most one store destination (both would write the same \
+                     github_events row)",
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(s: &str) -> EventName {
+        EventName::parse(s.as_bytes()).expect("event")
+    }
+
+    #[test]
+    fn repository_patterns_match_case_insensitively_within_a_segment() {
+        let f =
+            RepositoryFilter::parse("r", ["acme/widgets", "Octo/*", "*/mirror-*"]).expect("valid");
+        assert!(f.takes(Some("ACME/Widgets")));
+        assert!(f.takes(Some("octo/anything")));
+        assert!(f.takes(Some("someone/mirror-linux")));
+        assert!(!f.takes(Some("acme/widgets2")));
+        assert!(!f.takes(Some("acme/gadgets")));
+        assert!(!f.takes(Some("someone/linux-mirror")));
+        assert!(!f.takes(None));
+        assert!(RepositoryFilter::default().takes(None));
+        for bad in ["acme", "acme/", "/x", "a/b/c", "a b/c", "a/b?"] {
+            let err = RepositoryFilter::parse("r", [bad])
+                .expect_err(bad)
+                .to_string();
+            assert!(err.contains("r[0]"), "{err}");
+        }
+    }
+
+    #[test]
+    fn glob_star_matches_any_run() {
+        assert!(glob("*", ""));
+        assert!(glob("a*c", "abbbc"));
+        assert!(glob("a*b*c", "axbyc"));
+        assert!(!glob("a*b*c", "axbyd"));
+        assert!(glob("*-x", "a-x"));
+        assert!(!glob("ab*ba", "aba"));
+    }
+
+    #[test]
+    fn a_destination_says_why_it_filters() {
+        let mut d = Destination::of_kind(DestinationKind::Store);
+        d.events = EventFilter::parse("e", ["pull_request"]).expect("events");
+        d.repositories = RepositoryFilter::parse("r", ["acme/*"]).expect("repos");
+        assert_eq!(
+            d.takes(&ev("pull_request"), Some("opened"), Some("acme/x")),
+            Ok(())
+        );
+        assert_eq!(
+            d.takes(&ev("push"), None, Some("acme/x")),
+            Err(Filtered::Event)
+        );
+        assert_eq!(
+            d.takes(&ev("pull_request"), None, None),
+            Err(Filtered::NoRepository)
+        );
+        assert_eq!(
+            d.takes(&ev("pull_request"), None, Some("other/x")),
+            Err(Filtered::Repository)
+        );
+    }
+
+    #[test]
+    fn the_old_handlers_are_destinations_named_after_their_kind() {
+        let store = Destination::of_kind(DestinationKind::Store);
+        assert_eq!(store.name.as_str(), "store");
+        assert!(store.breaker.is_none());
+        let forward = Destination::of_kind(DestinationKind::Forward(ForwardConfig {
+            url: reqwest::Url::parse("http://127.0.0.1:1/").expect("url"),
+            secret: None,
+            timeout: DEFAULT_FORWARD_TIMEOUT,
+        }));
+        assert_eq!(forward.name.as_str(), "forward");
+        assert_eq!(forward.breaker, Some(Breaker::default()));
+    }
+
+    #[test]
+    fn the_default_forward_schedule_outlasts_a_day_even_with_jitter() {
+        let span: Duration = DEFAULT_FORWARD_SCHEDULE.iter().sum();
+        assert!(span.mul_f64(SCHEDULE_FLOOR) >= Duration::from_secs(24 * 3600));
+    }
+
+    /// The least a scheduled delay keeps after jitter (retry.rs).
+    const SCHEDULE_FLOOR: f64 = 0.8;
+}

@@ -1,0 +1,206 @@
+//! After each attempt of a leg whose destination keeps a log or has a
+//! breaker: the attempt's row in the log, and the breaker's transition it
+//! calls for (see `hookinbox::deliveries::destinations`).
+//!
+//! Order matters: the breaker moves *before* the leg's failure is recorded,
+//! so that by the time a failed leg is due (a held one is due at once), its
+//! destination's row already gates it.
+
+use std::time::{Duration, Instant};
+
+use hookinbox::deliveries::{self, AttemptLog, AttemptResult, BreakerState};
+use hookinbox::job::Job;
+use hookinbox::postgres::DbError;
+
+use super::Worker;
+use super::lanes::Lane;
+use crate::handlers::{Answer, HandlerError};
+
+/// How an attempt ended, for the log and the breaker.
+pub(super) struct Attempted<'a> {
+    /// The leg.
+    pub(super) job: &'a Job,
+    /// Its attempt number.
+    pub(super) attempt: i32,
+    /// Whether it was its destination's probe.
+    pub(super) probe: bool,
+    /// When it started.
+    pub(super) started: Instant,
+    /// What the destination answered, as the handler noted it.
+    pub(super) answer: Option<&'a Answer>,
+}
+
+/// How a handler's result counts for its destination.
+pub(super) fn result_of(outcome: Result<(), &HandlerError>) -> AttemptResult {
+    match outcome {
+        Ok(()) => AttemptResult::Ok,
+        Err(HandlerError::Destination { .. }) => AttemptResult::Destination,
+        Err(HandlerError::Permanent { .. }) => AttemptResult::Permanent,
+        Err(e) if !e.is_transient() => AttemptResult::Permanent,
+        Err(_) => AttemptResult::Transient,
+    }
+}
+
+impl Worker {
+    /// Logs the attempt (when the lane keeps a log) and moves the breaker
+    /// (when the lane has one). Failures here are logged and left: the
+    /// log and the breaker are advice; the leg's own transition decides.
+    pub(super) async fn after_attempt(
+        &self,
+        lane: &Lane,
+        attempted: Attempted<'_>,
+        outcome: Result<(), &HandlerError>,
+    ) {
+        let result = result_of(outcome);
+        let job = attempted.job;
+        metrics::counter!(
+            hookinbox::metrics::DESTINATION_ATTEMPTS,
+            "source" => lane.source.as_str().to_owned(),
+            "destination" => lane.destination.as_str().to_owned(),
+            "result" => result.as_str()
+        )
+        .increment(1);
+        let elapsed = attempted.started.elapsed();
+        metrics::histogram!(
+            hookinbox::metrics::DESTINATION_REQUEST_SECONDS,
+            "source" => lane.source.as_str().to_owned(),
+            "destination" => lane.destination.as_str().to_owned()
+        )
+        .record(elapsed);
+        if lane.logs_attempts {
+            let log = AttemptLog {
+                key: job.key.clone(),
+                attempt: attempted.attempt,
+                probe: attempted.probe,
+                result,
+                status_code: attempted.answer.and_then(|a| a.status),
+                error: outcome.err().map(ToString::to_string),
+                duration: elapsed,
+                excerpt: attempted.answer.and_then(|a| a.excerpt.clone()),
+            };
+            if let Err(e) = self.inner.attempt_log.submit(log).await {
+                tracing::warn!(error = %e, "the attempt could not be logged");
+            }
+        }
+        let Some(breaker) = lane.breaker else {
+            return;
+        };
+        if let Err(e) = self
+            .move_breaker(lane, breaker, attempted.probe, result, outcome.err())
+            .await
+        {
+            tracing::warn!(error = %e, "the destination's breaker could not be updated");
+        }
+    }
+
+    async fn move_breaker(
+        &self,
+        lane: &Lane,
+        breaker: hookinbox::config::Breaker,
+        probe: bool,
+        result: AttemptResult,
+        error: Option<&HandlerError>,
+    ) -> Result<(), DbError> {
+        let inner = &self.inner;
+        let (source, name) = (&lane.source, &lane.destination);
+        let client = inner.pool.get().await?;
+        let known = inner.lanes.state(lane);
+        let note = |state| inner.lanes.note(source.as_str(), name.as_str(), state);
+        match (result, error) {
+            // The destination answered: it works. Close the breaker if it
+            // may be open (the probe, or a leg that was in flight).
+            (AttemptResult::Ok | AttemptResult::Permanent, _) => {
+                if (probe || known != BreakerState::Closed)
+                    && deliveries::close(&client, source, name).await?
+                {
+                    tracing::info!(source = %source, destination = %name, "breaker closed");
+                    note(BreakerState::Closed);
+                }
+            }
+            (
+                _,
+                Some(HandlerError::Destination {
+                    gone: true,
+                    message,
+                    ..
+                }),
+            ) => {
+                if deliveries::disable(&client, source, name, message).await? {
+                    tracing::warn!(source = %source, destination = %name, error = %message, "destination disabled: it answered 410 Gone");
+                    note(BreakerState::Disabled);
+                }
+            }
+            (AttemptResult::Destination, Some(error)) => {
+                self.trip(&client, lane, &error.to_string()).await?;
+            }
+            (_, error) => {
+                let message = error.map(ToString::to_string).unwrap_or_default();
+                if probe {
+                    self.trip(&client, lane, &message).await?;
+                    return Ok(());
+                }
+                let (attempts, failed) =
+                    deliveries::window(&client, source, name, breaker.window).await?;
+                let ratio = if attempts > 0 {
+                    failed as f64 / attempts as f64
+                } else {
+                    0.0
+                };
+                if attempts >= i64::from(breaker.min_requests) && ratio >= breaker.failure_ratio {
+                    self.trip(
+                        &client,
+                        lane,
+                        &format!(
+                            "{failed} of {attempts} attempts failed within {:?}; last: {message}",
+                            breaker.window
+                        ),
+                    )
+                    .await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn trip(
+        &self,
+        client: &hookinbox::postgres::Client,
+        lane: &Lane,
+        error: &str,
+    ) -> Result<(), DbError> {
+        let (source, name) = (&lane.source, &lane.destination);
+        if deliveries::trip(client, source, name, error).await? {
+            tracing::warn!(source = %source, destination = %name, error = %error, "breaker opened: legs wait until a probe succeeds");
+            self.inner
+                .lanes
+                .note(source.as_str(), name.as_str(), BreakerState::Open);
+        }
+        Ok(())
+    }
+
+    /// Reads every destination's state into the lanes (a hint for closing
+    /// the breaker after a success) and the state gauge.
+    pub(super) async fn read_breakers(&self) -> Result<(), DbError> {
+        let client = self.inner.pool.get().await?;
+        let rows = deliveries::rows(&client).await?;
+        for row in &rows {
+            for state in BreakerState::ALL {
+                metrics::gauge!(
+                    hookinbox::metrics::DESTINATION_STATE,
+                    "source" => row.source.clone(),
+                    "destination" => row.name.clone(),
+                    "state" => state.as_str()
+                )
+                .set(if state == row.state { 1.0 } else { 0.0 });
+            }
+        }
+        self.inner.lanes.refresh(
+            rows.into_iter()
+                .map(|row| ((row.source, row.name), row.state)),
+        );
+        Ok(())
+    }
+}
+
+/// How often a worker reads the destinations' states.
+pub(super) const READ_EVERY: Duration = Duration::from_secs(1);

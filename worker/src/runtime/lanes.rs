@@ -1,0 +1,182 @@
+//! Lanes: each destination's own way through a worker, so that a slow,
+//! failing or paused destination never delays another. A lane is the
+//! destination's queue (consumed on a channel of its own, its prefetch the
+//! destination's `concurrency`), its handler slots, its rate limiter, its
+//! retries, and what this worker knows of its breaker. One more lane
+//! carries the legs claimed before destinations existed, through the old
+//! shared queue.
+
+use std::collections::HashMap;
+use std::sync::RwLock;
+
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
+use hookinbox::broker::Topology;
+use hookinbox::config::{Breaker, DestinationKind, WorkerConfig};
+use hookinbox::deliveries::{BreakerState, Registration};
+use hookinbox::job::Job;
+use hookinbox::key::{DestinationName, SourceName};
+use hookinbox::retry::Retries;
+use tokio::sync::Semaphore;
+
+/// One destination's way through this worker.
+pub(crate) struct Lane {
+    /// The destination's source.
+    pub(crate) source: SourceName,
+    /// The destination (the legacy, empty name for the old shared queue).
+    pub(crate) destination: DestinationName,
+    /// The queue it consumes.
+    pub(crate) queue: String,
+    /// Handlers at once, and the queue's prefetch.
+    pub(crate) concurrency: u16,
+    /// Handler slots. A deferred copy waits without one.
+    pub(crate) slots: Semaphore,
+    /// Legs started per second, when limited. Waiting for it is not an
+    /// attempt: it comes before the take.
+    pub(crate) limiter: Option<DefaultDirectRateLimiter>,
+    /// How its legs are retried.
+    pub(crate) retries: Retries,
+    /// Its breaker, when on.
+    pub(crate) breaker: Option<Breaker>,
+    /// Whether its attempts go to the attempt log (`forward`, and any
+    /// destination with a breaker, whose window is counted over the log).
+    pub(crate) logs_attempts: bool,
+}
+
+impl Lane {
+    /// Takes a leg may have in all.
+    pub(crate) fn max_attempts(&self) -> i32 {
+        self.retries.max_attempts()
+    }
+
+    /// Waits for the rate limiter, if the destination has one.
+    pub(crate) async fn pace(&self) {
+        if let Some(limiter) = &self.limiter {
+            limiter.until_ready().await;
+        }
+    }
+}
+
+/// Every lane of a worker, and the breaker states it last read.
+pub(crate) struct Lanes {
+    lanes: Vec<Lane>,
+    by_name: HashMap<(SourceName, DestinationName), usize>,
+    /// The destinations' states as last read (refreshed every second by
+    /// the runtime, and on this worker's own transitions). Only a hint:
+    /// the gate in the take decides.
+    states: RwLock<HashMap<(String, String), BreakerState>>,
+}
+
+/// The lane of the old shared queue is the last one.
+impl Lanes {
+    /// A lane for each configured destination, then the legacy lane.
+    pub(crate) fn new(config: &WorkerConfig, topology: &Topology) -> Self {
+        let mut lanes: Vec<Lane> = config
+            .routes
+            .iter()
+            .map(|route| {
+                let d = &route.destination;
+                let limiter = d.rate_limit.map(|limit| {
+                    RateLimiter::direct(
+                        Quota::per_second(limit.per_second).allow_burst(limit.burst),
+                    )
+                });
+                Lane {
+                    source: route.source.clone(),
+                    destination: d.name.clone(),
+                    queue: topology.leg_queue(&route.source, &d.name),
+                    concurrency: route.concurrency,
+                    slots: Semaphore::new(usize::from(route.concurrency)),
+                    limiter,
+                    retries: route.retries.clone(),
+                    breaker: d.breaker,
+                    logs_attempts: d.breaker.is_some()
+                        || matches!(d.kind, DestinationKind::Forward(_)),
+                }
+            })
+            .collect();
+        lanes.push(Lane {
+            source: SourceName::default_source(),
+            destination: DestinationName::legacy(),
+            queue: topology.work_queue(),
+            concurrency: config.concurrency,
+            slots: Semaphore::new(usize::from(config.concurrency)),
+            limiter: None,
+            retries: Retries::Exponential(config.retry),
+            breaker: None,
+            logs_attempts: false,
+        });
+        let by_name = lanes
+            .iter()
+            .enumerate()
+            .take(lanes.len() - 1)
+            .map(|(i, lane)| ((lane.source.clone(), lane.destination.clone()), i))
+            .collect();
+        Self {
+            lanes,
+            by_name,
+            states: RwLock::new(HashMap::new()),
+        }
+    }
+
+    /// Every lane, the legacy one last.
+    pub(crate) fn all(&self) -> &[Lane] {
+        &self.lanes
+    }
+
+    /// The lane of a job: its destination's, or the legacy lane for a leg
+    /// claimed before destinations existed (and for a destination this
+    /// worker does not know, whose queue it never consumes).
+    pub(crate) fn of(&self, job: &Job) -> &Lane {
+        let i = self
+            .by_name
+            .get(&(job.key.source.clone(), job.key.destination.clone()))
+            .copied()
+            .unwrap_or(self.lanes.len() - 1);
+        &self.lanes[i]
+    }
+
+    /// What to register of the configured destinations.
+    pub(crate) fn registrations(config: &WorkerConfig) -> Vec<Registration> {
+        config
+            .routes
+            .iter()
+            .map(|route| {
+                let d = &route.destination;
+                let breaker = d.breaker.unwrap_or_default();
+                Registration {
+                    source: route.source.clone(),
+                    name: d.name.clone(),
+                    kind: d.kind.name().to_owned(),
+                    probe: breaker.probe,
+                    disable_after: d.disable_after,
+                }
+            })
+            .collect()
+    }
+
+    /// The state this worker last read of `lane`'s destination (closed
+    /// when it has none).
+    pub(crate) fn state(&self, lane: &Lane) -> BreakerState {
+        let states = self.states.read().unwrap_or_else(|e| e.into_inner());
+        states
+            .get(&(
+                lane.source.as_str().to_owned(),
+                lane.destination.as_str().to_owned(),
+            ))
+            .copied()
+            .unwrap_or(BreakerState::Closed)
+    }
+
+    /// Notes a state this worker set or read.
+    pub(crate) fn note(&self, source: &str, destination: &str, state: BreakerState) {
+        let mut states = self.states.write().unwrap_or_else(|e| e.into_inner());
+        states.insert((source.to_owned(), destination.to_owned()), state);
+    }
+
+    /// Replaces every known state with a fresh read.
+    pub(crate) fn refresh(&self, read: impl IntoIterator<Item = ((String, String), BreakerState)>) {
+        let mut states = self.states.write().unwrap_or_else(|e| e.into_inner());
+        states.clear();
+        states.extend(read);
+    }
+}
