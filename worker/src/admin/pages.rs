@@ -13,12 +13,13 @@ use crate::reconcile;
 use maud::Markup;
 
 use super::auth::{page_session, require_csrf, require_operator, sign_in};
+use super::body::{self, FORM_LIMIT};
 use super::error::{AdminError, PageError};
 use super::jobs::{self, Kind};
 use super::params::{self, Checked};
-use super::session::{COOKIE, LIFETIME, Session};
+use super::session::{self, COOKIE, LIFETIME, Session};
 use super::state::State;
-use super::{audit, detail, views};
+use super::{audit, client, detail, views};
 
 type Page = Result<HttpResponse, PageError>;
 
@@ -50,70 +51,196 @@ fn split(text: &[u8], extra: &[&str]) -> (String, BTreeMap<String, String>) {
     (rest.finish(), taken)
 }
 
+/// A form's body, within the form cap and the body timeout.
+async fn form(
+    req: &HttpRequest,
+    state: &State,
+    payload: web::Payload,
+) -> Result<web::Bytes, AdminError> {
+    body::read(req, payload, FORM_LIMIT, state.body_timeout).await
+}
+
+/// The sign-in form's own cookie: a random value the form repeats in a
+/// hidden field (the double-submit pattern), so that a sign-in can only
+/// be posted by a page this console served. `SameSite=Strict` keeps
+/// another site's form from sending it; it lives as long as a form is
+/// likely to stay open.
+const LOGIN_COOKIE: &str = "hookinbox_login";
+
+/// Whether a cookie must be `Secure`: by configuration (an https public
+/// URL), or a trusted proxy's word that the browser used https; never a
+/// header anyone else sends.
+fn secure(req: &HttpRequest, state: &State) -> bool {
+    state.secure_cookies || client::forwarded_https(req, &state.trusted_proxies)
+}
+
+fn cookie<'c>(
+    name: &'c str,
+    value: String,
+    path: &'c str,
+    max_age: std::time::Duration,
+    secure: bool,
+) -> Cookie<'c> {
+    Cookie::build(name, value)
+        .path(path)
+        .http_only(true)
+        .same_site(SameSite::Strict)
+        .secure(secure)
+        .max_age(actix_web::cookie::time::Duration::seconds(
+            max_age.as_secs() as i64,
+        ))
+        .finish()
+}
+
+fn removal(name: &str, path: &str) -> Cookie<'static> {
+    let mut gone = Cookie::build(name.to_owned(), "")
+        .path(path.to_owned())
+        .finish();
+    gone.make_removal();
+    gone
+}
+
+/// The sign-in page with a new form cookie, answered with `status`.
+fn login_page(
+    req: &HttpRequest,
+    state: &State,
+    status: actix_web::http::StatusCode,
+    error: Option<&str>,
+) -> HttpResponse {
+    let value = hex::encode(rand::random::<[u8; 32]>());
+    let mut answer = HttpResponse::build(status);
+    answer
+        .content_type("text/html; charset=utf-8")
+        .cookie(cookie(
+            LOGIN_COOKIE,
+            value.clone(),
+            "/login",
+            std::time::Duration::from_secs(3600),
+            secure(req, state),
+        ));
+    answer.body(views::login(error, &value).into_string())
+}
+
 /// `GET /login` (without tokens, `--insecure-loopback`, nobody signs in).
-pub(crate) async fn login_form(state: web::Data<State>) -> HttpResponse {
+pub(crate) async fn login_form(req: HttpRequest, state: web::Data<State>) -> HttpResponse {
     match state.access {
         super::config::Access::InsecureLoopback => see_other("/"),
-        super::config::Access::Tokens(_) => html(views::login(None)),
+        super::config::Access::Tokens(_) => {
+            login_page(&req, &state, actix_web::http::StatusCode::OK, None)
+        }
     }
 }
 
-/// `POST /login`: a token for a session cookie (HttpOnly, SameSite=Strict).
+/// `POST /login`: a token for a session cookie (HttpOnly, SameSite=Strict),
+/// from a form this console served (its CSRF token).
 pub(crate) async fn login(
     req: HttpRequest,
     state: web::Data<State>,
-    body: web::Bytes,
-) -> HttpResponse {
-    let (_, fields) = split(&body, &["token"]);
-    let token = fields.get("token").map(String::as_str).unwrap_or("");
-    match sign_in(&req, &state, token) {
-        Ok(value) => {
-            let secure = req.connection_info().scheme() == "https";
-            let cookie = Cookie::build(COOKIE, value)
-                .path("/")
-                .http_only(true)
-                .same_site(SameSite::Strict)
-                .secure(secure)
-                .max_age(actix_web::cookie::time::Duration::seconds(
-                    LIFETIME.as_secs() as i64,
-                ))
-                .finish();
-            HttpResponse::SeeOther()
-                .insert_header((header::LOCATION, "/"))
-                .cookie(cookie)
-                .finish()
-        }
-        Err(AdminError::LockedOut(secs)) => HttpResponse::TooManyRequests()
-            .insert_header((header::RETRY_AFTER, secs.to_string()))
-            .content_type("text/html; charset=utf-8")
-            .body(
-                views::login(Some(&format!(
-                    "Too many failed sign-ins from this address; try again in {secs} s."
-                )))
-                .into_string(),
+    payload: web::Payload,
+) -> Page {
+    use actix_web::http::StatusCode;
+    if let super::config::Access::InsecureLoopback = state.access {
+        return Ok(see_other("/"));
+    }
+    let body = form(&req, &state, payload).await?;
+    let (_, fields) = split(&body, &["token", "csrf"]);
+    let form_cookie = req.cookie(LOGIN_COOKIE);
+    let from_our_form = match (&form_cookie, fields.get("csrf")) {
+        (Some(c), Some(given)) => !c.value().is_empty() && session::csrf_matches(c.value(), given),
+        _ => false,
+    };
+    if !from_our_form {
+        return Ok(login_page(
+            &req,
+            &state,
+            StatusCode::FORBIDDEN,
+            Some(
+                "This sign-in did not come from the console's own form (or the form had expired); try again.",
             ),
-        Err(_) => HttpResponse::Unauthorized()
-            .content_type("text/html; charset=utf-8")
-            .body(views::login(Some("That token is not valid.")).into_string()),
+        ));
+    }
+    let token = fields.get("token").map(String::as_str).unwrap_or("");
+    match sign_in(&req, &state, token).await {
+        Ok(value) => Ok(HttpResponse::SeeOther()
+            .insert_header((header::LOCATION, "/"))
+            .cookie(cookie(COOKIE, value, "/", LIFETIME, secure(&req, &state)))
+            .cookie(removal(LOGIN_COOKIE, "/login"))
+            .finish()),
+        Err(AdminError::Throttled(secs)) => {
+            let mut answer = login_page(
+                &req,
+                &state,
+                StatusCode::TOO_MANY_REQUESTS,
+                Some(&format!(
+                    "Too many failed sign-ins from this client; try again in {secs} s."
+                )),
+            );
+            answer
+                .headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from(secs));
+            Ok(answer)
+        }
+        Err(AdminError::Unauthorized) => Ok(login_page(
+            &req,
+            &state,
+            StatusCode::UNAUTHORIZED,
+            Some("That token is not valid."),
+        )),
+        Err(e) => Err(e.into()),
     }
 }
 
-/// `POST /logout`.
-pub(crate) async fn logout(req: HttpRequest, state: web::Data<State>, body: web::Bytes) -> Page {
-    let session = page_session(&req, &state)?;
+/// `POST /logout`: ends the session on the server, then drops its cookie.
+pub(crate) async fn logout(
+    req: HttpRequest,
+    state: web::Data<State>,
+    payload: web::Payload,
+) -> Page {
+    let body = form(&req, &state, payload).await?;
+    let session = page_session(&req, &state).await?;
     let (_, fields) = split(&body, &["csrf"]);
     require_csrf(&session, fields.get("csrf").map(String::as_str))?;
-    let mut gone = Cookie::build(COOKIE, "").path("/").finish();
-    gone.make_removal();
+    if session.id != 0 {
+        let client = state.pool.get().await?;
+        session::end(&client, session.id, session::Ended::SignedOut, None).await?;
+    }
     Ok(HttpResponse::SeeOther()
         .insert_header((header::LOCATION, "/login"))
-        .cookie(gone)
+        .cookie(removal(COOKIE, "/"))
         .finish())
+}
+
+/// `GET /sessions`: the live sessions.
+pub(crate) async fn sessions_page(req: HttpRequest, state: web::Data<State>) -> Page {
+    let session = page_session(&req, &state).await?;
+    let client = state.pool.get().await?;
+    let list = session::live(&client, SESSIONS_SHOWN).await?;
+    Ok(html(views::sessions(&list, &session)))
+}
+
+/// Sessions a list shows.
+pub(crate) const SESSIONS_SHOWN: i64 = 200;
+
+/// `POST /sessions/{id}/revoke`: an operator ends a session (audited).
+pub(crate) async fn session_revoke(
+    req: HttpRequest,
+    state: web::Data<State>,
+    id: web::Path<String>,
+    payload: web::Payload,
+) -> Page {
+    let body = form(&req, &state, payload).await?;
+    let session = page_session(&req, &state).await?;
+    let (_, fields) = split(&body, &["csrf"]);
+    require_csrf(&session, fields.get("csrf").map(String::as_str))?;
+    require_operator(&session.identity)?;
+    let id = params::id("session", &id)?;
+    session::revoke(&state.pool, &session.identity, id).await?;
+    Ok(see_other("/sessions"))
 }
 
 /// `GET /`.
 pub(crate) async fn overview(req: HttpRequest, state: web::Data<State>) -> Page {
-    let session = page_session(&req, &state)?;
+    let session = page_session(&req, &state).await?;
     let client = state.pool.get().await?;
     let o = deliveries::overview(&client).await?;
     let reconciler = reconcile::state::states(&client).await?;
@@ -122,7 +249,7 @@ pub(crate) async fn overview(req: HttpRequest, state: web::Data<State>) -> Page 
 
 /// `GET /deliveries`.
 pub(crate) async fn deliveries(req: HttpRequest, state: web::Data<State>) -> Page {
-    let session = page_session(&req, &state)?;
+    let session = page_session(&req, &state).await?;
     let checked = params::from_query(req.query_string())?;
     let client = state.pool.get().await?;
     let count = deliveries::count(&client, &checked.filter).await?;
@@ -132,12 +259,9 @@ pub(crate) async fn deliveries(req: HttpRequest, state: web::Data<State>) -> Pag
 
 fn hook_param(query: &str) -> Result<Option<String>, AdminError> {
     let (_, p) = split(query.as_bytes(), &["hook_id"]);
-    match p.get("hook_id") {
-        Some(h) if h.len() > 20 || !h.bytes().all(|b| b.is_ascii_digit()) => {
-            Err(AdminError::field("hook_id", "1 to 20 digits"))
-        }
-        other => Ok(other.cloned()),
-    }
+    p.get("hook_id")
+        .map(|h| params::hook_id("hook_id", h))
+        .transpose()
 }
 
 /// `GET /deliveries/{source}/{delivery_id}`.
@@ -146,7 +270,7 @@ pub(crate) async fn delivery(
     state: web::Data<State>,
     path: web::Path<(String, String)>,
 ) -> Page {
-    let session = page_session(&req, &state)?;
+    let session = page_session(&req, &state).await?;
     let hook = hook_param(req.query_string())?;
     let (source, id) = path.into_inner();
     let client = state.pool.get().await?;
@@ -160,15 +284,17 @@ async fn act_on_one(
     req: HttpRequest,
     state: web::Data<State>,
     path: web::Path<(String, String)>,
-    body: web::Bytes,
+    payload: web::Payload,
     kind: Kind,
 ) -> Page {
-    let session = page_session(&req, &state)?;
+    let body = form(&req, &state, payload).await?;
+    let session = page_session(&req, &state).await?;
     let (_, fields) = split(&body, &["csrf", "hook_id"]);
     require_csrf(&session, fields.get("csrf").map(String::as_str))?;
     require_operator(&session.identity)?;
     let (source, id) = path.into_inner();
-    let hook = fields.get("hook_id").cloned().unwrap_or_default();
+    params::delivery_path(&source, &id)?;
+    let hook = params::hook_id("hook_id", fields.get("hook_id").map_or("", String::as_str))?;
     let filter = Filter {
         source: Some(source.clone()),
         ids: Some(vec![id.clone()]),
@@ -202,9 +328,9 @@ pub(crate) async fn replay_one(
     req: HttpRequest,
     state: web::Data<State>,
     path: web::Path<(String, String)>,
-    body: web::Bytes,
+    payload: web::Payload,
 ) -> Page {
-    act_on_one(req, state, path, body, Kind::Replay).await
+    act_on_one(req, state, path, payload, Kind::Replay).await
 }
 
 /// `POST /deliveries/{source}/{delivery_id}/purge`.
@@ -212,9 +338,9 @@ pub(crate) async fn purge_one(
     req: HttpRequest,
     state: web::Data<State>,
     path: web::Path<(String, String)>,
-    body: web::Bytes,
+    payload: web::Payload,
 ) -> Page {
-    act_on_one(req, state, path, body, Kind::Purge).await
+    act_on_one(req, state, path, payload, Kind::Purge).await
 }
 
 fn kind_of(extra: &BTreeMap<String, String>) -> Result<Kind, AdminError> {
@@ -239,7 +365,7 @@ fn rate_of(extra: &BTreeMap<String, String>) -> Result<f64, AdminError> {
 /// `GET /bulk`: the count for the filter; with `dry_run=1`, the sample
 /// and the confirm button.
 pub(crate) async fn bulk(req: HttpRequest, state: web::Data<State>) -> Page {
-    let session = page_session(&req, &state)?;
+    let session = page_session(&req, &state).await?;
     let (rest, extra) = split(
         req.query_string().as_bytes(),
         &["kind", "dry_run", "per_second"],
@@ -284,9 +410,10 @@ pub(crate) async fn bulk(req: HttpRequest, state: web::Data<State>) -> Page {
 pub(crate) async fn bulk_start(
     req: HttpRequest,
     state: web::Data<State>,
-    body: web::Bytes,
+    payload: web::Payload,
 ) -> Page {
-    let session = page_session(&req, &state)?;
+    let body = form(&req, &state, payload).await?;
+    let session = page_session(&req, &state).await?;
     let (rest, extra) = split(&body, &["csrf", "kind", "per_second"]);
     require_csrf(&session, extra.get("csrf").map(String::as_str))?;
     require_operator(&session.identity)?;
@@ -302,7 +429,7 @@ pub(crate) async fn bulk_start(
 
 /// `GET /jobs`.
 pub(crate) async fn jobs_page(req: HttpRequest, state: web::Data<State>) -> Page {
-    let session = page_session(&req, &state)?;
+    let session = page_session(&req, &state).await?;
     let client = state.pool.get().await?;
     let list = jobs::store::recent(&client, 50).await?;
     Ok(html(views::jobs(&list, &session)))
@@ -312,10 +439,10 @@ pub(crate) async fn jobs_page(req: HttpRequest, state: web::Data<State>) -> Page
 pub(crate) async fn job_page(
     req: HttpRequest,
     state: web::Data<State>,
-    id: web::Path<i64>,
+    id: web::Path<String>,
 ) -> Page {
-    let session = page_session(&req, &state)?;
-    let id = id.into_inner();
+    let session = page_session(&req, &state).await?;
+    let id = params::id("job", &id)?;
     let client = state.pool.get().await?;
     let job = jobs::store::get(&client, id)
         .await?
@@ -328,14 +455,15 @@ pub(crate) async fn job_page(
 pub(crate) async fn job_cancel(
     req: HttpRequest,
     state: web::Data<State>,
-    id: web::Path<i64>,
-    body: web::Bytes,
+    id: web::Path<String>,
+    payload: web::Payload,
 ) -> Page {
-    let session: Session = page_session(&req, &state)?;
+    let body = form(&req, &state, payload).await?;
+    let session: Session = page_session(&req, &state).await?;
     let (_, fields) = split(&body, &["csrf"]);
     require_csrf(&session, fields.get("csrf").map(String::as_str))?;
     require_operator(&session.identity)?;
-    let id = id.into_inner();
+    let id = params::id("job", &id)?;
     jobs::cancel(&state.pool, &session.identity, id).await?;
     state.wake_runner.notify_waiters();
     Ok(see_other(&format!("/jobs/{id}")))
@@ -343,15 +471,13 @@ pub(crate) async fn job_cancel(
 
 /// `GET /audit`.
 pub(crate) async fn audit_page(req: HttpRequest, state: web::Data<State>) -> Page {
-    let session = page_session(&req, &state)?;
+    let session = page_session(&req, &state).await?;
     let (_, p) = split(req.query_string().as_bytes(), &["cursor"]);
-    let before = match p.get("cursor") {
-        Some(c) => Some(
-            c.parse::<i64>()
-                .map_err(|_| AdminError::field("cursor", "a whole number"))?,
-        ),
-        None => None,
-    };
+    let before = p
+        .get("cursor")
+        .filter(|c| !c.is_empty())
+        .map(|c| params::id("cursor", c))
+        .transpose()?;
     let client = state.pool.get().await?;
     let mut rows = audit::list(&client, before, 51).await?;
     let next = (rows.len() > 50).then(|| {
