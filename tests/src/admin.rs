@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 use hookinbox_worker::admin::{Access, AdminApp, AdminConfig, AdminHandle, Tokens};
 use serde_json::Value;
 
-use crate::{TestEnv, bin, free_port, wait_until};
+use crate::{TestEnv, free_port, wait_until};
 
 /// An operator's token line.
 pub const OPERATOR: &str = "olivia-operator-secret-0001";
@@ -224,13 +224,8 @@ pub async fn sign_in_at(base: &str, token: &str) -> String {
 
 /// The `name=value` of the cookie `name` an answer sets.
 pub fn set_cookie(resp: &reqwest::Response, name: &str) -> Option<String> {
-    resp.headers()
-        .get_all("set-cookie")
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .find(|c| c.starts_with(&format!("{name}=")))
-        .and_then(|c| c.split(';').next())
-        .map(str::to_owned)
+    let header = set_cookie_header(resp, name)?;
+    header.split(';').next().map(str::to_owned)
 }
 
 /// The whole `Set-Cookie` header of the cookie `name`, attributes too.
@@ -246,14 +241,12 @@ pub fn set_cookie_header(resp: &reqwest::Response, name: &str) -> Option<String>
 /// `hookinbox-worker admin` as a child process, its standard error in a
 /// file (where a panic's message would land).
 pub struct SpawnedAdmin {
-    /// The process; killed on drop.
-    pub child: tokio::process::Child,
+    /// The process and its log.
+    pub process: crate::Spawned,
     /// `http://127.0.0.1:<port>`.
     pub base: String,
     /// Its port.
     pub port: u16,
-    /// Its standard error.
-    pub log: std::path::PathBuf,
     /// Its tokens file, if it has one.
     pub tokens_file: Option<std::path::PathBuf>,
 }
@@ -261,13 +254,13 @@ pub struct SpawnedAdmin {
 impl SpawnedAdmin {
     /// Everything it wrote to standard error so far.
     pub fn logs(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.process.logs()
     }
 
     /// Stops it and removes its files.
     pub async fn stop(mut self) {
-        let _ = self.child.kill().await;
-        let _ = std::fs::remove_file(&self.log);
+        let _ = self.process.child.kill().await;
+        let _ = std::fs::remove_file(&self.process.log);
         if let Some(t) = &self.tokens_file {
             let _ = std::fs::remove_file(t);
         }
@@ -280,38 +273,23 @@ impl TestEnv {
     /// `extra` variables; waits until it answers `/readyz`.
     pub async fn spawn_admin(&self, args: &[&str], extra: &[(&str, &str)]) -> SpawnedAdmin {
         let port = free_port();
-        let log = std::env::temp_dir().join(format!("{}-admin-{port}.log", self.prefix));
-        let file = std::fs::File::create(&log).expect("log file");
-        let mut cmd = tokio::process::Command::new(bin("hookinbox-worker"));
-        cmd.arg("admin")
-            .args(args)
-            .env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .envs(self.database_env())
-            .env("AMQP_URL", crate::amqp_url())
-            .env("HOOKINBOX_QUEUE_PREFIX", &self.prefix)
-            .env("HOOKINBOX_AUTO_MIGRATE", "false")
-            .env("HOOKINBOX_ADMIN_LISTEN", format!("127.0.0.1:{port}"))
-            .env("HOOKINBOX_METRICS_LISTEN", "127.0.0.1:0")
-            .env("RUST_LOG", "info");
+        let listen = format!("127.0.0.1:{port}");
         let tokens_file = (!args.contains(&"--insecure-loopback")).then(|| {
             let path = std::env::temp_dir().join(format!("{}-admin-{port}.tokens", self.prefix));
             std::fs::write(&path, TOKENS).expect("tokens file");
             path
         });
-        if let Some(t) = &tokens_file {
-            cmd.env("HOOKINBOX_ADMIN_TOKENS_FILE", t);
+        let tokens = tokens_file
+            .as_ref()
+            .map(|t| t.to_string_lossy().into_owned());
+        let mut env: Vec<(&str, &str)> = vec![("HOOKINBOX_ADMIN_LISTEN", &listen)];
+        if let Some(t) = &tokens {
+            env.push(("HOOKINBOX_ADMIN_TOKENS_FILE", t));
         }
-        for (k, v) in extra {
-            cmd.env(k, v);
-        }
-        let child = cmd
-            .stdout(std::process::Stdio::null())
-            .stderr(file)
-            .kill_on_drop(true)
-            .spawn()
-            .expect("the console starts");
-        let base = format!("http://127.0.0.1:{port}");
+        env.extend_from_slice(extra);
+        let args: Vec<&str> = ["admin"].into_iter().chain(args.iter().copied()).collect();
+        let process = self.spawn_with_args("hookinbox-worker", &args, &env);
+        let base = format!("http://{listen}");
         let ready = format!("{base}/readyz");
         wait_until(
             "the console to answer",
@@ -320,10 +298,9 @@ impl TestEnv {
         )
         .await;
         SpawnedAdmin {
-            child,
+            process,
             base,
             port,
-            log,
             tokens_file,
         }
     }

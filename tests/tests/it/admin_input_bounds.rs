@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use hookinbox_tests::admin::{OPERATOR, Seed, SpawnedAdmin, raw_status_line, seed, sign_in_at};
 use hookinbox_tests::{TestEnv, worker_command};
+use hookinbox_worker::admin::FILTER_FIELDS;
 use serde_json::{Value, json};
 
 /// Extreme values: huge, negative, overflowing, unicode, control, empty,
@@ -64,20 +65,10 @@ fn valid(param: &str, value: &str) -> bool {
     }
 }
 
-const FILTER_PARAMS: [&str; 12] = [
-    "status",
-    "source",
-    "event",
-    "action",
-    "repository",
-    "error_class",
-    "since",
-    "until",
-    "delivery_id",
-    "hook_id",
-    "limit",
-    "cursor",
-];
+/// Every filter of a list, and its pages' limit and cursor.
+fn filter_params() -> impl Iterator<Item = &'static str> {
+    FILTER_FIELDS.into_iter().chain(["limit", "cursor"])
+}
 
 fn enc(s: &str) -> String {
     form_urlencoded::byte_serialize(s.as_bytes()).collect()
@@ -102,7 +93,7 @@ fn probes() -> Vec<Probe> {
     };
     for value in extremes() {
         let v = enc(&value);
-        for p in FILTER_PARAMS {
+        for p in filter_params() {
             let refused = (!valid(p, &value)).then_some(p);
             out.push(get(format!("/api/v1/deliveries?{p}={v}"), refused));
             if p != "cursor" {
@@ -255,11 +246,10 @@ async fn every_console_parameter_refuses_extreme_values_with_a_400_naming_it() {
         .expect("answers");
     assert_eq!(ready.status(), 200);
     let logs = admin.logs();
-    assert!(
-        !logs.contains("panicked"),
-        "a handler panicked:\n{}",
-        &logs[logs.find("panicked").unwrap_or(0)..][..2000.min(logs.len())]
-    );
+    if let Some(at) = logs.find("panicked") {
+        let excerpt: String = logs[at..].chars().take(2000).collect();
+        panic!("a handler panicked:\n{excerpt}");
+    }
     admin.stop().await;
     env.cleanup().await;
 }

@@ -53,5 +53,6 @@ mod views;
 
 pub use client::TrustedProxies;
 pub use config::{Access, AdminArgs, AdminConfig, DEFAULT_METRICS_LISTEN};
+pub use params::FILTER_FIELDS;
 pub use startup::{AdminApp, AdminHandle, AdminStartError};
 pub use tokens::{Identity, Role, Tokens};

@@ -60,6 +60,23 @@ async fn form(
     body::read(req, payload, FORM_LIMIT, state.body_timeout).await
 }
 
+/// A form that changes something, checked: its body read, its caller's
+/// session, and the session's CSRF token in it. Returns the session, the
+/// fields named in `extra` and the rest (a filter's query).
+async fn changing_form(
+    req: &HttpRequest,
+    state: &State,
+    payload: web::Payload,
+    extra: &[&str],
+) -> Result<(Session, BTreeMap<String, String>, String), AdminError> {
+    let body = form(req, state, payload).await?;
+    let session = page_session(req, state).await?;
+    let names: Vec<&str> = extra.iter().copied().chain(["csrf"]).collect();
+    let (rest, fields) = split(&body, &names);
+    require_csrf(&session, fields.get("csrf").map(String::as_str))?;
+    Ok((session, fields, rest))
+}
+
 /// The sign-in form's own cookie: a random value the form repeats in a
 /// hidden field (the double-submit pattern), so that a sign-in can only
 /// be posted by a page this console served. `SameSite=Strict` keeps
@@ -196,10 +213,7 @@ pub(crate) async fn logout(
     state: web::Data<State>,
     payload: web::Payload,
 ) -> Page {
-    let body = form(&req, &state, payload).await?;
-    let session = page_session(&req, &state).await?;
-    let (_, fields) = split(&body, &["csrf"]);
-    require_csrf(&session, fields.get("csrf").map(String::as_str))?;
+    let (session, _, _) = changing_form(&req, &state, payload, &[]).await?;
     if session.id != 0 {
         let client = state.pool.get().await?;
         session::end(&client, session.id, session::Ended::SignedOut, None).await?;
@@ -228,10 +242,7 @@ pub(crate) async fn session_revoke(
     id: web::Path<String>,
     payload: web::Payload,
 ) -> Page {
-    let body = form(&req, &state, payload).await?;
-    let session = page_session(&req, &state).await?;
-    let (_, fields) = split(&body, &["csrf"]);
-    require_csrf(&session, fields.get("csrf").map(String::as_str))?;
+    let (session, _, _) = changing_form(&req, &state, payload, &[]).await?;
     require_operator(&session.identity)?;
     let id = params::id("session", &id)?;
     session::revoke(&state.pool, &session.identity, id).await?;
@@ -287,10 +298,7 @@ async fn act_on_one(
     payload: web::Payload,
     kind: Kind,
 ) -> Page {
-    let body = form(&req, &state, payload).await?;
-    let session = page_session(&req, &state).await?;
-    let (_, fields) = split(&body, &["csrf", "hook_id"]);
-    require_csrf(&session, fields.get("csrf").map(String::as_str))?;
+    let (session, fields, _) = changing_form(&req, &state, payload, &["hook_id"]).await?;
     require_operator(&session.identity)?;
     let (source, id) = path.into_inner();
     params::delivery_path(&source, &id)?;
@@ -412,10 +420,8 @@ pub(crate) async fn bulk_start(
     state: web::Data<State>,
     payload: web::Payload,
 ) -> Page {
-    let body = form(&req, &state, payload).await?;
-    let session = page_session(&req, &state).await?;
-    let (rest, extra) = split(&body, &["csrf", "kind", "per_second"]);
-    require_csrf(&session, extra.get("csrf").map(String::as_str))?;
+    let (session, extra, rest) =
+        changing_form(&req, &state, payload, &["kind", "per_second"]).await?;
     require_operator(&session.identity)?;
     let kind = kind_of(&extra)?;
     let rate = rate_of(&extra)?;
@@ -458,10 +464,7 @@ pub(crate) async fn job_cancel(
     id: web::Path<String>,
     payload: web::Payload,
 ) -> Page {
-    let body = form(&req, &state, payload).await?;
-    let session: Session = page_session(&req, &state).await?;
-    let (_, fields) = split(&body, &["csrf"]);
-    require_csrf(&session, fields.get("csrf").map(String::as_str))?;
+    let (session, _, _) = changing_form(&req, &state, payload, &[]).await?;
     require_operator(&session.identity)?;
     let id = params::id("job", &id)?;
     jobs::cancel(&state.pool, &session.identity, id).await?;
