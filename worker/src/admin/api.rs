@@ -342,7 +342,7 @@ fn session_json(s: &session::Listed) -> Value {
 pub(crate) async fn sessions(req: HttpRequest, state: web::Data<State>) -> Answer {
     api_identity(&req, &state)?;
     let client = state.pool.get().await?;
-    let list = session::live(&client, super::pages::SESSIONS_SHOWN).await?;
+    let list = session::live(&client, super::sign_in::SESSIONS_SHOWN).await?;
     Ok(HttpResponse::Ok().json(json!({
         "items": list.iter().map(session_json).collect::<Vec<_>>(),
     })))

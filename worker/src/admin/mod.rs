@@ -23,7 +23,8 @@
 //!   host check; `body`: request bodies, capped and timed.
 //! - `params`: filters from a query string or a JSON body, each bad field
 //!   named.
-//! - `api`: the JSON handlers; `pages`: the page handlers; `views`: the
+//! - `api`: the JSON handlers; `pages`: the page handlers (`sign_in`: the
+//!   sign-in form, sign-out and the sessions page); `views`: the
 //!   HTML (maud) and the stylesheet; `detail`: one delivery, its headers,
 //!   timeline and payload, for both.
 //! - `jobs`: bulk replays and purges: the frozen selection (`mod.rs`),
@@ -45,6 +46,7 @@ mod jobs;
 mod pages;
 mod params;
 mod session;
+mod sign_in;
 mod startup;
 mod state;
 mod throttle;

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::config::{Access, AdminConfig};
 use super::state::State;
 use super::throttle::Throttle;
-use super::{api, headers, jobs, pages, session};
+use super::{api, headers, jobs, pages, session, sign_in};
 
 /// Stops a running console (see [`AdminApp::handle`]).
 pub use actix_web::dev::ServerHandle as AdminHandle;
@@ -105,9 +105,9 @@ impl AdminApp {
                         .route("/sessions/{id}", web::delete().to(api::revoke_session))
                         .default_service(web::to(api_not_found)),
                 )
-                .route("/login", web::get().to(pages::login_form))
-                .route("/login", web::post().to(pages::login))
-                .route("/logout", web::post().to(pages::logout))
+                .route("/login", web::get().to(sign_in::login_form))
+                .route("/login", web::post().to(sign_in::login))
+                .route("/logout", web::post().to(sign_in::logout))
                 .route("/", web::get().to(pages::overview))
                 .route("/deliveries", web::get().to(pages::deliveries))
                 .route(
@@ -128,10 +128,10 @@ impl AdminApp {
                 .route("/jobs/{id}", web::get().to(pages::job_page))
                 .route("/jobs/{id}/cancel", web::post().to(pages::job_cancel))
                 .route("/audit", web::get().to(pages::audit_page))
-                .route("/sessions", web::get().to(pages::sessions_page))
+                .route("/sessions", web::get().to(sign_in::sessions_page))
                 .route(
                     "/sessions/{id}/revoke",
-                    web::post().to(pages::session_revoke),
+                    web::post().to(sign_in::session_revoke),
                 )
         })
         // The head; bodies have their own deadline (`body`).
