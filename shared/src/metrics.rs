@@ -27,7 +27,7 @@ pub const CLAIM_SECONDS: &str = "hookinbox_claim_duration_seconds";
 /// Time from publish to the broker's confirm.
 pub const PUBLISH_CONFIRM_SECONDS: &str = "hookinbox_publish_confirm_duration_seconds";
 /// Failed sign-ins to the admin console by `via` (`page`, `api`) and
-/// `outcome` (`bad_token`, `locked_out`).
+/// `outcome` (`bad_token`: answered 401; `throttled`: answered 429).
 pub const ADMIN_SIGN_IN_FAILURES: &str = "hookinbox_admin_sign_in_failures_total";
 /// Signature failures by `source`.
 pub const SIGNATURE_FAILURES: &str = "hookinbox_signature_failures_total";

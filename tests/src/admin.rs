@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 use hookinbox_worker::admin::{Access, AdminApp, AdminConfig, AdminHandle, Tokens};
 use serde_json::Value;
 
-use crate::TestEnv;
+use crate::{TestEnv, free_port, wait_until};
 
 /// An operator's token line.
 pub const OPERATOR: &str = "olivia-operator-secret-0001";
@@ -31,16 +31,26 @@ pub struct TestAdmin {
 }
 
 impl TestEnv {
-    /// Starts the admin console on a free port with [`TOKENS`].
-    pub async fn admin(&self) -> TestAdmin {
+    /// The console's settings for this test: a free port, [`TOKENS`], the
+    /// rest at their defaults.
+    pub fn admin_config(&self) -> AdminConfig {
         let mut args = self.worker_args();
         args.metrics_listen = "127.0.0.1:0".parse().expect("address");
         let worker = args.validate().expect("valid settings");
-        let config = AdminConfig {
+        AdminConfig::new(
             worker,
-            listen: "127.0.0.1:0".parse().expect("address"),
-            access: Access::Tokens(Tokens::parse(TOKENS).expect("valid tokens")),
-        };
+            "127.0.0.1:0".parse().expect("address"),
+            Access::Tokens(Tokens::parse(TOKENS).expect("valid tokens")),
+        )
+    }
+
+    /// Starts the admin console on a free port with [`TOKENS`].
+    pub async fn admin(&self) -> TestAdmin {
+        self.admin_with(self.admin_config()).await
+    }
+
+    /// Starts the admin console with `config`.
+    pub async fn admin_with(&self, config: AdminConfig) -> TestAdmin {
         let app = AdminApp::build(config).await.expect("admin starts");
         let port = app.port();
         let handle = app.handle();
@@ -110,25 +120,37 @@ impl TestAdmin {
         self.call(reqwest::Method::DELETE, path, token, None).await
     }
 
-    /// Signs in through the form; returns the session cookie (`name=value`).
-    pub async fn sign_in(&self, token: &str) -> String {
+    /// Opens the sign-in form as a browser would: its cookie
+    /// (`name=value`) and the CSRF token its hidden field repeats.
+    pub async fn login_form(&self) -> (String, String) {
         let resp = self
             .http
-            .post(format!("{}/login", self.base))
-            .form(&[("token", token)])
+            .get(format!("{}/login", self.base))
             .send()
             .await
             .expect("answers");
-        assert_eq!(resp.status().as_u16(), 303, "signed in");
-        let cookie = resp
-            .headers()
-            .get("set-cookie")
-            .and_then(|v| v.to_str().ok())
-            .expect("a session cookie")
-            .to_owned();
-        assert!(cookie.contains("HttpOnly"), "{cookie}");
-        assert!(cookie.contains("SameSite=Strict"), "{cookie}");
-        cookie.split(';').next().expect("name=value").to_owned()
+        assert_eq!(resp.status().as_u16(), 200, "the sign-in form");
+        let cookie = set_cookie(&resp, "hookinbox_login").expect("the sign-in form's cookie");
+        let html = resp.text().await.expect("html");
+        (cookie, csrf_of(&html))
+    }
+
+    /// Posts the sign-in form with `token` from a form this console
+    /// served; returns the answer.
+    pub async fn post_login(&self, token: &str) -> reqwest::Response {
+        let (cookie, csrf) = self.login_form().await;
+        self.http
+            .post(format!("{}/login", self.base))
+            .header("cookie", cookie)
+            .form(&[("token", token), ("csrf", csrf.as_str())])
+            .send()
+            .await
+            .expect("answers")
+    }
+
+    /// Signs in through the form; returns the session cookie (`name=value`).
+    pub async fn sign_in(&self, token: &str) -> String {
+        sign_in_at(&self.base, token).await
     }
 
     /// `GET` a page with a session cookie: status and HTML.
@@ -168,6 +190,119 @@ impl TestAdmin {
     /// Stops the console.
     pub async fn stop(&self) {
         self.handle.stop(false).await;
+    }
+}
+
+/// Signs in through the form of the console at `base`, as a browser
+/// would (the form's cookie and CSRF token); returns the session cookie
+/// (`name=value`).
+pub async fn sign_in_at(base: &str, token: &str) -> String {
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
+    let resp = http
+        .get(format!("{base}/login"))
+        .send()
+        .await
+        .expect("answers");
+    let form_cookie = set_cookie(&resp, "hookinbox_login").expect("the sign-in form's cookie");
+    let csrf = csrf_of(&resp.text().await.expect("html"));
+    let resp = http
+        .post(format!("{base}/login"))
+        .header("cookie", form_cookie)
+        .form(&[("token", token), ("csrf", csrf.as_str())])
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(resp.status().as_u16(), 303, "signed in");
+    let full = set_cookie_header(&resp, "hookinbox_admin").expect("a session cookie");
+    assert!(full.contains("HttpOnly"), "{full}");
+    assert!(full.contains("SameSite=Strict"), "{full}");
+    full.split(';').next().expect("name=value").to_owned()
+}
+
+/// The `name=value` of the cookie `name` an answer sets.
+pub fn set_cookie(resp: &reqwest::Response, name: &str) -> Option<String> {
+    let header = set_cookie_header(resp, name)?;
+    header.split(';').next().map(str::to_owned)
+}
+
+/// The whole `Set-Cookie` header of the cookie `name`, attributes too.
+pub fn set_cookie_header(resp: &reqwest::Response, name: &str) -> Option<String> {
+    resp.headers()
+        .get_all("set-cookie")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find(|c| c.starts_with(&format!("{name}=")))
+        .map(str::to_owned)
+}
+
+/// `hookinbox-worker admin` as a child process, its standard error in a
+/// file (where a panic's message would land).
+pub struct SpawnedAdmin {
+    /// The process and its log.
+    pub process: crate::Spawned,
+    /// `http://127.0.0.1:<port>`.
+    pub base: String,
+    /// Its port.
+    pub port: u16,
+    /// Its tokens file, if it has one.
+    pub tokens_file: Option<std::path::PathBuf>,
+}
+
+impl SpawnedAdmin {
+    /// Everything it wrote to standard error so far.
+    pub fn logs(&self) -> String {
+        self.process.logs()
+    }
+
+    /// Stops it and removes its files.
+    pub async fn stop(mut self) {
+        let _ = self.process.child.kill().await;
+        let _ = std::fs::remove_file(&self.process.log);
+        if let Some(t) = &self.tokens_file {
+            let _ = std::fs::remove_file(t);
+        }
+    }
+}
+
+impl TestEnv {
+    /// Runs `hookinbox-worker admin ARGS` against this test's database,
+    /// with [`TOKENS`] unless `--insecure-loopback` is among `args`, and
+    /// `extra` variables; waits until it answers `/readyz`.
+    pub async fn spawn_admin(&self, args: &[&str], extra: &[(&str, &str)]) -> SpawnedAdmin {
+        let port = free_port();
+        let listen = format!("127.0.0.1:{port}");
+        let tokens_file = (!args.contains(&"--insecure-loopback")).then(|| {
+            let path = std::env::temp_dir().join(format!("{}-admin-{port}.tokens", self.prefix));
+            std::fs::write(&path, TOKENS).expect("tokens file");
+            path
+        });
+        let tokens = tokens_file
+            .as_ref()
+            .map(|t| t.to_string_lossy().into_owned());
+        let mut env: Vec<(&str, &str)> = vec![("HOOKINBOX_ADMIN_LISTEN", &listen)];
+        if let Some(t) = &tokens {
+            env.push(("HOOKINBOX_ADMIN_TOKENS_FILE", t));
+        }
+        env.extend_from_slice(extra);
+        let args: Vec<&str> = ["admin"].into_iter().chain(args.iter().copied()).collect();
+        let process = self.spawn_with_args("hookinbox-worker", &args, &env);
+        let base = format!("http://{listen}");
+        let ready = format!("{base}/readyz");
+        wait_until(
+            "the console to answer",
+            std::time::Duration::from_secs(30),
+            || async { reqwest::get(&ready).await.is_ok_and(|r| r.status() == 200) },
+        )
+        .await;
+        SpawnedAdmin {
+            process,
+            base,
+            port,
+            tokens_file,
+        }
     }
 }
 
@@ -372,4 +507,40 @@ pub async fn seed_dead_letters(env: &TestEnv, n: i64) {
         ))
         .await
         .expect("seed dead letters");
+}
+
+/// Sends `request` (raw bytes: a head, maybe part of a body) to
+/// 127.0.0.1:`port`, then waits up to `wait` for the answer's first line
+/// (`HTTP/1.1 421 Misdirected Request`), or `None` if none came.
+pub async fn raw_status_line(
+    port: u16,
+    request: &[u8],
+    wait: std::time::Duration,
+) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connects");
+    stream.write_all(request).await.expect("writes");
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 1024];
+    let read = async {
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    answer.extend_from_slice(&buf[..n]);
+                    if answer.windows(2).any(|w| w == b"\r\n") {
+                        break;
+                    }
+                }
+            }
+        }
+    };
+    let _ = tokio::time::timeout(wait, read).await;
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    text.split("\r\n")
+        .next()
+        .filter(|l| l.starts_with("HTTP/"))
+        .map(str::to_owned)
 }

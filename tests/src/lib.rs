@@ -866,12 +866,18 @@ impl TestEnv {
     /// database and queues, with `extra` environment variables, logging to
     /// a file.
     pub fn spawn(&self, binary: &str, extra: &[(&str, &str)]) -> Spawned {
+        self.spawn_with_args(binary, &[], extra)
+    }
+
+    /// [`TestEnv::spawn`] with arguments (a subcommand and its flags).
+    pub fn spawn_with_args(&self, binary: &str, args: &[&str], extra: &[(&str, &str)]) -> Spawned {
         let port = free_port();
         let metrics_port = free_port();
         let log = std::env::temp_dir().join(format!("{}-{binary}-{port}.log", self.prefix));
         let file = std::fs::File::create(&log).expect("log file");
         let mut cmd = tokio::process::Command::new(bin(binary));
-        cmd.env_clear()
+        cmd.args(args)
+            .env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .envs(self.database_env())
             .env("AMQP_URL", amqp_url())

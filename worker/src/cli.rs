@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use hookinbox::config::{WorkerArgs, WorkerConfig, parse_duration_text};
+use hookinbox::config::{WorkerArgs, WorkerConfig};
 use hookinbox::telemetry::LogArgs;
 
 use crate::admin::{AdminApp, AdminArgs};
@@ -22,6 +22,49 @@ use crate::{Worker, handlers, ops};
 
 /// Runs hookinbox jobs (take the claim, run the effect, complete fenced),
 /// and the operator's commands.
+pub struct Cli {
+    args: CliArgs,
+    /// Whether `HOOKINBOX_METRICS_LISTEN` was given (flag or variable)
+    /// rather than defaulted: the console's listener defaults to loopback,
+    /// the worker's to every address.
+    metrics_listen_given: bool,
+}
+
+impl clap::CommandFactory for Cli {
+    fn command() -> clap::Command {
+        CliArgs::command()
+    }
+
+    fn command_for_update() -> clap::Command {
+        CliArgs::command_for_update()
+    }
+}
+
+impl clap::FromArgMatches for Cli {
+    fn from_arg_matches(matches: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        Ok(Self {
+            args: CliArgs::from_arg_matches(matches)?,
+            metrics_listen_given: given(matches, "metrics_listen"),
+        })
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &clap::ArgMatches) -> Result<(), clap::Error> {
+        self.args.update_from_arg_matches(matches)?;
+        self.metrics_listen_given = given(matches, "metrics_listen");
+        Ok(())
+    }
+}
+
+impl Parser for Cli {}
+
+/// Whether the argument `id` came from the command line or the
+/// environment, not from its default.
+fn given(matches: &clap::ArgMatches, id: &str) -> bool {
+    matches
+        .value_source(id)
+        .is_some_and(|s| s != clap::parser::ValueSource::DefaultValue)
+}
+
 #[derive(Parser)]
 #[command(
     name = "hookinbox-worker",
@@ -29,7 +72,7 @@ use crate::{Worker, handlers, ops};
     about,
     after_help = "Exit codes: 0 done, 1 nothing matched (for dlq replay: nothing replayed, the output saying why), 2 usage or connection error.\n\nExamples:\n  hookinbox-worker                       # run the worker\n  hookinbox-worker migrate\n  hookinbox-worker dlq list --json\n  hookinbox-worker dlq replay --all --dry-run\n  hookinbox-worker deliveries show <X-GitHub-Delivery>\n  hookinbox-worker admin                 # the admin console on 127.0.0.1:9900"
 )]
-pub struct Cli {
+struct CliArgs {
     #[command(subcommand)]
     command: Option<Command>,
     #[command(flatten)]
@@ -78,25 +121,29 @@ struct ReconcileArgs {
     json: bool,
     /// Walk back this far (e.g. 6h) instead of to the watermark; at most
     /// GitHub's log (3 days, 7 on GitHub Enterprise Server).
-    #[arg(long, value_parser = parse_duration_text)]
+    #[arg(long, value_parser = ops::parse_age)]
     since: Option<Duration>,
     /// The longest wait for GitHub's rate limit, or for another worker's
     /// pass of the same source, before giving up.
-    #[arg(long, value_parser = parse_duration_text, default_value = "2m")]
+    #[arg(long, value_parser = ops::parse_age, default_value = "2m")]
     max_wait: Duration,
 }
 
 impl Cli {
     /// Runs the command and returns the process's exit code.
     pub fn run(self) -> ExitCode {
-        if let Some(Command::Healthcheck) = self.command {
-            return if hookinbox::metrics::healthcheck(self.args.metrics_listen) {
+        let Self {
+            args: cli,
+            metrics_listen_given,
+        } = self;
+        if let Some(Command::Healthcheck) = cli.command {
+            return if hookinbox::metrics::healthcheck(cli.args.metrics_listen) {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::FAILURE
             };
         }
-        hookinbox::telemetry::init(&self.log);
+        hookinbox::telemetry::init(&cli.log);
         #[cfg(feature = "failpoints")]
         hookinbox::failpoints::setup();
         let runtime = match tokio::runtime::Runtime::new() {
@@ -106,7 +153,7 @@ impl Cli {
                 return ExitCode::from(2);
             }
         };
-        match runtime.block_on(self.dispatch()) {
+        match runtime.block_on(cli.dispatch(metrics_listen_given)) {
             Ok(code) => ExitCode::from(code),
             Err(e) => {
                 eprintln!("Error: {e:#}");
@@ -114,8 +161,10 @@ impl Cli {
             }
         }
     }
+}
 
-    async fn dispatch(self) -> anyhow::Result<u8> {
+impl CliArgs {
+    async fn dispatch(self, metrics_listen_given: bool) -> anyhow::Result<u8> {
         let config = self
             .args
             .validate()
@@ -136,7 +185,7 @@ impl Cli {
             }
             Command::Admin(args) => {
                 let admin = args
-                    .validate(config)
+                    .validate(config, metrics_listen_given)
                     .context("refusing to start: bad setting")?;
                 let listen = admin.listen;
                 let app = AdminApp::build(admin)
@@ -239,4 +288,28 @@ fn print_report(report: &reconcile::Report, json: bool) -> anyhow::Result<()> {
         writeln!(out, "  would redeliver {guid}")?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_metrics_listener_counts_as_given_only_when_it_is() {
+        // The variable would make it given; this test is about the flag.
+        if std::env::var_os("HOOKINBOX_METRICS_LISTEN").is_some() {
+            return;
+        }
+        let parse = |args: &[&str]| Cli::try_parse_from(args).expect("parses");
+        assert!(!parse(&["hookinbox-worker", "admin"]).metrics_listen_given);
+        assert!(
+            parse(&[
+                "hookinbox-worker",
+                "--metrics-listen",
+                "0.0.0.0:9899",
+                "admin"
+            ])
+            .metrics_listen_given
+        );
+    }
 }

@@ -19,6 +19,7 @@ use tokio_postgres::types::ToSql;
 
 use super::row::delivery;
 use super::{Delivery, ErrorClass, Status, secs};
+use crate::key::{DeliveryId, DestinationName, HookId, SourceName};
 use crate::postgres::DbError;
 
 /// Which deliveries an operator asks for. Every field left unset matches
@@ -89,6 +90,15 @@ pub struct Cursor {
     pub key: [String; 5],
 }
 
+/// The longest cursor text: a time and a key of the longest parts,
+/// hex-encoded, with room to spare.
+const MAX_CURSOR_LEN: usize = 1024;
+
+/// The latest time a cursor may hold: 9999-12-31T23:59:59Z, in
+/// microseconds (rows are stamped by `now()`; Postgres stores far less
+/// than an `i64` of microseconds can say).
+const MAX_CURSOR_MICROS: i64 = 253_402_300_799_000_000;
+
 /// A cursor that is not one this code wrote.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("not a cursor this API gave out")]
@@ -116,15 +126,47 @@ impl Cursor {
         hex::encode(value.to_string())
     }
 
-    /// Reads what [`Cursor::encode`] wrote.
+    /// Reads what [`Cursor::encode`] wrote, and refuses anything a row
+    /// could not have written: a cursor comes from the caller, and its
+    /// values are bound into the list statement, so each is checked here
+    /// against the rules its column's values were built by (a time
+    /// Postgres can store, the key's parts as `key` validates them).
+    /// Nothing unchecked reaches SQL, and no Postgres error can be provoked
+    /// through it.
     pub fn decode(text: &str) -> Result<Self, CursorError> {
+        if text.len() > MAX_CURSOR_LEN {
+            return Err(CursorError);
+        }
         let bytes = hex::decode(text).map_err(|_| CursorError)?;
-        let value: (i64, String, String, String, String, String) =
-            serde_json::from_slice(&bytes).map_err(|_| CursorError)?;
-        let created_at = DateTime::from_timestamp_micros(value.0).ok_or(CursorError)?;
+        let (micros, provider, source, hook_id, delivery_id, destination): (
+            i64,
+            String,
+            String,
+            String,
+            String,
+            String,
+        ) = serde_json::from_slice(&bytes).map_err(|_| CursorError)?;
+        if !(0..=MAX_CURSOR_MICROS).contains(&micros) {
+            return Err(CursorError);
+        }
+        let created_at = DateTime::from_timestamp_micros(micros).ok_or(CursorError)?;
+        let provider_ok = !provider.is_empty()
+            && provider.len() <= 32
+            && provider
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+        let hook_ok = hook_id.is_empty() || HookId::parse(Some(hook_id.as_bytes())).is_ok();
+        if !provider_ok
+            || !hook_ok
+            || SourceName::parse(&source).is_err()
+            || DeliveryId::parse(delivery_id.as_bytes()).is_err()
+            || DestinationName::stored(&destination).is_err()
+        {
+            return Err(CursorError);
+        }
         Ok(Self {
             created_at,
-            key: [value.1, value.2, value.3, value.4, value.5],
+            key: [provider, source, hook_id, delivery_id, destination],
         })
     }
 }
@@ -468,6 +510,34 @@ mod tests {
         assert_eq!(Cursor::decode(&c.encode()), Ok(c));
         assert_eq!(Cursor::decode("zz"), Err(CursorError));
         assert_eq!(Cursor::decode(&hex::encode("[1,2]")), Err(CursorError));
+    }
+
+    #[test]
+    fn a_cursor_with_a_value_no_row_holds_is_refused() {
+        let forged = |v: serde_json::Value| Cursor::decode(&hex::encode(v.to_string()));
+        for v in [
+            // Times Postgres cannot store, or no row was stamped with.
+            serde_json::json!([i64::MIN, "github", "default", "1", "x", "ci"]),
+            serde_json::json!([-1, "github", "default", "1", "x", "ci"]),
+            serde_json::json!([i64::MAX, "github", "default", "1", "x", "ci"]),
+            // Key parts outside their rules: a NUL, unicode, too long.
+            serde_json::json!([1, "github", "default", "1", "a\u{0}b", "ci"]),
+            serde_json::json!([1, "github", "déf", "1", "x", "ci"]),
+            serde_json::json!([1, "github", "default", "12a", "x", "ci"]),
+            serde_json::json!([1, "github", "default", "1", "x".repeat(129), "ci"]),
+            serde_json::json!([1, "", "default", "1", "x", "ci"]),
+            serde_json::json!([1, "github", "default", "1", "x", "Bad Name"]),
+            // A cursor of the four-part shape from before destinations.
+            serde_json::json!([1, "github", "default", "1", "x"]),
+        ] {
+            assert_eq!(forged(v.clone()), Err(CursorError), "{v}");
+        }
+        assert_eq!(
+            Cursor::decode(&"0".repeat(MAX_CURSOR_LEN + 2)),
+            Err(CursorError)
+        );
+        let fine = forged(serde_json::json!([1, "github", "default", "", "x", ""]));
+        assert!(fine.is_ok(), "an empty hook id is a real one");
     }
 
     #[test]

@@ -50,8 +50,13 @@ const MIGRATIONS: &[Migration] = &[
     },
     Migration {
         version: 7,
-        name: "0007_destinations.sql",
-        sql: include_str!("../../migrations/0007_destinations.sql"),
+        name: "0007_admin_sessions.sql",
+        sql: include_str!("../../migrations/0007_admin_sessions.sql"),
+    },
+    Migration {
+        version: 8,
+        name: "0008_destinations.sql",
+        sql: include_str!("../../migrations/0008_destinations.sql"),
     },
 ];
 

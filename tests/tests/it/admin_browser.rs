@@ -1,7 +1,8 @@
 //! The admin console in a real browser (headless Chromium through
 //! chromedriver): sign in, filter the dead letters, open one, replay it and
 //! see it complete, run a bulk replay with its count and progress, and a
-//! viewer who sees no replay button. Screenshots of the overview, a list,
+//! viewer who sees no replay button; all under the console's content
+//! security policy (no inline script or style). Screenshots of the overview, a list,
 //! a delivery and a bulk job go to `target/admin-screenshots/`.
 
 use std::time::Duration;
@@ -115,6 +116,12 @@ async fn an_operator_filters_dead_letters_replays_one_and_runs_a_bulk_replay() {
         text_of(&b, "main")
             .await
             .contains("Dead letters by error class")
+    );
+    // The stylesheet applies under the content security policy.
+    let header = b.client.find(Locator::Css("header")).await.expect("header");
+    assert_eq!(
+        header.css_value("background-color").await.expect("a style"),
+        "rgba(29, 35, 48, 1)"
     );
     b.screenshot("overview").await;
 
@@ -275,6 +282,15 @@ async fn an_operator_filters_dead_letters_replays_one_and_runs_a_bulk_replay() {
         text_of(&b, "#job-progress")
             .await
             .starts_with("4 / 4 done: 4 replayed")
+    );
+    let bar = b
+        .client
+        .find(Locator::Css("progress#job-bar"))
+        .await
+        .expect("the progress bar");
+    assert_eq!(
+        bar.attr("value").await.expect("value").as_deref(),
+        Some("4")
     );
     b.screenshot("bulk-job").await;
     settle(&env, &env.store_worker().await).await;

@@ -1,12 +1,19 @@
 //! The admin console's guards: CSRF on every form that changes something,
 //! escaped payloads, no signature header or secret in any page or answer,
-//! no payload body for a viewer, failed sign-ins limited and counted, and
-//! a console that refuses to start without tokens or on a bad tokens file.
+//! no payload body for a viewer, the security headers on every answer, a
+//! console without tokens that answers only loopback hosts, its metrics on
+//! loopback unless told otherwise, and a console that refuses to start
+//! without tokens or on a bad tokens file. (Sessions: `admin_sessions`;
+//! the sign-in throttle: `admin_sign_in_throttle`; input bounds:
+//! `admin_input_bounds`.)
 
-use hookinbox_tests::admin::{OPERATOR, Seed, TestAdmin, VIEWER, csrf_of, seed};
+use std::time::Duration;
+
+use hookinbox_tests::admin::{OPERATOR, Seed, TestAdmin, VIEWER, csrf_of, raw_status_line, seed};
 use hookinbox_tests::handlers::Scripted;
-use hookinbox_tests::{Hook, SECRET, TestEnv, bin, settle, sign};
+use hookinbox_tests::{Hook, SECRET, TestEnv, bin, defaults, settle, sign};
 use hookinbox_worker::HandlerError;
+use hookinbox_worker::admin::{AdminArgs, DEFAULT_METRICS_LISTEN};
 
 /// Every page and API answer an operator and a viewer can reach for
 /// `id`, as text.
@@ -281,46 +288,6 @@ async fn a_viewer_never_receives_a_payload_body() {
 }
 
 #[tokio::test]
-async fn failed_sign_ins_are_limited_per_address_and_counted() {
-    let env = TestEnv::new().await;
-    let admin = env.admin().await;
-    for i in 0..10 {
-        let a = admin
-            .get("/api/v1/overview", Some(&format!("wrong-token-{i}")))
-            .await;
-        assert_eq!(a.status, 401, "attempt {i}");
-    }
-    // Locked out now: even the right token is refused, before it is checked.
-    let a = admin.get("/api/v1/overview", Some(OPERATOR)).await;
-    assert_eq!(a.status, 429, "{}", a.text);
-    let resp = admin
-        .http
-        .post(format!("{}/login", admin.base))
-        .form(&[("token", OPERATOR)])
-        .send()
-        .await
-        .expect("answers");
-    assert_eq!(resp.status().as_u16(), 429);
-    assert!(resp.headers().contains_key("retry-after"));
-    // Counted, by way in and outcome.
-    let metrics = hookinbox::metrics::install().render();
-    let line = |outcome: &str| {
-        metrics
-            .lines()
-            .find(|l| {
-                l.starts_with("hookinbox_admin_sign_in_failures_total")
-                    && l.contains(&format!("outcome=\"{outcome}\""))
-                    && l.contains("via=\"api\"")
-            })
-            .map(|l| l.rsplit(' ').next().unwrap_or("").to_owned())
-    };
-    assert_eq!(line("bad_token").as_deref(), Some("10"), "{metrics}");
-    assert_eq!(line("locked_out").as_deref(), Some("1"), "{metrics}");
-    admin.stop().await;
-    env.cleanup().await;
-}
-
-#[tokio::test]
 async fn the_console_refuses_to_start_without_tokens_or_on_a_bad_tokens_file() {
     let env = TestEnv::new().await;
     let dir = std::env::temp_dir().join(format!("{}-tokens", env.prefix));
@@ -411,5 +378,148 @@ async fn the_console_refuses_to_start_without_tokens_or_on_a_bad_tokens_file() {
     .await;
     let _ = child.kill().await;
     let _ = std::fs::remove_dir_all(&dir);
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn every_console_answer_carries_the_security_headers() {
+    let env = TestEnv::new().await;
+    seed(&env, &[Seed::dead("hdr-1", "push", 5)]).await;
+    let admin = env.admin().await;
+    let cookie = admin.sign_in(OPERATOR).await;
+    let mut checked = 0;
+    for (path, with_cookie, bearer) in [
+        ("/login", false, false),
+        ("/", false, false),
+        ("/", true, false),
+        ("/deliveries?status=dead", true, false),
+        ("/deliveries/default/hdr-1?hook_id=1", true, false),
+        ("/bulk?kind=replay&status=dead&dry_run=1", true, false),
+        ("/sessions", true, false),
+        ("/deliveries?since=nonsense", true, false),
+        ("/api/v1/deliveries/default/hdr-1", false, true),
+        ("/api/v1/overview", false, false),
+        ("/api/v1/no-such-call", false, true),
+        ("/static/admin.css", false, false),
+    ] {
+        let mut req = admin.http.get(format!("{}{path}", admin.base));
+        if with_cookie {
+            req = req.header("cookie", &cookie);
+        }
+        if bearer {
+            req = req.bearer_auth(OPERATOR);
+        }
+        let resp = req.send().await.expect("answers");
+        let h = |name: &str| {
+            resp.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_owned()
+        };
+        let csp = h("content-security-policy");
+        assert!(csp.contains("default-src 'self'"), "{path}: {csp}");
+        assert!(csp.contains("frame-ancestors 'none'"), "{path}: {csp}");
+        assert_eq!(h("x-frame-options"), "DENY", "{path}");
+        assert_eq!(h("x-content-type-options"), "nosniff", "{path}");
+        assert_eq!(h("referrer-policy"), "no-referrer", "{path}");
+        if path == "/static/admin.css" {
+            assert!(h("cache-control").starts_with("max-age"), "{path}");
+        } else {
+            assert_eq!(h("cache-control"), "no-store", "{path}");
+        }
+        let text = resp.text().await.unwrap_or_default();
+        if path != "/static/admin.css" {
+            // The policy would block inline script and style; there is none.
+            for inline in ["<script", "style=", " onclick=", " onload="] {
+                assert!(!text.contains(inline), "{path} holds {inline}");
+            }
+        }
+        checked += 1;
+    }
+    assert_eq!(checked, 12);
+    admin.stop().await;
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn without_tokens_the_console_answers_only_loopback_hosts() {
+    let env = TestEnv::new().await;
+    let admin = env.spawn_admin(&["--insecure-loopback"], &[]).await;
+    let port = admin.port;
+    let status = |host: String| async move {
+        let request =
+            format!("GET /api/v1/overview HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+        raw_status_line(port, request.as_bytes(), Duration::from_secs(10)).await
+    };
+    for host in [
+        format!("localhost:{port}"),
+        format!("127.0.0.1:{port}"),
+        format!("[::1]:{port}"),
+        "localhost".to_owned(),
+    ] {
+        assert_eq!(
+            status(host.clone()).await.as_deref(),
+            Some("HTTP/1.1 200 OK"),
+            "{host}"
+        );
+    }
+    // A name rebound to 127.0.0.1 by its DNS, or any other host: 421.
+    for host in [
+        format!("rebind.example:{port}"),
+        "attacker.example".to_owned(),
+        format!("127.0.0.1.nip.io:{port}"),
+        format!("localhost.attacker.example:{port}"),
+    ] {
+        assert_eq!(
+            status(host.clone()).await.as_deref(),
+            Some("HTTP/1.1 421 Misdirected Request"),
+            "{host}"
+        );
+    }
+    // Without a Host at all (HTTP/1.0): refused too.
+    let line = raw_status_line(
+        port,
+        b"GET /api/v1/overview HTTP/1.0\r\n\r\n",
+        Duration::from_secs(10),
+    )
+    .await;
+    assert!(
+        line.as_deref().is_some_and(|l| l.contains(" 421 ")),
+        "{line:?}"
+    );
+    admin.stop().await;
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn the_consoles_metrics_listen_on_loopback_unless_set() {
+    let env = TestEnv::new().await;
+    let mut args: AdminArgs = defaults();
+    args.insecure_loopback = true;
+    let worker = || {
+        let mut args = env.worker_args();
+        args.metrics_listen = defaults::<hookinbox::config::WorkerArgs>().metrics_listen;
+        args.validate().expect("valid worker settings")
+    };
+    assert_eq!(
+        worker().metrics_listen.to_string(),
+        "0.0.0.0:9899",
+        "the worker's own default"
+    );
+    let config = args
+        .clone()
+        .validate(worker(), false)
+        .expect("valid console settings");
+    assert_eq!(
+        config.worker.metrics_listen.to_string(),
+        DEFAULT_METRICS_LISTEN
+    );
+    assert!(config.worker.metrics_listen.ip().is_loopback());
+    // Given (HOOKINBOX_METRICS_LISTEN or --metrics-listen): as given.
+    let mut given = worker();
+    given.metrics_listen = "0.0.0.0:9899".parse().expect("address");
+    let config = args.validate(given, true).expect("valid console settings");
+    assert_eq!(config.worker.metrics_listen.to_string(), "0.0.0.0:9899");
     env.cleanup().await;
 }

@@ -4,8 +4,11 @@
 
 mod admin_api;
 mod admin_browser;
+mod admin_input_bounds;
 mod admin_plans;
 mod admin_security;
+mod admin_sessions;
+mod admin_sign_in_throttle;
 mod broker_restart_serial;
 mod custom_handler_example;
 mod github_corpus;

@@ -11,11 +11,11 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::auth::{api_identity, require_operator};
-use super::detail;
+use super::body::{self, JSON_LIMIT};
 use super::error::{AdminError, ApiError};
 use super::jobs::{self, Kind};
-use super::params;
 use super::state::State;
+use super::{detail, params, session};
 
 type Answer = Result<HttpResponse, ApiError>;
 
@@ -57,11 +57,6 @@ pub(crate) async fn one(
     let who = api_identity(&req, &state)?;
     let hook = web::Query::<HookParam>::from_query(req.query_string())
         .map_err(|_| AdminError::field("hook_id", "the only parameter here, 1 to 20 digits"))?;
-    if let Some(h) = &hook.hook_id
-        && (h.len() > 20 || !h.bytes().all(|b| b.is_ascii_digit()))
-    {
-        return Err(AdminError::field("hook_id", "1 to 20 digits").into());
-    }
     let (source, id) = path.into_inner();
     let client = state.pool.get().await?;
     let d = detail::load(&client, &who, &source, &id, hook.hook_id.as_deref()).await?;
@@ -110,8 +105,14 @@ struct BulkBody {
 /// How many a dry run shows.
 pub const SAMPLE: i64 = 20;
 
-async fn bulk(req: HttpRequest, state: web::Data<State>, body: web::Bytes, kind: Kind) -> Answer {
+async fn bulk(
+    req: HttpRequest,
+    state: web::Data<State>,
+    payload: web::Payload,
+    kind: Kind,
+) -> Answer {
     let who = api_identity(&req, &state)?;
+    let body = body::read(&req, payload, JSON_LIMIT, state.body_timeout).await?;
     let body: BulkBody = serde_json::from_slice(&body)
         .map_err(|e| AdminError::field("body", format!("not the JSON this call takes ({e})")))?;
     let (filter, target) = match (&body.filter, &body.ids) {
@@ -153,13 +154,21 @@ async fn bulk(req: HttpRequest, state: web::Data<State>, body: web::Bytes, kind:
 }
 
 /// `POST /api/v1/replays`.
-pub(crate) async fn replay(req: HttpRequest, state: web::Data<State>, body: web::Bytes) -> Answer {
-    bulk(req, state, body, Kind::Replay).await
+pub(crate) async fn replay(
+    req: HttpRequest,
+    state: web::Data<State>,
+    payload: web::Payload,
+) -> Answer {
+    bulk(req, state, payload, Kind::Replay).await
 }
 
 /// `POST /api/v1/purges`.
-pub(crate) async fn purge(req: HttpRequest, state: web::Data<State>, body: web::Bytes) -> Answer {
-    bulk(req, state, body, Kind::Purge).await
+pub(crate) async fn purge(
+    req: HttpRequest,
+    state: web::Data<State>,
+    payload: web::Payload,
+) -> Answer {
+    bulk(req, state, payload, Kind::Purge).await
 }
 
 /// A job as the API answers it.
@@ -230,36 +239,36 @@ async fn cancel_job(req: HttpRequest, state: web::Data<State>, id: i64, kind: Ki
 pub(crate) async fn replay_job(
     req: HttpRequest,
     state: web::Data<State>,
-    id: web::Path<i64>,
+    id: web::Path<String>,
 ) -> Answer {
-    show_job(req, state, id.into_inner(), Kind::Replay).await
+    show_job(req, state, params::id("job", &id)?, Kind::Replay).await
 }
 
 /// `DELETE /api/v1/replays/{job}`.
 pub(crate) async fn cancel_replay(
     req: HttpRequest,
     state: web::Data<State>,
-    id: web::Path<i64>,
+    id: web::Path<String>,
 ) -> Answer {
-    cancel_job(req, state, id.into_inner(), Kind::Replay).await
+    cancel_job(req, state, params::id("job", &id)?, Kind::Replay).await
 }
 
 /// `GET /api/v1/purges/{job}`.
 pub(crate) async fn purge_job(
     req: HttpRequest,
     state: web::Data<State>,
-    id: web::Path<i64>,
+    id: web::Path<String>,
 ) -> Answer {
-    show_job(req, state, id.into_inner(), Kind::Purge).await
+    show_job(req, state, params::id("job", &id)?, Kind::Purge).await
 }
 
 /// `DELETE /api/v1/purges/{job}`.
 pub(crate) async fn cancel_purge(
     req: HttpRequest,
     state: web::Data<State>,
-    id: web::Path<i64>,
+    id: web::Path<String>,
 ) -> Answer {
-    cancel_job(req, state, id.into_inner(), Kind::Purge).await
+    cancel_job(req, state, params::id("job", &id)?, Kind::Purge).await
 }
 
 /// `GET /api/v1/jobs`: the newest jobs of both kinds.
@@ -272,29 +281,39 @@ pub(crate) async fn jobs_list(req: HttpRequest, state: web::Data<State>) -> Answ
     })))
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct AuditParams {
-    limit: Option<i64>,
-    cursor: Option<i64>,
-}
-
 /// `GET /api/v1/audit`: newest first.
 pub(crate) async fn audit(req: HttpRequest, state: web::Data<State>) -> Answer {
     api_identity(&req, &state)?;
-    let p = web::Query::<AuditParams>::from_query(req.query_string()).map_err(|e| {
-        AdminError::field("query", format!("limit and cursor are whole numbers ({e})"))
-    })?;
-    let limit = p.limit.unwrap_or(params::DEFAULT_LIMIT);
-    if !(1..=params::MAX_LIMIT).contains(&limit) {
-        return Err(AdminError::field(
-            "limit",
-            format!("a whole number from 1 to {}", params::MAX_LIMIT),
-        )
-        .into());
+    let (mut limit, mut cursor) = (params::DEFAULT_LIMIT, None);
+    for (name, value) in form_urlencoded::parse(req.query_string().as_bytes()) {
+        if value.is_empty() {
+            continue;
+        }
+        match name.as_ref() {
+            "limit" => {
+                limit = value
+                    .parse::<i64>()
+                    .ok()
+                    .filter(|n| (1..=params::MAX_LIMIT).contains(n))
+                    .ok_or_else(|| {
+                        AdminError::field(
+                            "limit",
+                            format!("a whole number from 1 to {}", params::MAX_LIMIT),
+                        )
+                    })?;
+            }
+            "cursor" => cursor = Some(params::id("cursor", &value)?),
+            other => {
+                return Err(AdminError::field(
+                    other.chars().take(64).collect::<String>(),
+                    "not a parameter of this call (limit, cursor)",
+                )
+                .into());
+            }
+        }
     }
     let client = state.pool.get().await?;
-    let mut rows = super::audit::list(&client, p.cursor, limit + 1).await?;
+    let mut rows = super::audit::list(&client, cursor, limit + 1).await?;
     let next = (rows.len() as i64 > limit).then(|| {
         rows.truncate(limit as usize);
         rows.last().map(|r| r.id)
@@ -306,4 +325,38 @@ pub(crate) async fn audit(req: HttpRequest, state: web::Data<State>) -> Answer {
         })).collect::<Vec<_>>(),
         "next_cursor": next.flatten(),
     })))
+}
+
+/// A live session as the API answers it.
+fn session_json(s: &session::Listed) -> Value {
+    json!({
+        "id": s.id,
+        "token": s.token_name,
+        "client": s.client,
+        "created_at": s.created_at,
+        "expires_at": s.expires_at,
+    })
+}
+
+/// `GET /api/v1/sessions`: the live page sessions, newest first.
+pub(crate) async fn sessions(req: HttpRequest, state: web::Data<State>) -> Answer {
+    api_identity(&req, &state)?;
+    let client = state.pool.get().await?;
+    let list = session::live(&client, super::sign_in::SESSIONS_SHOWN).await?;
+    Ok(HttpResponse::Ok().json(json!({
+        "items": list.iter().map(session_json).collect::<Vec<_>>(),
+    })))
+}
+
+/// `DELETE /api/v1/sessions/{id}`: ends a session (operators; audited).
+pub(crate) async fn revoke_session(
+    req: HttpRequest,
+    state: web::Data<State>,
+    id: web::Path<String>,
+) -> Answer {
+    let who = api_identity(&req, &state)?;
+    require_operator(&who)?;
+    let id = params::id("session", &id)?;
+    session::revoke(&state.pool, &who, id).await?;
+    Ok(HttpResponse::Ok().json(json!({"id": id, "revoked": true})))
 }

@@ -1,13 +1,15 @@
 //! Who is calling: an API call by its bearer token, a page by its session
-//! cookie. Failed sign-ins are counted (metric and log line, never the
-//! token) and limited per address ([`super::lockout`]), checked before any
-//! token is compared.
+//! (`session`). A presented token is always verified first, so a valid
+//! one always passes; a bad one is counted (metric and log line, never the
+//! token) and throttled per client ([`super::throttle`], the client as
+//! [`super::client`] finds it).
 
 use std::net::IpAddr;
 
 use actix_web::HttpRequest;
 use actix_web::http::header;
 
+use super::client;
 use super::config::Access;
 use super::error::AdminError;
 use super::session::{self, COOKIE, Session};
@@ -22,37 +24,38 @@ fn loopback() -> Identity {
     }
 }
 
-/// The client's address (the peer: a forwarded-for header could be forged
-/// to dodge the lockout).
-pub(crate) fn peer(req: &HttpRequest) -> IpAddr {
-    req.peer_addr()
-        .map(|a| a.ip())
-        .unwrap_or(IpAddr::from([0, 0, 0, 0]))
+/// The client of a request: the peer, or the forwarded address behind a
+/// trusted proxy.
+pub(crate) fn client_of(req: &HttpRequest, state: &State) -> IpAddr {
+    client::client(req, &state.trusted_proxies)
 }
 
-fn count_failure(via: &'static str, outcome: &'static str) {
+/// Counts a bad token from `req`'s client, and answers it: 401, or 429
+/// with the client's wait once it is throttled.
+fn failed(req: &HttpRequest, state: &State, via: &'static str) -> AdminError {
+    let client = client_of(req, state);
+    let key = client::bucket(client);
+    let throttled = state.throttle.wait(key).is_some();
+    let wait = state.throttle.fail(key);
+    let outcome = if throttled { "throttled" } else { "bad_token" };
     metrics::counter!(
         hookinbox::metrics::ADMIN_SIGN_IN_FAILURES,
         "via" => via,
         "outcome" => outcome
     )
     .increment(1);
-}
-
-/// Refuses a locked-out address before any token is compared.
-fn refuse_locked(state: &State, ip: IpAddr, via: &'static str) -> Result<(), AdminError> {
-    if let Some(left) = state.lockout.locked(ip) {
-        count_failure(via, "locked_out");
-        return Err(AdminError::LockedOut(left.as_secs() + 1));
+    tracing::warn!(
+        client = %client,
+        via,
+        outcome,
+        wait_secs = wait.as_secs(),
+        "admin sign-in failed"
+    );
+    if throttled {
+        AdminError::Throttled(wait.as_secs().max(1))
+    } else {
+        AdminError::Unauthorized
     }
-    Ok(())
-}
-
-/// Records a failed sign-in.
-fn failed(state: &State, ip: IpAddr, via: &'static str) {
-    count_failure(via, "bad_token");
-    let locked = state.lockout.fail(ip);
-    tracing::warn!(client = %ip, via, locked_out = locked, "admin sign-in failed");
 }
 
 /// The caller of an API request, from `Authorization: Bearer`.
@@ -61,8 +64,6 @@ pub(crate) fn api_identity(req: &HttpRequest, state: &State) -> Result<Identity,
         Access::InsecureLoopback => return Ok(loopback()),
         Access::Tokens(tokens) => tokens,
     };
-    let ip = peer(req);
-    refuse_locked(state, ip, "api")?;
     let presented = req
         .headers()
         .get(header::AUTHORIZATION)
@@ -71,41 +72,49 @@ pub(crate) fn api_identity(req: &HttpRequest, state: &State) -> Result<Identity,
     let Some(presented) = presented else {
         return Err(AdminError::Unauthorized);
     };
-    tokens.verify(presented.trim()).ok_or_else(|| {
-        failed(state, ip, "api");
-        AdminError::Unauthorized
-    })
+    tokens
+        .verify(presented.trim())
+        .ok_or_else(|| failed(req, state, "api"))
 }
 
 /// The session of a page request, from its cookie.
-pub(crate) fn page_session(req: &HttpRequest, state: &State) -> Result<Session, AdminError> {
-    match &state.access {
-        Access::InsecureLoopback => Ok(Session {
-            identity: loopback(),
-            csrf: session::loopback_csrf(&state.process_key),
-        }),
-        Access::Tokens(tokens) => req
-            .cookie(COOKIE)
-            .and_then(|c| session::check(tokens, c.value()))
-            .ok_or(AdminError::Unauthorized),
-    }
+pub(crate) async fn page_session(req: &HttpRequest, state: &State) -> Result<Session, AdminError> {
+    let tokens = match &state.access {
+        Access::InsecureLoopback => {
+            return Ok(Session {
+                id: 0,
+                identity: loopback(),
+                csrf: session::loopback_csrf(&state.process_key),
+            });
+        }
+        Access::Tokens(tokens) => tokens,
+    };
+    let Some(cookie) = req.cookie(COOKIE) else {
+        return Err(AdminError::Unauthorized);
+    };
+    let client = state.pool.get().await?;
+    session::check(&client, tokens, cookie.value())
+        .await?
+        .ok_or(AdminError::Unauthorized)
 }
 
 /// Signs in with a token from the sign-in form: the new session cookie's
 /// value, or why not.
-pub(crate) fn sign_in(req: &HttpRequest, state: &State, token: &str) -> Result<String, AdminError> {
+pub(crate) async fn sign_in(
+    req: &HttpRequest,
+    state: &State,
+    token: &str,
+) -> Result<String, AdminError> {
     let tokens = match &state.access {
         Access::InsecureLoopback => return Err(AdminError::Forbidden("no sign-in without tokens")),
         Access::Tokens(tokens) => tokens,
     };
-    let ip = peer(req);
-    refuse_locked(state, ip, "page")?;
-    let identity = tokens.verify(token.trim()).ok_or_else(|| {
-        failed(state, ip, "page");
-        AdminError::Unauthorized
-    })?;
+    let identity = tokens
+        .verify(token.trim())
+        .ok_or_else(|| failed(req, state, "page"))?;
     tracing::info!(actor = %identity.name, role = identity.role.as_str(), "admin sign-in");
-    session::issue(tokens, &identity.name).ok_or(AdminError::Unauthorized)
+    let client = state.pool.get().await?;
+    session::issue(&client, tokens, &identity, client_of(req, state)).await
 }
 
 /// Refuses a viewer's change.

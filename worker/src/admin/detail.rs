@@ -218,6 +218,10 @@ pub async fn load(
     delivery_id: &str,
     hook_id: Option<&str>,
 ) -> Result<Detail, AdminError> {
+    super::params::delivery_path(source, delivery_id)?;
+    if let Some(h) = hook_id {
+        super::params::hook_id("hook_id", h)?;
+    }
     let mut found = deliveries::find(client, source, delivery_id, hook_id).await?;
     let delivery = match found.len() {
         0 => {

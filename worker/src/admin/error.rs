@@ -16,9 +16,10 @@ pub enum AdminError {
     /// No valid token or session.
     #[error("a valid token is required (Authorization: Bearer, or sign in)")]
     Unauthorized,
-    /// Too many failed sign-ins from this address.
-    #[error("too many failed sign-ins from this address; retry in {0} s")]
-    LockedOut(u64),
+    /// A bad token from a client that is throttled (a valid token still
+    /// passes).
+    #[error("too many failed sign-ins from this client; retry in {0} s")]
+    Throttled(u64),
     /// The caller may not do this (a viewer's change, a form without its
     /// CSRF token).
     #[error("{0}")]
@@ -37,8 +38,15 @@ pub enum AdminError {
     /// The request conflicts with the current state (a finished job).
     #[error("{0}")]
     Conflict(String),
-    /// Postgres failed.
-    #[error("database unavailable: {0}")]
+    /// A body larger than the call takes.
+    #[error("the body is larger than {0} bytes")]
+    TooLarge(usize),
+    /// A body that did not arrive in time.
+    #[error("the body did not arrive in time")]
+    SlowBody,
+    /// Postgres failed. The answer says only that; the cause is logged
+    /// (it can carry a statement's text or a value from the request).
+    #[error("database unavailable; the console's log has the cause")]
     Db(#[from] DbError),
 }
 
@@ -54,8 +62,15 @@ impl AdminError {
     fn field_name(&self) -> Option<&str> {
         match self {
             Self::BadField { field, .. } => Some(field),
+            Self::TooLarge(_) | Self::SlowBody => Some("body"),
             _ => None,
         }
+    }
+
+    /// Whether the request's body was left unread, so that its connection
+    /// cannot carry another request and is closed after the answer.
+    fn leaves_body_unread(&self) -> bool {
+        matches!(self, Self::TooLarge(_) | Self::SlowBody)
     }
 }
 
@@ -75,11 +90,13 @@ impl From<tokio_postgres::Error> for AdminError {
 fn status_of(e: &AdminError) -> StatusCode {
     match e {
         AdminError::Unauthorized => StatusCode::UNAUTHORIZED,
-        AdminError::LockedOut(_) => StatusCode::TOO_MANY_REQUESTS,
+        AdminError::Throttled(_) => StatusCode::TOO_MANY_REQUESTS,
         AdminError::Forbidden(_) => StatusCode::FORBIDDEN,
         AdminError::BadField { .. } => StatusCode::BAD_REQUEST,
         AdminError::NotFound(_) => StatusCode::NOT_FOUND,
         AdminError::Conflict(_) => StatusCode::CONFLICT,
+        AdminError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+        AdminError::SlowBody => StatusCode::REQUEST_TIMEOUT,
         AdminError::Db(_) => StatusCode::SERVICE_UNAVAILABLE,
     }
 }
@@ -103,7 +120,10 @@ impl ResponseError for ApiError {
             body["field"] = json!(field);
         }
         let mut answer = HttpResponse::build(self.status_code());
-        if let AdminError::LockedOut(secs) = self.0 {
+        if self.0.leaves_body_unread() {
+            answer.force_close();
+        }
+        if let AdminError::Throttled(secs) = self.0 {
             answer.insert_header((header::RETRY_AFTER, secs.to_string()));
         }
         if matches!(self.0, AdminError::Unauthorized) {
@@ -163,7 +183,11 @@ impl ResponseError for PageError {
                 .insert_header((header::LOCATION, "/login"))
                 .finish();
         }
-        HttpResponse::build(self.status_code())
+        let mut answer = HttpResponse::build(self.status_code());
+        if self.0.leaves_body_unread() {
+            answer.force_close();
+        }
+        answer
             .content_type("text/html; charset=utf-8")
             .body(super::views::error_page(self.status_code(), &self.0.to_string()).into_string())
     }

@@ -6,7 +6,8 @@
 //! throttled, cancellable bulk job → an audit record. Callers are named
 //! tokens (`HOOKINBOX_ADMIN_TOKENS_FILE`), viewers or operators; the API
 //! takes them as bearer tokens, the page signs in with one for a session
-//! cookie, and every form that changes something carries a CSRF token.
+//! kept in Postgres, and every form that changes something (the sign-in
+//! form too) carries a CSRF token.
 //! The lists and counts are the operator CLI's own library calls
 //! (`hookinbox::deliveries`).
 //!
@@ -14,11 +15,16 @@
 //!
 //! - `config`: [`AdminArgs`] → [`AdminConfig`]; `tokens`: the tokens file
 //!   and the constant-time lookup.
-//! - `session`: the signed session cookie and its CSRF token; `lockout`:
-//!   failed sign-ins per address; `auth`: who is calling.
+//! - `session`: page sessions in Postgres, their cookie and CSRF token;
+//!   `throttle`: failed sign-ins per client; `client`: who the client is
+//!   (the peer, or the forwarded address behind a trusted proxy); `auth`:
+//!   who is calling.
+//! - `headers`: the security headers of every answer and the loopback
+//!   host check; `body`: request bodies, capped and timed.
 //! - `params`: filters from a query string or a JSON body, each bad field
 //!   named.
-//! - `api`: the JSON handlers; `pages`: the page handlers; `views`: the
+//! - `api`: the JSON handlers; `pages`: the page handlers (`sign_in`: the
+//!   sign-in form, sign-out and the sessions page); `views`: the
 //!   HTML (maud) and the stylesheet; `detail`: one delivery, its headers,
 //!   timeline and payload, for both.
 //! - `jobs`: bulk replays and purges: the frozen selection (`mod.rs`),
@@ -30,19 +36,25 @@
 mod api;
 mod audit;
 mod auth;
+mod body;
+mod client;
 mod config;
 mod detail;
 mod error;
+mod headers;
 mod jobs;
-mod lockout;
 mod pages;
 mod params;
 mod session;
+mod sign_in;
 mod startup;
 mod state;
+mod throttle;
 mod tokens;
 mod views;
 
-pub use config::{Access, AdminArgs, AdminConfig};
+pub use client::TrustedProxies;
+pub use config::{Access, AdminArgs, AdminConfig, DEFAULT_METRICS_LISTEN};
+pub use params::FILTER_FIELDS;
 pub use startup::{AdminApp, AdminHandle, AdminStartError};
 pub use tokens::{Identity, Role, Tokens};

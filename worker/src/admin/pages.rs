@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 
-use actix_web::cookie::{Cookie, SameSite};
 use actix_web::http::header;
 use actix_web::{HttpRequest, HttpResponse, web};
 use hookinbox::deliveries::{self, Filter, Status};
@@ -12,24 +11,25 @@ use hookinbox::deliveries::{self, Filter, Status};
 use crate::reconcile;
 use maud::Markup;
 
-use super::auth::{page_session, require_csrf, require_operator, sign_in};
+use super::auth::{page_session, require_csrf, require_operator};
+use super::body::{self, FORM_LIMIT};
 use super::error::{AdminError, PageError};
 use super::jobs::{self, Kind};
 use super::params::{self, Checked};
-use super::session::{COOKIE, LIFETIME, Session};
+use super::session::Session;
 use super::state::State;
 use super::{audit, detail, views};
 
-type Page = Result<HttpResponse, PageError>;
+pub(super) type Page = Result<HttpResponse, PageError>;
 
-fn html(markup: Markup) -> HttpResponse {
+pub(super) fn html(markup: Markup) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("text/html; charset=utf-8")
         .insert_header((header::CACHE_CONTROL, "no-store"))
         .body(markup.into_string())
 }
 
-fn see_other(location: &str) -> HttpResponse {
+pub(super) fn see_other(location: &str) -> HttpResponse {
     HttpResponse::SeeOther()
         .insert_header((header::LOCATION, location))
         .finish()
@@ -37,7 +37,7 @@ fn see_other(location: &str) -> HttpResponse {
 
 /// Splits `extra` names off a query string or form body; the rest is the
 /// filter's.
-fn split(text: &[u8], extra: &[&str]) -> (String, BTreeMap<String, String>) {
+pub(super) fn split(text: &[u8], extra: &[&str]) -> (String, BTreeMap<String, String>) {
     let mut rest = form_urlencoded::Serializer::new(String::new());
     let mut taken = BTreeMap::new();
     for (k, v) in form_urlencoded::parse(text) {
@@ -50,70 +50,35 @@ fn split(text: &[u8], extra: &[&str]) -> (String, BTreeMap<String, String>) {
     (rest.finish(), taken)
 }
 
-/// `GET /login` (without tokens, `--insecure-loopback`, nobody signs in).
-pub(crate) async fn login_form(state: web::Data<State>) -> HttpResponse {
-    match state.access {
-        super::config::Access::InsecureLoopback => see_other("/"),
-        super::config::Access::Tokens(_) => html(views::login(None)),
-    }
+/// A form's body, within the form cap and the body timeout.
+pub(super) async fn form(
+    req: &HttpRequest,
+    state: &State,
+    payload: web::Payload,
+) -> Result<web::Bytes, AdminError> {
+    body::read(req, payload, FORM_LIMIT, state.body_timeout).await
 }
 
-/// `POST /login`: a token for a session cookie (HttpOnly, SameSite=Strict).
-pub(crate) async fn login(
-    req: HttpRequest,
-    state: web::Data<State>,
-    body: web::Bytes,
-) -> HttpResponse {
-    let (_, fields) = split(&body, &["token"]);
-    let token = fields.get("token").map(String::as_str).unwrap_or("");
-    match sign_in(&req, &state, token) {
-        Ok(value) => {
-            let secure = req.connection_info().scheme() == "https";
-            let cookie = Cookie::build(COOKIE, value)
-                .path("/")
-                .http_only(true)
-                .same_site(SameSite::Strict)
-                .secure(secure)
-                .max_age(actix_web::cookie::time::Duration::seconds(
-                    LIFETIME.as_secs() as i64,
-                ))
-                .finish();
-            HttpResponse::SeeOther()
-                .insert_header((header::LOCATION, "/"))
-                .cookie(cookie)
-                .finish()
-        }
-        Err(AdminError::LockedOut(secs)) => HttpResponse::TooManyRequests()
-            .insert_header((header::RETRY_AFTER, secs.to_string()))
-            .content_type("text/html; charset=utf-8")
-            .body(
-                views::login(Some(&format!(
-                    "Too many failed sign-ins from this address; try again in {secs} s."
-                )))
-                .into_string(),
-            ),
-        Err(_) => HttpResponse::Unauthorized()
-            .content_type("text/html; charset=utf-8")
-            .body(views::login(Some("That token is not valid.")).into_string()),
-    }
-}
-
-/// `POST /logout`.
-pub(crate) async fn logout(req: HttpRequest, state: web::Data<State>, body: web::Bytes) -> Page {
-    let session = page_session(&req, &state)?;
-    let (_, fields) = split(&body, &["csrf"]);
+/// A form that changes something, checked: its body read, its caller's
+/// session, and the session's CSRF token in it. Returns the session, the
+/// fields named in `extra` and the rest (a filter's query).
+pub(super) async fn changing_form(
+    req: &HttpRequest,
+    state: &State,
+    payload: web::Payload,
+    extra: &[&str],
+) -> Result<(Session, BTreeMap<String, String>, String), AdminError> {
+    let body = form(req, state, payload).await?;
+    let session = page_session(req, state).await?;
+    let names: Vec<&str> = extra.iter().copied().chain(["csrf"]).collect();
+    let (rest, fields) = split(&body, &names);
     require_csrf(&session, fields.get("csrf").map(String::as_str))?;
-    let mut gone = Cookie::build(COOKIE, "").path("/").finish();
-    gone.make_removal();
-    Ok(HttpResponse::SeeOther()
-        .insert_header((header::LOCATION, "/login"))
-        .cookie(gone)
-        .finish())
+    Ok((session, fields, rest))
 }
 
 /// `GET /`.
 pub(crate) async fn overview(req: HttpRequest, state: web::Data<State>) -> Page {
-    let session = page_session(&req, &state)?;
+    let session = page_session(&req, &state).await?;
     let client = state.pool.get().await?;
     let o = deliveries::overview(&client).await?;
     let reconciler = reconcile::state::states(&client).await?;
@@ -122,7 +87,7 @@ pub(crate) async fn overview(req: HttpRequest, state: web::Data<State>) -> Page 
 
 /// `GET /deliveries`.
 pub(crate) async fn deliveries(req: HttpRequest, state: web::Data<State>) -> Page {
-    let session = page_session(&req, &state)?;
+    let session = page_session(&req, &state).await?;
     let checked = params::from_query(req.query_string())?;
     let client = state.pool.get().await?;
     let count = deliveries::count(&client, &checked.filter).await?;
@@ -132,12 +97,9 @@ pub(crate) async fn deliveries(req: HttpRequest, state: web::Data<State>) -> Pag
 
 fn hook_param(query: &str) -> Result<Option<String>, AdminError> {
     let (_, p) = split(query.as_bytes(), &["hook_id"]);
-    match p.get("hook_id") {
-        Some(h) if h.len() > 20 || !h.bytes().all(|b| b.is_ascii_digit()) => {
-            Err(AdminError::field("hook_id", "1 to 20 digits"))
-        }
-        other => Ok(other.cloned()),
-    }
+    p.get("hook_id")
+        .map(|h| params::hook_id("hook_id", h))
+        .transpose()
 }
 
 /// `GET /deliveries/{source}/{delivery_id}`.
@@ -146,7 +108,7 @@ pub(crate) async fn delivery(
     state: web::Data<State>,
     path: web::Path<(String, String)>,
 ) -> Page {
-    let session = page_session(&req, &state)?;
+    let session = page_session(&req, &state).await?;
     let hook = hook_param(req.query_string())?;
     let (source, id) = path.into_inner();
     let client = state.pool.get().await?;
@@ -160,15 +122,14 @@ async fn act_on_one(
     req: HttpRequest,
     state: web::Data<State>,
     path: web::Path<(String, String)>,
-    body: web::Bytes,
+    payload: web::Payload,
     kind: Kind,
 ) -> Page {
-    let session = page_session(&req, &state)?;
-    let (_, fields) = split(&body, &["csrf", "hook_id"]);
-    require_csrf(&session, fields.get("csrf").map(String::as_str))?;
+    let (session, fields, _) = changing_form(&req, &state, payload, &["hook_id"]).await?;
     require_operator(&session.identity)?;
     let (source, id) = path.into_inner();
-    let hook = fields.get("hook_id").cloned().unwrap_or_default();
+    params::delivery_path(&source, &id)?;
+    let hook = params::hook_id("hook_id", fields.get("hook_id").map_or("", String::as_str))?;
     let filter = Filter {
         source: Some(source.clone()),
         ids: Some(vec![id.clone()]),
@@ -202,9 +163,9 @@ pub(crate) async fn replay_one(
     req: HttpRequest,
     state: web::Data<State>,
     path: web::Path<(String, String)>,
-    body: web::Bytes,
+    payload: web::Payload,
 ) -> Page {
-    act_on_one(req, state, path, body, Kind::Replay).await
+    act_on_one(req, state, path, payload, Kind::Replay).await
 }
 
 /// `POST /deliveries/{source}/{delivery_id}/purge`.
@@ -212,9 +173,9 @@ pub(crate) async fn purge_one(
     req: HttpRequest,
     state: web::Data<State>,
     path: web::Path<(String, String)>,
-    body: web::Bytes,
+    payload: web::Payload,
 ) -> Page {
-    act_on_one(req, state, path, body, Kind::Purge).await
+    act_on_one(req, state, path, payload, Kind::Purge).await
 }
 
 fn kind_of(extra: &BTreeMap<String, String>) -> Result<Kind, AdminError> {
@@ -239,7 +200,7 @@ fn rate_of(extra: &BTreeMap<String, String>) -> Result<f64, AdminError> {
 /// `GET /bulk`: the count for the filter; with `dry_run=1`, the sample
 /// and the confirm button.
 pub(crate) async fn bulk(req: HttpRequest, state: web::Data<State>) -> Page {
-    let session = page_session(&req, &state)?;
+    let session = page_session(&req, &state).await?;
     let (rest, extra) = split(
         req.query_string().as_bytes(),
         &["kind", "dry_run", "per_second"],
@@ -284,11 +245,10 @@ pub(crate) async fn bulk(req: HttpRequest, state: web::Data<State>) -> Page {
 pub(crate) async fn bulk_start(
     req: HttpRequest,
     state: web::Data<State>,
-    body: web::Bytes,
+    payload: web::Payload,
 ) -> Page {
-    let session = page_session(&req, &state)?;
-    let (rest, extra) = split(&body, &["csrf", "kind", "per_second"]);
-    require_csrf(&session, extra.get("csrf").map(String::as_str))?;
+    let (session, extra, rest) =
+        changing_form(&req, &state, payload, &["kind", "per_second"]).await?;
     require_operator(&session.identity)?;
     let kind = kind_of(&extra)?;
     let rate = rate_of(&extra)?;
@@ -302,7 +262,7 @@ pub(crate) async fn bulk_start(
 
 /// `GET /jobs`.
 pub(crate) async fn jobs_page(req: HttpRequest, state: web::Data<State>) -> Page {
-    let session = page_session(&req, &state)?;
+    let session = page_session(&req, &state).await?;
     let client = state.pool.get().await?;
     let list = jobs::store::recent(&client, 50).await?;
     Ok(html(views::jobs(&list, &session)))
@@ -312,10 +272,10 @@ pub(crate) async fn jobs_page(req: HttpRequest, state: web::Data<State>) -> Page
 pub(crate) async fn job_page(
     req: HttpRequest,
     state: web::Data<State>,
-    id: web::Path<i64>,
+    id: web::Path<String>,
 ) -> Page {
-    let session = page_session(&req, &state)?;
-    let id = id.into_inner();
+    let session = page_session(&req, &state).await?;
+    let id = params::id("job", &id)?;
     let client = state.pool.get().await?;
     let job = jobs::store::get(&client, id)
         .await?
@@ -328,14 +288,12 @@ pub(crate) async fn job_page(
 pub(crate) async fn job_cancel(
     req: HttpRequest,
     state: web::Data<State>,
-    id: web::Path<i64>,
-    body: web::Bytes,
+    id: web::Path<String>,
+    payload: web::Payload,
 ) -> Page {
-    let session: Session = page_session(&req, &state)?;
-    let (_, fields) = split(&body, &["csrf"]);
-    require_csrf(&session, fields.get("csrf").map(String::as_str))?;
+    let (session, _, _) = changing_form(&req, &state, payload, &[]).await?;
     require_operator(&session.identity)?;
-    let id = id.into_inner();
+    let id = params::id("job", &id)?;
     jobs::cancel(&state.pool, &session.identity, id).await?;
     state.wake_runner.notify_waiters();
     Ok(see_other(&format!("/jobs/{id}")))
@@ -343,15 +301,13 @@ pub(crate) async fn job_cancel(
 
 /// `GET /audit`.
 pub(crate) async fn audit_page(req: HttpRequest, state: web::Data<State>) -> Page {
-    let session = page_session(&req, &state)?;
+    let session = page_session(&req, &state).await?;
     let (_, p) = split(req.query_string().as_bytes(), &["cursor"]);
-    let before = match p.get("cursor") {
-        Some(c) => Some(
-            c.parse::<i64>()
-                .map_err(|_| AdminError::field("cursor", "a whole number"))?,
-        ),
-        None => None,
-    };
+    let before = p
+        .get("cursor")
+        .filter(|c| !c.is_empty())
+        .map(|c| params::id("cursor", c))
+        .transpose()?;
     let client = state.pool.get().await?;
     let mut rows = audit::list(&client, before, 51).await?;
     let next = (rows.len() > 50).then(|| {

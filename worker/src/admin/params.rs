@@ -1,16 +1,21 @@
 //! Filters from a query string (`?status=dead&source=…`) or a JSON body
 //! (`{"filter": {…}}`), checked field by field: a bad value is a 400 that
 //! names its field. Empty values (an HTML form's blank fields) are unset.
-//! The checked values are kept, normalized, so that a view can link to
-//! itself and a job can record what it was made from.
+//! Every value is bounded before it is used: a time between 1970 and
+//! 9999, an age of at most ten years (the CLI's own rule, `ops::parse_age`),
+//! a limit from 1 to [`MAX_LIMIT`], texts by length, a cursor by
+//! `Cursor::decode`'s checks. The checked values are kept, normalized, so
+//! that a view can link to itself and a job can record what it was made
+//! from.
 
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, NaiveDateTime, Utc};
-use hookinbox::config::parse_duration_text;
 use hookinbox::deliveries::{Cursor, ErrorClass, Filter, Status};
+use hookinbox::key::{DeliveryId, SourceName};
 
 use super::error::AdminError;
+use crate::ops::{MAX_AGE_TEXT, parse_age};
 
 /// The filter's fields, in the order a form shows them.
 pub const FILTER_FIELDS: [&str; 10] = [
@@ -59,27 +64,47 @@ impl Checked {
     }
 }
 
+/// The earliest and the latest time a filter takes.
+fn time_range() -> std::ops::RangeInclusive<DateTime<Utc>> {
+    DateTime::UNIX_EPOCH
+        ..=DateTime::from_timestamp(253_402_300_799, 0).unwrap_or(DateTime::<Utc>::MAX_UTC)
+}
+
+/// A time (RFC 3339, or an HTML datetime-local read as UTC) or an age
+/// before now, within [`time_range`].
 fn time(field: &str, value: &str) -> Result<DateTime<Utc>, AdminError> {
-    if let Ok(t) = DateTime::parse_from_rfc3339(value) {
-        return Ok(t.with_timezone(&Utc));
+    let refused = || {
+        AdminError::field(
+            field,
+            format!(
+                "'{value}' is neither a time from 1970 to 9999 (RFC 3339, e.g. \
+                 2026-01-31T12:00:00Z) nor an age of at most 3650d (e.g. 2h, 7d)"
+            ),
+        )
+    };
+    if value.len() > MAX_AGE_TEXT {
+        return Err(AdminError::field(
+            field,
+            format!("a time or an age is at most {MAX_AGE_TEXT} characters"),
+        ));
     }
-    // An HTML datetime-local input: no zone, read as UTC.
-    for format in ["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S"] {
-        if let Ok(t) = NaiveDateTime::parse_from_str(value, format) {
-            return Ok(t.and_utc());
-        }
-    }
-    if let Ok(ago) = parse_duration_text(value) {
-        let ago = chrono::Duration::from_std(ago)
-            .map_err(|_| AdminError::field(field, "too long ago"))?;
-        return Ok(Utc::now() - ago);
-    }
-    Err(AdminError::field(
-        field,
-        format!(
-            "'{value}' is neither a time (RFC 3339, e.g. 2026-01-31T12:00:00Z) nor an age (e.g. 2h, 7d)"
-        ),
-    ))
+    let parsed = DateTime::parse_from_rfc3339(value)
+        .map(|t| t.with_timezone(&Utc))
+        .ok()
+        .or_else(|| {
+            // An HTML datetime-local input: no zone, read as UTC.
+            ["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S"]
+                .iter()
+                .find_map(|f| NaiveDateTime::parse_from_str(value, f).ok())
+                .map(|t| t.and_utc())
+        })
+        .or_else(|| {
+            let ago = chrono::Duration::from_std(parse_age(value).ok()?).ok()?;
+            Utc::now().checked_sub_signed(ago)
+        });
+    parsed
+        .filter(|t| time_range().contains(t))
+        .ok_or_else(refused)
 }
 
 fn bounded(field: &str, value: &str, max: usize) -> Result<String, AdminError> {
@@ -90,6 +115,41 @@ fn bounded(field: &str, value: &str, max: usize) -> Result<String, AdminError> {
         ));
     }
     Ok(value.to_owned())
+}
+
+/// A delivery's source and id from a path, checked by ingest's own rules
+/// before they reach a statement.
+pub fn delivery_path(source: &str, delivery_id: &str) -> Result<(), AdminError> {
+    if SourceName::parse(source).is_err() {
+        return Err(AdminError::field(
+            "source",
+            "a source name: 1 to 64 characters of a-z, 0-9, '-' and '_'",
+        ));
+    }
+    if DeliveryId::parse(delivery_id.as_bytes()).is_err() {
+        return Err(AdminError::field(
+            "delivery_id",
+            "a delivery id: 1 to 128 visible ASCII characters",
+        ));
+    }
+    Ok(())
+}
+
+/// A hook id: 1 to 20 digits, or empty for a delivery that had none.
+pub fn hook_id(field: &str, value: &str) -> Result<String, AdminError> {
+    if value.len() > 20 || !value.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(AdminError::field(field, "1 to 20 digits"));
+    }
+    Ok(value.to_owned())
+}
+
+/// A whole number from 0 up (a job's or a session's id, a cursor).
+pub fn id(field: &str, value: &str) -> Result<i64, AdminError> {
+    value
+        .parse::<i64>()
+        .ok()
+        .filter(|n| *n >= 0)
+        .ok_or_else(|| AdminError::field(field, "a whole number from 0 up"))
 }
 
 /// Applies one field to `out`; `prefix` names fields of a JSON body
@@ -133,12 +193,7 @@ fn apply(out: &mut Checked, prefix: &str, name: &str, value: &str) -> Result<(),
             }
             f.id_prefix = Some(value.to_owned());
         }
-        "hook_id" => {
-            if value.len() > 20 || !value.bytes().all(|b| b.is_ascii_digit()) {
-                return Err(AdminError::field(field, "1 to 20 digits"));
-            }
-            f.hook_id = Some(value.to_owned());
-        }
+        "hook_id" => f.hook_id = Some(hook_id(&field, value)?),
         "limit" => {
             let n: i64 = value
                 .parse()
@@ -240,6 +295,13 @@ mod tests {
             ("cursor=zz", "cursor"),
             ("delivery_id=a%20b", "delivery_id"),
             ("hook_id=12x", "hook_id"),
+            ("since=1000000000d", "since"),
+            ("until=3651d", "until"),
+            ("since=-2h", "since"),
+            ("since=+275760-09-13T00:00:00Z", "since"),
+            ("since=1969-12-31T23:59:59Z", "since"),
+            ("limit=99999999999999999999999", "limit"),
+            ("limit=-1", "limit"),
             ("colour=red", "colour"),
             ("event=push&event=issues", "event"),
         ] {

@@ -5,16 +5,16 @@ use std::net::TcpListener;
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix_web::{App, HttpResponse, HttpServer, web};
+use actix_web::{App, HttpResponse, HttpServer, middleware, web};
 use hookinbox::metrics::{Readiness, Ready};
 use hookinbox::postgres::{self, DbError};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::config::AdminConfig;
-use super::lockout::Lockout;
+use super::config::{Access, AdminConfig};
 use super::state::State;
-use super::{api, jobs, pages};
+use super::throttle::Throttle;
+use super::{api, headers, jobs, pages, session, sign_in};
 
 /// Stops a running console (see [`AdminApp::handle`]).
 pub use actix_web::dev::ServerHandle as AdminHandle;
@@ -42,14 +42,18 @@ pub struct AdminApp {
 const POOL_SIZE: usize = 8;
 
 impl AdminApp {
-    /// Builds the pool (migrating when `HOOKINBOX_AUTO_MIGRATE` is on), the
-    /// job runner, the metrics listener and the server.
+    /// Builds the pool (migrating when `HOOKINBOX_AUTO_MIGRATE` is on),
+    /// ends the sessions of tokens no longer in the tokens file, and builds
+    /// the job runner, the metrics listener and the server.
     pub async fn build(config: AdminConfig) -> Result<Self, AdminStartError> {
         let listener = TcpListener::bind(config.listen)?;
         let common = &config.worker.common;
         let pool = common.pool_of(POOL_SIZE.min(common.db_pool_size).max(2))?;
         if common.auto_migrate {
             common.migrate().await?;
+        }
+        if let Access::Tokens(tokens) = &config.access {
+            session::end_removed(&pool.get().await.map_err(DbError::from)?, tokens).await?;
         }
         let port = listener.local_addr()?.port();
         let (metrics_port, metrics_server) =
@@ -59,7 +63,10 @@ impl AdminApp {
             pool: pool.clone(),
             worker: config.worker.clone(),
             access: config.access.clone(),
-            lockout: Lockout::default(),
+            throttle: Throttle::default(),
+            trusted_proxies: config.trusted_proxies.clone(),
+            secure_cookies: config.secure_cookies,
+            body_timeout: config.body_timeout,
             process_key: rand::random(),
             wake_runner: Arc::new(tokio::sync::Notify::new()),
         });
@@ -67,10 +74,13 @@ impl AdminApp {
         jobs::spawn(state.clone(), stop_runner.clone());
         let ready = web::Data::new(readiness(pool));
         let server = HttpServer::new(move || {
+            // Registered last, run first: the host check before anything,
+            // the headers on every answer, the check's own included.
             App::new()
+                .wrap(middleware::from_fn(headers::loopback_hosts_only))
+                .wrap(headers::security_headers())
                 .app_data(state.clone())
                 .app_data(ready.clone())
-                .app_data(web::PayloadConfig::new(4 * 1024 * 1024))
                 .route("/healthz", web::get().to(hookinbox::metrics::healthz))
                 .route("/readyz", web::get().to(hookinbox::metrics::readyz))
                 .route("/static/admin.css", web::get().to(pages::stylesheet))
@@ -91,11 +101,13 @@ impl AdminApp {
                         .route("/purges/{job}", web::delete().to(api::cancel_purge))
                         .route("/jobs", web::get().to(api::jobs_list))
                         .route("/audit", web::get().to(api::audit))
+                        .route("/sessions", web::get().to(api::sessions))
+                        .route("/sessions/{id}", web::delete().to(api::revoke_session))
                         .default_service(web::to(api_not_found)),
                 )
-                .route("/login", web::get().to(pages::login_form))
-                .route("/login", web::post().to(pages::login))
-                .route("/logout", web::post().to(pages::logout))
+                .route("/login", web::get().to(sign_in::login_form))
+                .route("/login", web::post().to(sign_in::login))
+                .route("/logout", web::post().to(sign_in::logout))
                 .route("/", web::get().to(pages::overview))
                 .route("/deliveries", web::get().to(pages::deliveries))
                 .route(
@@ -116,7 +128,13 @@ impl AdminApp {
                 .route("/jobs/{id}", web::get().to(pages::job_page))
                 .route("/jobs/{id}/cancel", web::post().to(pages::job_cancel))
                 .route("/audit", web::get().to(pages::audit_page))
+                .route("/sessions", web::get().to(sign_in::sessions_page))
+                .route(
+                    "/sessions/{id}/revoke",
+                    web::post().to(sign_in::session_revoke),
+                )
         })
+        // The head; bodies have their own deadline (`body`).
         .client_request_timeout(Duration::from_secs(10))
         .listen(listener)?
         .run();

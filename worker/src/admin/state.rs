@@ -1,12 +1,14 @@
 //! What every request of the console shares.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use deadpool_postgres::Pool;
 use hookinbox::config::WorkerConfig;
 
+use super::client::TrustedProxies;
 use super::config::Access;
-use super::lockout::Lockout;
+use super::throttle::Throttle;
 
 /// Shared by every request.
 pub(crate) struct State {
@@ -16,8 +18,14 @@ pub(crate) struct State {
     pub(crate) worker: WorkerConfig,
     /// Who may sign in.
     pub(crate) access: Access,
-    /// Failed sign-ins by address.
-    pub(crate) lockout: Lockout,
+    /// Failed sign-ins by client.
+    pub(crate) throttle: Throttle,
+    /// Proxies whose forwarded headers are believed.
+    pub(crate) trusted_proxies: TrustedProxies,
+    /// Whether cookies are always `Secure`.
+    pub(crate) secure_cookies: bool,
+    /// How long a request's body may take.
+    pub(crate) body_timeout: Duration,
     /// Signs the CSRF token of `--insecure-loopback`, which has no sessions.
     pub(crate) process_key: [u8; 32],
     /// Wakes the job runner when a job is created or cancelled.

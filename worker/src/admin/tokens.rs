@@ -177,6 +177,14 @@ impl Tokens {
         found
     }
 
+    /// The tokens' names.
+    pub fn names(&self) -> Vec<String> {
+        self.tokens
+            .iter()
+            .map(|t| t.identity.name.clone())
+            .collect()
+    }
+
     /// The session key of the token named `name`.
     pub(super) fn session_key(&self, name: &str) -> Option<(&Identity, &[u8; 32])> {
         self.tokens

@@ -1,10 +1,64 @@
 //! The filters the operator commands take, and how each value is checked:
-//! a bad value is a usage error (exit 2) that names its flag.
+//! a bad value is a usage error (exit 2) that names its flag. Every value
+//! is bounded here, before it reaches a statement or a timer: an age past
+//! [`MAX_AGE`] would put `now() - age` outside the times Postgres (and
+//! `chrono`) can hold, and a rate near 0 a pause no timer can wait.
 
 use std::time::Duration;
 
 use hookinbox::config::parse_duration_text;
 use hookinbox::deliveries::{ErrorClass, Filter, Order, Status};
+use hookinbox::key::{DeliveryId, EventName, SourceName};
+
+/// The longest age a filter takes (`--since`, `--older-than`, the
+/// console's `since=`): ten years, past any retention.
+pub const MAX_AGE: Duration = Duration::from_secs(3650 * 86_400);
+
+/// The longest text read as an age or a time; a longer one is refused
+/// without being echoed.
+pub const MAX_AGE_TEXT: usize = 64;
+
+/// An age: a duration like 90s, 12h or 30d, at most [`MAX_AGE`].
+pub fn parse_age(s: &str) -> Result<Duration, String> {
+    if s.len() > MAX_AGE_TEXT {
+        return Err(format!(
+            "an age is a duration like 90s, 12h or 30d (at most {MAX_AGE_TEXT} characters)"
+        ));
+    }
+    let age = parse_duration_text(s)?;
+    if age > MAX_AGE {
+        return Err(format!("'{s}' is longer than 3650d, the longest age taken"));
+    }
+    Ok(age)
+}
+
+/// The fewest and the most replays per second `--rate` takes: a slower
+/// rate would pause longer than a timer can wait, a faster one means
+/// "no limit", which leaving the flag out says.
+pub const RATE_RANGE: std::ops::RangeInclusive<f64> = 0.001..=10_000.0;
+
+/// `--rate`: replays per second, within [`RATE_RANGE`].
+pub fn parse_rate(s: &str) -> Result<f64, String> {
+    let rate: f64 = s
+        .parse()
+        .map_err(|_| format!("'{s}' is not a number of replays per second"))?;
+    if !RATE_RANGE.contains(&rate) {
+        return Err(format!(
+            "replays per second, from {} to {}",
+            RATE_RANGE.start(),
+            RATE_RANGE.end()
+        ));
+    }
+    Ok(rate)
+}
+
+/// A delivery id (`deliveries show`, `dlq replay ID…`): what ingest takes
+/// in `X-GitHub-Delivery`, 1 to 128 visible ASCII characters.
+pub fn parse_delivery_id(s: &str) -> Result<String, String> {
+    DeliveryId::parse(s.as_bytes())
+        .map(|id| id.as_str().to_owned())
+        .map_err(|_| "a delivery id is 1 to 128 visible ASCII characters".to_owned())
+}
 
 /// `--status`: a stored status, or the claims awaiting a redelivery from
 /// GitHub.
@@ -36,12 +90,18 @@ const MAX_ACTION: usize = 64;
 /// name (100).
 const MAX_REPOSITORY: usize = 140;
 
-/// `--source`, `--event`: any non-empty text.
-fn non_empty(s: &str) -> Result<String, String> {
-    if s.trim().is_empty() {
-        return Err("empty; name one".to_owned());
-    }
-    Ok(s.to_owned())
+/// `--source`: a source's name, as sources are named.
+fn parse_source(s: &str) -> Result<String, String> {
+    SourceName::parse(s)
+        .map(|n| n.as_str().to_owned())
+        .map_err(|e| e.to_string())
+}
+
+/// `--event`: an event's name, as `X-GitHub-Event` gives it.
+fn parse_event(s: &str) -> Result<String, String> {
+    EventName::parse(s.as_bytes())
+        .map(|n| n.as_str().to_owned())
+        .map_err(|_| "an event is 1 to 64 characters of a-z, 0-9 and '_', e.g. push".to_owned())
 }
 
 /// `--action`: one word, as in the payload's `action` (`opened`,
@@ -83,10 +143,10 @@ pub fn parse_repository(s: &str) -> Result<String, String> {
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct MatchArgs {
     /// Only this source.
-    #[arg(long, value_parser = non_empty)]
+    #[arg(long, value_parser = parse_source)]
     pub source: Option<String>,
     /// Only this event, e.g. push.
-    #[arg(long, value_parser = non_empty)]
+    #[arg(long, value_parser = parse_event)]
     pub event: Option<String>,
     /// Only this action (the payload's `action`), e.g. opened.
     #[arg(long, value_name = "ACTION", value_parser = parse_action)]
@@ -134,11 +194,12 @@ pub struct FilterArgs {
     /// What the deliveries are.
     #[command(flatten)]
     pub matching: MatchArgs,
-    /// Only deliveries active within this long, e.g. 2h or 7d.
-    #[arg(long, value_parser = parse_duration_text)]
+    /// Only deliveries active within this long, e.g. 2h or 7d (at most
+    /// 3650d).
+    #[arg(long, value_parser = parse_age)]
     pub since: Option<Duration>,
     /// At most this many rows, newest first (0: no limit).
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i64).range(0..))]
     pub limit: i64,
 }
 
@@ -154,7 +215,7 @@ impl FilterArgs {
             dead,
             active_within: self.since,
             ids,
-            limit: if self.limit <= 0 {
+            limit: if self.limit == 0 {
                 i64::MAX
             } else {
                 self.limit
@@ -196,6 +257,31 @@ mod tests {
             assert!(parse_repository(bad).is_err(), "{bad:?}");
         }
         assert!(parse_repository(&format!("o/{}", "n".repeat(MAX_REPOSITORY))).is_err());
+    }
+
+    #[test]
+    fn ages_and_rates_are_bounded() {
+        assert_eq!(parse_age("2h"), Ok(Duration::from_secs(7200)));
+        assert_eq!(parse_age("3650d"), Ok(MAX_AGE));
+        for bad in [
+            "3651d",
+            "1000000000d",
+            "99999999999999999999999s",
+            "-1d",
+            "",
+            "日本",
+            &"9".repeat(MAX_AGE_TEXT + 1),
+        ] {
+            assert!(parse_age(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(parse_rate("20"), Ok(20.0));
+        for bad in ["0", "-1", "1e-300", "1e309", "NaN", "inf", "x", "10001"] {
+            assert!(parse_rate(bad).is_err(), "{bad:?}");
+        }
+        assert!(parse_delivery_id("72d3162e-cc78-11e3").is_ok());
+        for bad in ["", "a b", "é", &"x".repeat(129)] {
+            assert!(parse_delivery_id(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::io::Write;
 use std::time::Duration;
 
 use hookinbox::broker::BrokerError;
-use hookinbox::config::{WorkerConfig, parse_duration_text};
+use hookinbox::config::WorkerConfig;
 use hookinbox::deliveries::{self, Filter, Order};
 use hookinbox::postgres::DbError;
 use serde_json::json;
@@ -23,7 +23,10 @@ mod args;
 mod print;
 mod replay;
 
-pub use args::{FilterArgs, ListArgs, MatchArgs, StatusFilter, parse_action, parse_repository};
+pub use args::{
+    FilterArgs, ListArgs, MAX_AGE, MAX_AGE_TEXT, MatchArgs, StatusFilter, parse_action, parse_age,
+    parse_delivery_id, parse_rate, parse_repository,
+};
 use print::{print_fields, print_rows};
 pub use replay::reconcile_dead_letter_queue;
 
@@ -109,6 +112,7 @@ pub enum DeliveriesCommand {
     )]
     Show {
         /// The X-GitHub-Delivery id.
+        #[arg(value_parser = parse_delivery_id)]
         id: String,
         /// Print JSON.
         #[arg(long)]
@@ -136,6 +140,7 @@ pub enum DlqCommand {
     )]
     Replay {
         /// Delivery ids to replay.
+        #[arg(value_parser = parse_delivery_id)]
         ids: Vec<String>,
         /// Replay every dead letter.
         #[arg(long, conflicts_with = "ids")]
@@ -146,8 +151,8 @@ pub enum DlqCommand {
         /// Show what would be replayed; change nothing.
         #[arg(long)]
         dry_run: bool,
-        /// At most this many replays per second.
-        #[arg(long)]
+        /// At most this many replays per second (0.001 to 10000).
+        #[arg(long, value_parser = parse_rate)]
         rate: Option<f64>,
         /// Print JSON.
         #[arg(long)]
@@ -159,8 +164,8 @@ pub enum DlqCommand {
         after_help = "Examples:\n  hookinbox-worker dlq purge --older-than 14d\n  hookinbox-worker dlq purge --older-than 2d --repository octo-org/octo-repo --error-class permanent --dry-run"
     )]
     Purge {
-        /// Age, e.g. 14d.
-        #[arg(long, value_parser = parse_duration_text)]
+        /// Age, e.g. 14d (at most 3650d).
+        #[arg(long, value_parser = parse_age)]
         older_than: Duration,
         /// Filters.
         #[command(flatten)]
@@ -238,9 +243,6 @@ pub async fn run(
                 return Err(OpsError::Usage(
                     "name delivery ids, or pass --all or a filter".to_owned(),
                 ));
-            }
-            if rate.is_some_and(|r| r.is_nan() || r <= 0.0 || r.is_infinite()) {
-                return Err(OpsError::Usage("--rate must be above 0".to_owned()));
             }
             let named = (!ids.is_empty()).then_some(ids);
             let mut filter = filter.filter(true, named.clone());

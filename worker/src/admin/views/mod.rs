@@ -1,5 +1,6 @@
 //! The console's pages, rendered on the server with `maud` (which escapes
-//! every interpolated value). One small stylesheet, no script: a running
+//! every interpolated value). One small stylesheet, no script, and no
+//! inline style (the content security policy allows neither): a running
 //! job's page refreshes itself with a `<meta http-equiv="refresh">`.
 
 use actix_web::http::StatusCode;
@@ -13,12 +14,14 @@ mod deliveries;
 mod delivery;
 mod overview;
 mod records;
+mod sessions;
 
 pub(crate) use bulk::{bulk, job, jobs};
 pub(crate) use deliveries::deliveries;
 pub(crate) use delivery::delivery;
 pub(crate) use overview::overview;
 pub(crate) use records::audit;
+pub(crate) use sessions::sessions;
 
 /// The stylesheet, served at `/static/admin.css`.
 pub const STYLESHEET: &str = include_str!("admin.css");
@@ -53,6 +56,7 @@ pub(crate) fn page(
                             a href="/bulk?kind=replay&status=dead" { "Bulk" }
                             a href="/jobs" { "Jobs" }
                             a href="/audit" { "Audit" }
+                            a href="/sessions" { "Sessions" }
                         }
                         div.who {
                             span { (s.identity.name) " · " (s.identity.role.as_str()) }
@@ -82,8 +86,8 @@ pub(crate) fn error_page(status: StatusCode, message: &str) -> Markup {
     )
 }
 
-/// The sign-in page.
-pub(crate) fn login(error: Option<&str>) -> Markup {
+/// The sign-in page; `csrf` repeats the sign-in form's cookie.
+pub(crate) fn login(error: Option<&str>, csrf: &str) -> Markup {
     page(
         "Sign in",
         None,
@@ -91,6 +95,7 @@ pub(crate) fn login(error: Option<&str>) -> Markup {
         html! {
             @if let Some(e) = error { p.error { (e) } }
             form.card.login method="post" action="/login" {
+                input type="hidden" name="csrf" value=(csrf);
                 label for="token" { "Token" }
                 input #token type="password" name="token" autocomplete="current-password" required autofocus;
                 button type="submit" { "Sign in" }
