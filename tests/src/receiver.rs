@@ -34,6 +34,8 @@ pub struct Reply {
     pub headers: Vec<(String, String)>,
     /// Wait this long before answering.
     pub delay: Duration,
+    /// The answer's body.
+    pub body: Vec<u8>,
 }
 
 impl Reply {
@@ -43,6 +45,7 @@ impl Reply {
             status,
             headers: Vec::new(),
             delay: Duration::ZERO,
+            body: Vec::new(),
         }
     }
 }
@@ -98,7 +101,7 @@ async fn receive(req: HttpRequest, body: web::Bytes, state: web::Data<State>) ->
     for (k, v) in reply.headers {
         response.insert_header((k, v));
     }
-    response.finish()
+    response.body(reply.body)
 }
 
 impl Receiver {

@@ -11,6 +11,7 @@ mod admin_sessions;
 mod admin_sign_in_throttle;
 mod broker_restart_serial;
 mod custom_handler_example;
+mod destinations;
 mod github_corpus;
 mod ingest_dedup;
 mod ingest_large_body;

@@ -1,0 +1,545 @@
+//! Destinations: a delivery's legs, their filters, their queues, and the
+//! circuit breaker, against local receivers.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use hookinbox_tests::receiver::{Receiver, Reply};
+use hookinbox_tests::{Hook, SECRET, TestEnv, settle, wait_until};
+use hookinbox_worker::JobOutcome;
+
+/// A delivery of `event` about `repository`, with a body of its own.
+fn about(event: &str, action: &str, repository: &str) -> Hook {
+    Hook::new(
+        event,
+        format!(
+            r#"{{"action":"{action}","repository":{{"full_name":"{repository}"}},"nonce":"{}"}}"#,
+            uuid::Uuid::new_v4()
+        ),
+    )
+}
+
+/// Each leg of delivery `id`: destination → (status, attempts, class,
+/// filter reason).
+async fn legs(
+    env: &TestEnv,
+    id: &str,
+) -> BTreeMap<String, (String, i32, Option<String>, Option<String>)> {
+    env.db
+        .query(
+            "select destination, status, attempts, last_error_class, filter_reason
+             from deliveries where delivery_id = $1",
+            &[&id],
+        )
+        .await
+        .expect("legs")
+        .iter()
+        .map(|r| (r.get(0), (r.get(1), r.get(2), r.get(3), r.get(4))))
+        .collect()
+}
+
+/// The state of destination `name` of the default source.
+async fn state(env: &TestEnv, name: &str) -> String {
+    env.db
+        .query_one(
+            "select state from destinations where source = 'default' and name = $1",
+            &[&name],
+        )
+        .await
+        .expect("the destination's row")
+        .get(0)
+}
+
+fn statuses(
+    legs: &BTreeMap<String, (String, i32, Option<String>, Option<String>)>,
+) -> Vec<(&str, &str)> {
+    legs.iter()
+        .map(|(d, (status, ..))| (d.as_str(), status.as_str()))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_delivery_fans_out_to_the_destinations_its_filters_take_and_records_the_others() {
+    let env = TestEnv::new().await;
+    let everything = Receiver::ok().await;
+    let pull_requests = Receiver::ok().await;
+    let config = env.config_file(&format!(
+        r#"
+[[sources]]
+name = "default"
+secrets = ["{SECRET}"]
+
+[[sources.destinations]]
+name = "all"
+kind = "forward"
+url = "{}"
+
+[[sources.destinations]]
+name = "prs"
+kind = "forward"
+url = "{}"
+events = ["pull_request.opened"]
+repositories = ["ACME/*"]
+
+[[sources.destinations]]
+name = "archive"
+kind = "store"
+events = ["pull_request"]
+"#,
+        everything.url, pull_requests.url
+    ));
+    let ingest = env.ingest_on(&config).await;
+    let worker = env.worker_on(&config, Default::default()).await;
+
+    let push = about("push", "none", "acme/widgets");
+    let pr = about("pull_request", "opened", "acme/widgets");
+    let other_repo = about("pull_request", "opened", "someone/else");
+    let closed = about("pull_request", "closed", "acme/widgets");
+    for hook in [&push, &pr, &other_repo, &closed] {
+        let answer = ingest.send(hook).await;
+        assert_eq!((answer.status, answer.kind()), (202, "accepted"));
+    }
+    settle(&env, &worker).await;
+
+    assert_eq!(
+        statuses(&legs(&env, push.id()).await),
+        vec![
+            ("all", "completed"),
+            ("archive", "filtered"),
+            ("prs", "filtered")
+        ]
+    );
+    assert_eq!(
+        statuses(&legs(&env, pr.id()).await),
+        vec![
+            ("all", "completed"),
+            ("archive", "completed"),
+            ("prs", "completed")
+        ]
+    );
+    let other = legs(&env, other_repo.id()).await;
+    assert_eq!(other["prs"].0, "filtered");
+    assert!(
+        other["prs"]
+            .3
+            .as_deref()
+            .is_some_and(|r| r.contains("repositories")),
+        "why prs did not get it: {:?}",
+        other["prs"].3
+    );
+    assert!(
+        legs(&env, closed.id()).await["prs"]
+            .3
+            .as_deref()
+            .is_some_and(|r| r.contains("event")),
+    );
+    // Each destination got what its filters take, once, under its own key.
+    assert_eq!(everything.received().len(), 4);
+    let to_prs: Vec<_> = pull_requests.received();
+    assert_eq!(to_prs.len(), 1);
+    assert_eq!(
+        to_prs[0].header("idempotency-key"),
+        Some(format!("github:default:123456:{}:prs", pr.id()).as_str())
+    );
+    assert_eq!(env.events().await, 3, "archive stored the pull requests");
+
+    // A redelivery of a completed delivery is a duplicate, adds no leg and
+    // sends nothing.
+    let again = ingest.send(&pr).await;
+    assert_eq!((again.status, again.kind()), (200, "duplicate"));
+    assert_eq!(legs(&env, pr.id()).await.len(), 3);
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_delivery_no_destination_takes_is_recorded_as_filtered() {
+    let env = TestEnv::new().await;
+    let config = env.config_file(&format!(
+        r#"
+[[sources]]
+name = "default"
+secrets = ["{SECRET}"]
+
+[[sources.destinations]]
+name = "archive"
+kind = "store"
+repositories = ["acme/*"]
+"#
+    ));
+    let ingest = env.ingest_on(&config).await;
+    let hook = about("push", "none", "someone/else");
+    let answer = ingest.send(&hook).await;
+    assert_eq!((answer.status, answer.kind()), (200, "filtered"));
+    assert_eq!(
+        statuses(&legs(&env, hook.id()).await),
+        vec![("archive", "filtered")]
+    );
+    assert_eq!(env.work_depth().await, 0, "nothing to run");
+    let again = ingest.send(&hook).await;
+    assert_eq!((again.status, again.kind()), (200, "duplicate"));
+    env.cleanup().await;
+}
+
+/// A forward destination `name` with a breaker that probes every second.
+fn breaking_forward(name: &str, url: &str, extra: &str) -> String {
+    format!(
+        r#"
+[[sources.destinations]]
+name = "{name}"
+kind = "forward"
+url = "{url}"
+timeout_ms = 2000
+retry = ["100ms", "200ms", "400ms"]
+{extra}
+"#
+    )
+}
+
+#[tokio::test]
+async fn a_destination_that_answers_404_holds_its_legs_and_delivers_them_all_once_fixed() {
+    let env = TestEnv::new().await;
+    let fixed = Arc::new(AtomicBool::new(false));
+    let receiver = Receiver::start({
+        let fixed = fixed.clone();
+        move |_, _| {
+            Reply::status(if fixed.load(Ordering::SeqCst) {
+                200
+            } else {
+                404
+            })
+        }
+    })
+    .await;
+    let config = env.config_file(&format!(
+        "[[sources]]\nname = \"default\"\nsecrets = [\"{SECRET}\"]\n{}",
+        breaking_forward(
+            "ci",
+            &receiver.url,
+            "breaker = { probe_secs = 1, min_requests = 100 }"
+        )
+    ));
+    let ingest = env.ingest_on(&config).await;
+    let worker = env.worker_on(&config, Default::default()).await;
+    let hooks: Vec<Hook> = (0..5)
+        .map(|_| about("push", "none", "acme/widgets"))
+        .collect();
+    for hook in &hooks {
+        assert_eq!(ingest.send(hook).await.status, 202);
+    }
+    let report = worker.drain().await.expect("drain");
+    // The first attempt learns the destination is wrong; the others are
+    // held at their take, none attempted.
+    assert_eq!(report.count(JobOutcome::Held), 5, "{:?}", report.outcomes);
+    assert_eq!(receiver.received().len(), 1);
+    assert_eq!(state(&env, "ci").await, "open");
+    assert_eq!(
+        env.count(
+            "select count(*) from deliveries where status = 'failed' and retryable \
+             and last_error_class = 'held' and attempts = 0"
+        )
+        .await,
+        5,
+        "held, no attempt spent"
+    );
+    assert_eq!(env.dead_depth().await, 0);
+    // While open, only the probe goes, one per probe_secs.
+    let opened = std::time::Instant::now();
+    while opened.elapsed() < Duration::from_millis(2500) {
+        worker.schedule_once().await.expect("scheduler");
+        worker.drain().await.expect("drain");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let during = receiver.received().len() - 1;
+    assert!(
+        (1..=3).contains(&during),
+        "{during} requests in 2.5 s at one probe a second"
+    );
+    assert_eq!(state(&env, "ci").await, "open");
+
+    // The route is fixed: the next probe closes the breaker, and every
+    // held leg goes, once.
+    fixed.store(true, Ordering::SeqCst);
+    settle(&env, &worker).await;
+    assert_eq!(state(&env, "ci").await, "closed");
+    assert_eq!(
+        env.count("select count(*) from deliveries where status = 'completed'")
+            .await,
+        5
+    );
+    let ok: HashSet<String> = receiver
+        .received()
+        .iter()
+        .skip(1 + during)
+        .filter_map(|r| r.header("idempotency-key").map(str::to_owned))
+        .collect();
+    assert_eq!(ok.len(), 5, "each leg delivered once after the fix");
+    assert_eq!(env.dead_depth().await, 0, "nothing dead-lettered");
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn failures_past_the_ratio_open_the_breaker_and_a_success_closes_it() {
+    let env = TestEnv::new().await;
+    let up = Arc::new(AtomicBool::new(false));
+    let receiver = Receiver::start({
+        let up = up.clone();
+        move |_, _| Reply::status(if up.load(Ordering::SeqCst) { 200 } else { 503 })
+    })
+    .await;
+    let config = env.config_file(&format!(
+        "[[sources]]\nname = \"default\"\nsecrets = [\"{SECRET}\"]\n{}",
+        breaking_forward(
+            "ci",
+            &receiver.url,
+            "breaker = { probe_secs = 1, min_requests = 3, failure_ratio = 0.5 }"
+        )
+    ));
+    let ingest = env.ingest_on(&config).await;
+    let worker = env.worker_on(&config, Default::default()).await;
+    for _ in 0..8 {
+        assert_eq!(
+            ingest
+                .send(&about("push", "none", "acme/widgets"))
+                .await
+                .status,
+            202
+        );
+    }
+    let report = worker.drain().await.expect("drain");
+    assert_eq!(
+        report.count(JobOutcome::Failed {
+            class: hookinbox::deliveries::ErrorClass::Transient,
+            retryable: true
+        }),
+        3,
+        "three real attempts fail: {:?}",
+        report.outcomes
+    );
+    assert_eq!(report.count(JobOutcome::Held), 5);
+    assert_eq!(state(&env, "ci").await, "open");
+    up.store(true, Ordering::SeqCst);
+    settle(&env, &worker).await;
+    assert_eq!(state(&env, "ci").await, "closed");
+    assert_eq!(
+        env.count("select count(*) from deliveries where status = 'completed'")
+            .await,
+        8
+    );
+    assert_eq!(env.dead_depth().await, 0);
+    let attempts: i64 = env
+        .count("select count(*) from destination_attempts where result = 'ok'")
+        .await;
+    assert_eq!(attempts, 8, "the attempt log has each success");
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn gone_disables_the_destination_until_an_operator_resumes_it() {
+    let env = TestEnv::new().await;
+    let back = Arc::new(AtomicBool::new(false));
+    let receiver = Receiver::start({
+        let back = back.clone();
+        move |_, _| {
+            Reply::status(if back.load(Ordering::SeqCst) {
+                200
+            } else {
+                410
+            })
+        }
+    })
+    .await;
+    let config = env.config_file(&format!(
+        "[[sources]]\nname = \"default\"\nsecrets = [\"{SECRET}\"]\n{}",
+        breaking_forward("ci", &receiver.url, "breaker = { probe_secs = 1 }")
+    ));
+    let ingest = env.ingest_on(&config).await;
+    let worker = env.worker_on(&config, Default::default()).await;
+    for _ in 0..3 {
+        assert_eq!(
+            ingest
+                .send(&about("push", "none", "acme/widgets"))
+                .await
+                .status,
+            202
+        );
+    }
+    worker.drain().await.expect("drain");
+    assert_eq!(state(&env, "ci").await, "disabled");
+    // Disabled: no probe ever goes.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    worker.schedule_once().await.expect("scheduler");
+    worker.drain().await.expect("drain");
+    assert_eq!(receiver.received().len(), 1);
+    back.store(true, Ordering::SeqCst);
+    let pool = env.pool(1);
+    let client = pool.get().await.expect("client");
+    let resumed = hookinbox::deliveries::set_by_operator(
+        &client,
+        &hookinbox::SourceName::default_source(),
+        &hookinbox::DestinationName::parse("ci").expect("name"),
+        hookinbox::deliveries::BreakerState::Closed,
+        "operator",
+    )
+    .await
+    .expect("resume");
+    assert_eq!(resumed, Some(true));
+    settle(&env, &worker).await;
+    assert_eq!(
+        env.count("select count(*) from deliveries where status = 'completed'")
+            .await,
+        3
+    );
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_redirect_an_unresolvable_host_and_a_long_answer_are_each_recorded_on_the_leg() {
+    let env = TestEnv::new().await;
+    let long_body = vec![b'x'; 64 * 1024];
+    let redirect = Receiver::start(|_, _| Reply {
+        headers: vec![("location".into(), "http://127.0.0.1:1/elsewhere".into())],
+        ..Reply::status(308)
+    })
+    .await;
+    let long = Receiver::start(move |_, _| Reply {
+        body: long_body.clone(),
+        ..Reply::status(400)
+    })
+    .await;
+    let config = env.config_file(&format!(
+        "[[sources]]\nname = \"default\"\nsecrets = [\"{SECRET}\"]\n{}{}{}",
+        breaking_forward("moved", &redirect.url, ""),
+        breaking_forward("nowhere", "http://no-such-host.invalid/hook", ""),
+        breaking_forward("wordy", &long.url, ""),
+    ));
+    let ingest = env.ingest_on(&config).await;
+    let worker = env.worker_on(&config, Default::default()).await;
+    let hook = about("push", "none", "acme/widgets");
+    assert_eq!(ingest.send(&hook).await.status, 202);
+    worker.drain().await.expect("drain");
+    let legs = legs(&env, hook.id()).await;
+    // A redirect is never followed: the destination's URL is wrong, so the
+    // leg waits for it, and the error names the status.
+    assert_eq!(
+        (legs["moved"].0.as_str(), legs["moved"].2.as_deref()),
+        ("failed", Some("held"))
+    );
+    assert_eq!(state(&env, "moved").await, "open");
+    assert_eq!(redirect.received().len(), 1);
+    assert_eq!(
+        (legs["nowhere"].0.as_str(), legs["nowhere"].2.as_deref()),
+        ("failed", Some("held"))
+    );
+    // A 400 is this leg's own failure: dead-lettered, the answer kept to
+    // its first 4 KiB.
+    assert_eq!(
+        (legs["wordy"].0.as_str(), legs["wordy"].2.as_deref()),
+        ("failed", Some("permanent"))
+    );
+    let rows = env
+        .db
+        .query(
+            "select destination, status_code, error, length(response_excerpt)
+             from destination_attempts order by destination",
+            &[],
+        )
+        .await
+        .expect("the attempt log");
+    let log: BTreeMap<String, (Option<i32>, Option<String>, Option<i32>)> = rows
+        .iter()
+        .map(|r| (r.get(0), (r.get(1), r.get(2), r.get(3))))
+        .collect();
+    assert_eq!(log["moved"].0, Some(308));
+    assert!(
+        log["moved"]
+            .1
+            .as_deref()
+            .is_some_and(|e| e.contains("308") && e.contains("redirect"))
+    );
+    assert_eq!(log["nowhere"].0, None);
+    assert!(
+        log["nowhere"]
+            .1
+            .as_deref()
+            .is_some_and(|e| e.contains("does not resolve")),
+        "{:?}",
+        log["nowhere"]
+    );
+    assert_eq!(
+        log["wordy"],
+        (
+            Some(400),
+            Some("receiver answered 400".to_owned()),
+            Some(4096)
+        )
+    );
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_slow_destination_does_not_delay_another() {
+    let env = TestEnv::new().await;
+    let slow = Receiver::start(|_, _| Reply {
+        delay: Duration::from_secs(3),
+        ..Reply::status(200)
+    })
+    .await;
+    let config = env.config_file(&format!(
+        r#"
+[[sources]]
+name = "default"
+secrets = ["{SECRET}"]
+
+[[sources.destinations]]
+name = "slow"
+kind = "forward"
+url = "{}"
+concurrency = 2
+timeout_ms = 10000
+
+[[sources.destinations]]
+name = "fast"
+kind = "store"
+"#,
+        slow.url
+    ));
+    let ingest = env.ingest_on(&config).await;
+    let worker = env.worker_on(&config, Default::default()).await;
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn({
+        let worker = worker.clone();
+        let shutdown = shutdown.clone();
+        async move { worker.run(shutdown).await }
+    });
+    let hooks: Vec<Hook> = (0..20)
+        .map(|_| about("push", "none", "acme/widgets"))
+        .collect();
+    for hook in &hooks {
+        assert_eq!(ingest.send(hook).await.status, 202);
+    }
+    // Every fast leg completes while the slow destination still has most
+    // of its backlog: its two handler slots are busy for 3 s a leg.
+    wait_until(
+        "every fast leg to complete",
+        Duration::from_secs(15),
+        || async {
+            env.count(
+                "select count(*) from deliveries where destination = 'fast' and status = 'completed'",
+            )
+            .await
+                == 20
+        },
+    )
+    .await;
+    let slow_done = env
+        .count(
+            "select count(*) from deliveries where destination = 'slow' and status = 'completed'",
+        )
+        .await;
+    assert!(slow_done <= 4, "{slow_done} slow legs done already");
+    shutdown.cancel();
+    running.await.expect("join").expect("worker");
+    env.cleanup().await;
+}
