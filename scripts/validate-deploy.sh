@@ -213,9 +213,12 @@ else:
     need("TriggerAuthentication", "hookinbox-rabbitmq")
     absent("HorizontalPodAutoscaler", "hookinbox-worker")
     so = next(d for d in docs if d["kind"] == "ScaledObject")
-    trig = so["spec"]["triggers"][0]
-    assert trig["type"] == "rabbitmq" and trig["metadata"]["mode"] == "QueueLength", "ScaledObject trigger"
-    assert trig["metadata"]["queueName"] == "hookinbox.work", "ScaledObject queue"
+    for trig in so["spec"]["triggers"]:
+        assert trig["type"] == "rabbitmq" and trig["metadata"]["mode"] == "QueueLength", "ScaledObject trigger"
+    queues = {t["metadata"]["queueName"] for t in so["spec"]["triggers"]}
+    # The shared queue of legs from before destinations, and the default
+    # source's destination's queue.
+    assert queues == {"hookinbox.work", "hookinbox.work.default.store"}, f"ScaledObject queues {queues}"
     ta = next(d for d in docs if d["kind"] == "TriggerAuthentication")
     ref = ta["spec"]["secretTargetRef"][0]
     assert (ref["parameter"], ref["key"]) == ("host", "AMQP_URL"), "TriggerAuthentication"

@@ -1,5 +1,6 @@
 //! Settings of `hookinbox-worker`.
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -314,6 +315,17 @@ pub struct WorkerArgs {
     )]
     pub reap_after_secs: u64,
 
+    /// Only these destinations' queues are consumed by this worker: a comma
+    /// list of SOURCE/NAME (default: every configured destination), so that
+    /// a destination can have workers of its own, scaled on its queue.
+    #[arg(
+        long,
+        env = "HOOKINBOX_DESTINATIONS",
+        value_name = "HOOKINBOX_DESTINATIONS",
+        default_value = ""
+    )]
+    pub destinations: String,
+
     /// Milliseconds between retry-scheduler passes.
     #[arg(
         long,
@@ -358,6 +370,9 @@ pub struct WorkerConfig {
     /// configured (a source's first runs the legs claimed before
     /// destinations existed).
     pub routes: Arc<Vec<Route>>,
+    /// The destinations whose queues this worker consumes
+    /// (`HOOKINBOX_DESTINATIONS`); `None`: all of them.
+    pub consumes: Option<Arc<BTreeSet<(SourceName, DestinationName)>>>,
     /// The sources that name a GitHub hook to reconcile.
     pub reconcile: Arc<Vec<ReconcileTarget>>,
 }
@@ -398,6 +413,30 @@ pub struct ReconcileTarget {
     pub events: EventFilter,
     /// The hook, the credentials and the pace.
     pub settings: Reconcile,
+}
+
+/// `HOOKINBOX_DESTINATIONS`: each `SOURCE/NAME` must be a configured
+/// destination; empty means all.
+fn consumed(
+    list: &str,
+    routes: &[Route],
+) -> Result<Option<Arc<BTreeSet<(SourceName, DestinationName)>>>, ConfigError> {
+    let mut chosen = BTreeSet::new();
+    for entry in list.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let known = entry.split_once('/').and_then(|(s, d)| {
+            routes
+                .iter()
+                .find(|r| r.source.as_str() == s && r.destination.name.as_str() == d)
+        });
+        let Some(route) = known else {
+            return Err(invalid(
+                "HOOKINBOX_DESTINATIONS",
+                format!("'{entry}' is not SOURCE/NAME of a configured destination"),
+            ));
+        };
+        chosen.insert((route.source.clone(), route.destination.name.clone()));
+    }
+    Ok((!chosen.is_empty()).then(|| Arc::new(chosen)))
 }
 
 /// `HOOKINBOX_RETRY_BASE_MS` when unset.
@@ -605,8 +644,10 @@ impl WorkerArgs {
                     destination,
                 }
             })
-            .collect();
+            .collect::<Vec<Route>>();
+        let consumes = consumed(&self.destinations, &routes)?;
         Ok(WorkerConfig {
+            consumes,
             routes: Arc::new(routes),
             reconcile: Arc::new(reconcile),
             retry,

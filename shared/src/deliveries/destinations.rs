@@ -274,6 +274,45 @@ pub async fn rows(client: &impl Session) -> Result<Vec<DestinationRow>, DbError>
         .collect()
 }
 
+/// A destination's legs waiting to be run: untaken, retrying or held.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Waiting {
+    /// Its source.
+    pub source: String,
+    /// Its name (empty for legs claimed before destinations existed).
+    pub destination: String,
+    /// Legs processing but never taken, retrying or held.
+    pub legs: i64,
+    /// Seconds since the oldest of them was first claimed.
+    pub oldest_secs: f64,
+}
+
+/// Every leg not settled and not in a handler: processing with no take
+/// yet (in its queue), or failed and retryable (a retry, or held for its
+/// destination). Read through the partial indexes of processing and
+/// retryable rows, never the settled ones.
+const WAITING: &str = "
+select source, destination, count(*),
+       coalesce(extract(epoch from now() - min(created_at)), 0)::float8
+from deliveries
+where (status = 'processing' and attempts = 0) or (status = 'failed' and retryable)
+group by source, destination
+order by source, destination";
+
+/// The legs waiting for each destination (see [`Waiting`]).
+pub async fn waiting(client: &impl Session) -> Result<Vec<Waiting>, DbError> {
+    Ok(sql::query(client, WAITING, &[])
+        .await?
+        .iter()
+        .map(|r| Waiting {
+            source: r.get(0),
+            destination: r.get(1),
+            legs: r.get(2),
+            oldest_secs: r.get(3),
+        })
+        .collect())
+}
+
 /// How an attempt ended, as the log records it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttemptResult {

@@ -283,8 +283,8 @@ pub use complete::{
 };
 pub use destinations::{
     AttemptLog, AttemptResult, BreakerState, DestinationRow, EXCERPT_BYTES, LoggedAttempt,
-    Registration, close, disable, disable_stale, leg_attempts, log_attempts, register, rows,
-    set_by_operator, trip, window,
+    Registration, Waiting, close, disable, disable_stale, leg_attempts, log_attempts, register,
+    rows, set_by_operator, trip, waiting, window,
 };
 #[doc(hidden)]
 pub use filter::statements_for_explain;

@@ -9,6 +9,7 @@ use std::time::Duration;
 use hookinbox_tests::receiver::{Receiver, Reply};
 use hookinbox_tests::{Hook, SECRET, TestEnv, settle, wait_until};
 use hookinbox_worker::JobOutcome;
+use sha2::Digest;
 
 /// A delivery of `event` about `repository`, with a body of its own.
 fn about(event: &str, action: &str, repository: &str) -> Hook {
@@ -541,5 +542,141 @@ kind = "store"
     assert!(slow_done <= 4, "{slow_done} slow legs done already");
     shutdown.cancel();
     running.await.expect("join").expect("worker");
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_leg_claimed_before_destinations_runs_with_its_sources_first_destination() {
+    let (env, ingest) = TestEnv::with_forward_ingest().await;
+    let receiver = Receiver::ok().await;
+    // What an ingest of the previous version left: a row without a
+    // destination, and its message, without one either, in the old
+    // shared queue.
+    let hook = Hook::fixture("push");
+    let token = uuid::Uuid::new_v4();
+    env.db
+        .execute(
+            "insert into deliveries (provider, source, hook_id, delivery_id, event, body_sha256,
+                                     status, claim_token, lease_until)
+             values ('github', 'default', $1, $2, 'push', $3, 'processing', $4,
+                     now() + interval '1 minute')",
+            &[
+                &hook.hook_id.as_deref().unwrap_or(""),
+                &hook.id(),
+                &sha2::Sha256::digest(&hook.body).to_vec(),
+                &token,
+            ],
+        )
+        .await
+        .expect("an old row");
+    let old = hookinbox::Job {
+        key: hook.key().leg(hookinbox::DestinationName::legacy()),
+        event: hookinbox::EventName::parse(b"push").expect("event"),
+        action: None,
+        token: hookinbox::ClaimToken(token),
+        attempts: None,
+        content_type: "application/json".to_owned(),
+        github_headers: Vec::new(),
+        body: hook.body.clone().into(),
+    };
+    let publisher = hookinbox::broker::Publisher::new(
+        &hookinbox_tests::amqp_url(),
+        "an-old-ingest",
+        hookinbox::broker::Topology::new(&env.prefix),
+        Duration::from_secs(5),
+    );
+    publisher.publish(&old).await.expect("published");
+    publisher.close().await;
+    assert_eq!(
+        env.queue_depth(&format!("{}.work", env.prefix)).await,
+        1,
+        "in the old shared queue"
+    );
+
+    // A redelivery from GitHub finds the old leg: a duplicate, no new leg.
+    let answer = ingest.send(&hook).await;
+    assert_eq!((answer.status, answer.kind()), (202, "duplicate"));
+    assert_eq!(legs(&env, hook.id()).await.len(), 1);
+
+    let mut args = env.worker_args();
+    args.handler = hookinbox::config::HandlerKind::Forward;
+    args.forward_url = Some(receiver.url.clone());
+    let config = args.validate().expect("valid");
+    let handler =
+        hookinbox_worker::from_config(&config.routes, &Default::default()).expect("handlers");
+    let worker = env.worker_with(config, handler).await;
+    let report = worker.drain().await.expect("drain");
+    assert_eq!(report.outcomes, vec![JobOutcome::Completed]);
+    assert_eq!(
+        statuses(&legs(&env, hook.id()).await),
+        vec![("", "completed")]
+    );
+    let received = receiver.received();
+    assert_eq!(received.len(), 1);
+    assert_eq!(
+        received[0].header("idempotency-key"),
+        Some(format!("github:default:123456:{}", hook.id()).as_str()),
+        "the key it had before destinations"
+    );
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_worker_consumes_only_the_destinations_it_is_given_and_paces_each_by_its_rate() {
+    let env = TestEnv::new().await;
+    let receiver = Receiver::ok().await;
+    let config = env.config_file(&format!(
+        r#"
+[[sources]]
+name = "default"
+secrets = ["{SECRET}"]
+
+[[sources.destinations]]
+name = "paced"
+kind = "forward"
+url = "{}"
+rate_limit = {{ per_second = 4, burst = 1 }}
+
+[[sources.destinations]]
+name = "archive"
+kind = "store"
+"#,
+        receiver.url
+    ));
+    let ingest = env.ingest_on(&config).await;
+    for _ in 0..6 {
+        assert_eq!(
+            ingest
+                .send(&about("push", "none", "acme/widgets"))
+                .await
+                .status,
+            202
+        );
+    }
+    let mut args = env.worker_args();
+    args.config = Some(config.clone());
+    args.destinations = "default/paced".to_owned();
+    let only_paced = args.validate().expect("valid");
+    let handler =
+        hookinbox_worker::from_config(&only_paced.routes, &Default::default()).expect("handlers");
+    let worker = env.worker_with(only_paced, handler).await;
+    let started = std::time::Instant::now();
+    let report = worker.drain().await.expect("drain");
+    let took = started.elapsed();
+    assert_eq!(report.count(JobOutcome::Completed), 6);
+    // Four a second after the first: waiting for the rate is not an
+    // attempt, and each leg took one.
+    assert!(took >= Duration::from_millis(1200), "{took:?}");
+    assert_eq!(
+        env.count("select count(*) from deliveries where destination = 'paced' and attempts = 1")
+            .await,
+        6
+    );
+    // The archive's legs wait in their own queue for a worker of theirs.
+    assert_eq!(
+        env.queue_depth(&format!("{}.work.default.archive", env.prefix))
+            .await,
+        6
+    );
     env.cleanup().await;
 }

@@ -73,6 +73,21 @@ fn each_bad_config_file_is_refused_naming_the_field() {
             "[[sources]]\nname = \"a\"\nsecrets = [\"s\"]\nreplay_guard = \"no\"\n",
             "line 4",
         ),
+        // Destinations: the parser's own table of bad fields is
+        // sources.rs's every_bad_destination_field_is_named; these check
+        // both binaries refuse to start on them.
+        (
+            "[[sources]]\nname = \"a\"\nsecrets = [\"s\"]\n[[sources.destinations]]\nname = \"ci\"\nkind = \"forward\"\nurl = \"nowhere\"\n",
+            "sources[0].destinations[0].url",
+        ),
+        (
+            "[[sources]]\nname = \"a\"\nsecrets = [\"s\"]\n[[sources.destinations]]\nname = \"ci\"\nkind = \"store\"\nretry = [\"later\"]\n",
+            "sources[0].destinations[0].retry[0]",
+        ),
+        (
+            "[[sources]]\nname = \"a\"\nsecrets = [\"s\"]\n[[sources.destinations]]\nname = \"ci\"\nkind = \"store\"\n[[sources.destinations]]\nname = \"ci\"\nkind = \"store\"\n",
+            "sources[0].destinations[1].name: 'ci' is defined twice",
+        ),
     ];
     for (i, (text, expected)) in cases.iter().enumerate() {
         let path = dir.join(format!("{i}.toml"));
@@ -281,6 +296,26 @@ fn each_bad_setting_is_refused_by_name() {
             "HOOKINBOX_CONFIG: defines each source's replay_guard and rate_limit",
         ),
     ];
+    // A destination's kind no handler is registered for: only a worker
+    // runs handlers, so only the worker refuses it.
+    let custom = dir.join("custom.toml");
+    std::fs::write(
+        &custom,
+        "[[sources]]\nname = \"a\"\nsecrets = [\"s\"]\n[[sources.destinations]]\nname = \"c\"\nkind = \"commit_counter\"\n",
+    )
+    .expect("write");
+    let custom = custom.to_string_lossy().into_owned();
+    let mut cases = cases;
+    cases.push((
+        "hookinbox-worker",
+        vec![("HOOKINBOX_CONFIG", custom.as_str())],
+        "destination a/c: no handler 'commit_counter' is registered",
+    ));
+    cases.push((
+        "hookinbox-worker",
+        vec![("HOOKINBOX_DESTINATIONS", "default/nowhere")],
+        "HOOKINBOX_DESTINATIONS: 'default/nowhere' is not SOURCE/NAME of a configured destination",
+    ));
     for (binary, env, expected) in cases {
         let (ok, stderr) = run(binary, &env);
         assert!(!ok, "{binary} {env:?} must refuse to start");

@@ -35,7 +35,8 @@ from (
            d.status = 'failed' and d.retryable and d.last_error_class is not distinct from 'lost'
              and not exists (select 1 from parked_bodies p
                              where p.provider = d.provider and p.source = d.source
-                               and p.hook_id = d.hook_id and p.delivery_id = d.delivery_id)
+                               and p.hook_id = d.hook_id and p.delivery_id = d.delivery_id
+                               and p.destination = d.destination)
              as awaiting
     from deliveries d
     where d.status in ('processing', 'failed')
@@ -102,6 +103,35 @@ impl Sampler {
                 metrics::gauge!(hookinbox::metrics::QUEUE_CONSUMERS, "queue" => label)
                     .set(f64::from(consumers));
             }
+        }
+        Self::sample_destinations(client, ctx).await
+    }
+
+    /// Legs waiting per destination and the age of the oldest, for every
+    /// configured destination (0 when none wait), so that an alert can
+    /// follow each.
+    async fn sample_destinations(
+        client: &deadpool_postgres::Object,
+        ctx: &Context,
+    ) -> Result<(), RuntimeError> {
+        let waiting = hookinbox::deliveries::waiting(client).await?;
+        for route in ctx.config.routes.iter() {
+            let (source, name) = (route.source.as_str(), route.destination.name.as_str());
+            let found = waiting
+                .iter()
+                .find(|w| w.source == source && w.destination == name);
+            metrics::gauge!(
+                hookinbox::metrics::DESTINATION_WAITING,
+                "source" => source.to_owned(),
+                "destination" => name.to_owned()
+            )
+            .set(found.map_or(0.0, |w| w.legs as f64));
+            metrics::gauge!(
+                hookinbox::metrics::DESTINATION_OLDEST_WAITING_SECONDS,
+                "source" => source.to_owned(),
+                "destination" => name.to_owned()
+            )
+            .set(found.map_or(0.0, |w| w.oldest_secs));
         }
         Ok(())
     }

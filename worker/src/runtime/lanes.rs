@@ -73,6 +73,11 @@ impl Lanes {
         let mut lanes: Vec<Lane> = config
             .routes
             .iter()
+            .filter(|route| {
+                config.consumes.as_ref().is_none_or(|chosen| {
+                    chosen.contains(&(route.source.clone(), route.destination.name.clone()))
+                })
+            })
             .map(|route| {
                 let d = &route.destination;
                 let limiter = d.rate_limit.map(|limit| {
