@@ -392,7 +392,7 @@ mod tests {
     fn the_example_file_uses_only_known_keys() {
         let text = include_str!("../../../config.example.toml");
         let file: File = toml::from_str(text).expect("config.example.toml parses");
-        assert_eq!(file.sources.len(), 2);
+        assert_eq!(file.sources.len(), 3);
         let limit = file.sources[0].rate_limit.as_ref().expect("a rate limit");
         assert_eq!((limit.per_second, limit.burst), (200, Some(400)));
     }
