@@ -372,7 +372,7 @@ pub struct WorkerConfig {
     pub routes: Arc<Vec<Route>>,
     /// The destinations whose queues this worker consumes
     /// (`HOOKINBOX_DESTINATIONS`); `None`: all of them.
-    pub consumes: Option<Arc<BTreeSet<(SourceName, DestinationName)>>>,
+    pub consumes: Option<Arc<Consumed>>,
     /// The sources that name a GitHub hook to reconcile.
     pub reconcile: Arc<Vec<ReconcileTarget>>,
 }
@@ -415,12 +415,12 @@ pub struct ReconcileTarget {
     pub settings: Reconcile,
 }
 
+/// Destinations by source and name.
+pub type Consumed = BTreeSet<(SourceName, DestinationName)>;
+
 /// `HOOKINBOX_DESTINATIONS`: each `SOURCE/NAME` must be a configured
 /// destination; empty means all.
-fn consumed(
-    list: &str,
-    routes: &[Route],
-) -> Result<Option<Arc<BTreeSet<(SourceName, DestinationName)>>>, ConfigError> {
+fn consumed(list: &str, routes: &[Route]) -> Result<Option<Arc<Consumed>>, ConfigError> {
     let mut chosen = BTreeSet::new();
     for entry in list.split(',').map(str::trim).filter(|e| !e.is_empty()) {
         let known = entry.split_once('/').and_then(|(s, d)| {
