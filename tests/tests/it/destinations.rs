@@ -22,12 +22,11 @@ fn about(event: &str, action: &str, repository: &str) -> Hook {
     )
 }
 
-/// Each leg of delivery `id`: destination → (status, attempts, class,
-/// filter reason).
-async fn legs(
-    env: &TestEnv,
-    id: &str,
-) -> BTreeMap<String, (String, i32, Option<String>, Option<String>)> {
+/// A leg's status, attempts, error class and filter reason.
+type Leg = (String, i32, Option<String>, Option<String>);
+
+/// Each leg of delivery `id`, by destination.
+async fn legs(env: &TestEnv, id: &str) -> BTreeMap<String, Leg> {
     env.db
         .query(
             "select destination, status, attempts, last_error_class, filter_reason
@@ -53,9 +52,7 @@ async fn state(env: &TestEnv, name: &str) -> String {
         .get(0)
 }
 
-fn statuses(
-    legs: &BTreeMap<String, (String, i32, Option<String>, Option<String>)>,
-) -> Vec<(&str, &str)> {
+fn statuses(legs: &BTreeMap<String, Leg>) -> Vec<(&str, &str)> {
     legs.iter()
         .map(|(d, (status, ..))| (d.as_str(), status.as_str()))
         .collect()
