@@ -445,7 +445,8 @@ async fn a_redirect_an_unresolvable_host_and_a_long_answer_are_each_recorded_on_
         )
         .await
         .expect("the attempt log");
-    let log: BTreeMap<String, (Option<i32>, Option<String>, Option<i32>)> = rows
+    type Logged = (Option<i32>, Option<String>, Option<i32>);
+    let log: BTreeMap<String, Logged> = rows
         .iter()
         .map(|r| (r.get(0), (r.get(1), r.get(2), r.get(3))))
         .collect();
