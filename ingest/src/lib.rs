@@ -19,6 +19,10 @@
 //! - `answer`: what is answered: status, body, and the outcome label.
 //! - `body`: framing, the bounded body read, the headers a job carries.
 //! - `rotation`: [`SecretMatches`], which secret verified how often.
+//!
+//! Which of these modules may import which is the table of the test
+//! `tests/tests/layers.rs` (CI runs it: `scripts/check-layers.sh`). It never
+//! uses `hookinbox-worker` (the compiler sees to that).
 
 mod answer;
 mod body;
