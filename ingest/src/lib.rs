@@ -14,6 +14,8 @@
 //!
 //! # Layout
 //!
+//! - `cli`: [`Cli`], the command line of `hookinbox-ingest` (serve, or
+//!   `healthcheck`).
 //! - `startup`: [`IngestApp`]: build, bind, run until stopped; readiness.
 //! - `receive`: the request's steps, one function each, and its log line.
 //! - `answer`: what is answered: status, body, and the outcome label.
@@ -26,10 +28,12 @@
 
 mod answer;
 mod body;
+mod cli;
 mod limits;
 mod receive;
 mod rotation;
 mod startup;
 
+pub use cli::Cli;
 pub use rotation::SecretMatches;
 pub use startup::{IngestApp, ServerHandle, StartError};

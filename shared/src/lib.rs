@@ -32,7 +32,8 @@
 //!
 //! Around them: [`metrics`] (names, recorder, the metrics listener),
 //! [`telemetry`] (logging), [`shutdown`] (signals), [`failpoints`] (kill
-//! points of the fault suite).
+//! points of the fault suite), and [`cli`] (how both binaries enter: the
+//! health check, logging and kill points first, then the command).
 //!
 //! Imports inside this crate point down its layers only, the nouns at the
 //! bottom and the settings at the top. Which module may import which is
@@ -56,6 +57,7 @@
 //!   that resolves it has committed (`hookinbox_worker`'s runtime).
 
 pub mod broker;
+pub mod cli;
 pub mod config;
 pub mod deliveries;
 pub mod failpoints;

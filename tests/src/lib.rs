@@ -204,7 +204,7 @@ impl TestEnv {
         args.common = self.common();
         args.listen = "127.0.0.1:0".parse().expect("address");
         args.metrics_listen = "127.0.0.1:0".parse().expect("address");
-        args.github_secret = Some(SECRET.to_owned());
+        args.sources.github_secret = Some(SECRET.to_owned());
         args
     }
 

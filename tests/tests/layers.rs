@@ -62,14 +62,17 @@ const SHARED: Table = Table {
                 "broker",
             ],
         ),
+        // 4 entry: how both binaries start.
+        ("cli", &["metrics", "telemetry", "failpoints"]),
     ],
 };
 
-/// `ingest` (crate `hookinbox-ingest`): `startup → receive → {answer, body,
-/// rotation, limits}`.
+/// `ingest` (crate `hookinbox-ingest`): `cli → startup → receive →
+/// {answer, body, rotation, limits}`.
 const INGEST: Table = Table {
     dir: "ingest",
     modules: &[
+        ("cli", &["startup"]),
         ("startup", &["receive", "rotation", "limits"]),
         ("receive", &["answer", "body", "rotation", "limits"]),
         ("limits", &["answer"]),

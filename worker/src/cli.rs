@@ -89,30 +89,13 @@ struct ReconcileArgs {
 impl Cli {
     /// Runs the command and returns the process's exit code.
     pub fn run(self) -> ExitCode {
-        if let Some(Command::Healthcheck) = self.command {
-            return if hookinbox::metrics::healthcheck(self.args.metrics_listen) {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            };
+        let healthcheck = matches!(self.command, Some(Command::Healthcheck));
+        if let Some(code) =
+            hookinbox::cli::preamble(healthcheck, self.args.metrics_listen, &self.log)
+        {
+            return code;
         }
-        hookinbox::telemetry::init(&self.log);
-        #[cfg(feature = "failpoints")]
-        hookinbox::failpoints::setup();
-        let runtime = match tokio::runtime::Runtime::new() {
-            Ok(runtime) => runtime,
-            Err(e) => {
-                eprintln!("Error: cannot start the runtime: {e}");
-                return ExitCode::from(2);
-            }
-        };
-        match runtime.block_on(self.dispatch()) {
-            Ok(code) => ExitCode::from(code),
-            Err(e) => {
-                eprintln!("Error: {e:#}");
-                ExitCode::from(2)
-            }
-        }
+        hookinbox::cli::block_on(self.dispatch(), 2)
     }
 
     async fn dispatch(self) -> anyhow::Result<u8> {

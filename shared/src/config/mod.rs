@@ -22,6 +22,7 @@ mod github;
 mod ingest;
 mod secrets;
 mod sources;
+mod sources_args;
 mod worker;
 
 pub use github::{
@@ -34,6 +35,7 @@ pub use sources::{
     DEFAULT_FORWARD_TIMEOUT, EventFilter, ForwardConfig, HandlerConfig, RateLimit, Source,
     from_file, from_toml, parse_forward_url,
 };
+pub use sources_args::{SecretNeed, SourcesArgs};
 pub use worker::{HandlerKind, MIN_COMPLETED_RETENTION, ReconcileTarget, WorkerArgs, WorkerConfig};
 
 /// A setting that makes a binary refuse to start. The message names the

@@ -10,8 +10,8 @@ use clap::builder::BoolishValueParser;
 
 use super::{
     CommonArgs, CommonConfig, ConfigError, DEFAULT_FORWARD_TIMEOUT, EventFilter, ForwardConfig,
-    GithubSettings, HandlerConfig, IdValue, Reconcile, at_least_one, from_file, inline_secret,
-    invalid, parse_duration, parse_forward_url,
+    GithubSettings, HandlerConfig, IdValue, Reconcile, SecretNeed, SourcesArgs, at_least_one,
+    inline_secret, invalid, parse_duration, parse_forward_url,
 };
 use crate::deliveries::Retention;
 use crate::key::SourceName;
@@ -131,10 +131,9 @@ pub struct WorkerArgs {
     )]
     pub forward_timeout_ms: u64,
 
-    /// A TOML file defining several sources and their handlers; replaces
-    /// the single-source variables.
-    #[arg(long, env = "HOOKINBOX_CONFIG", value_name = "HOOKINBOX_CONFIG")]
-    pub config: Option<PathBuf>,
+    /// The webhook sources (the same group as ingest's).
+    #[command(flatten)]
+    pub sources: SourcesArgs,
 
     /// Seconds in-flight jobs get to finish after SIGTERM.
     #[arg(
@@ -163,16 +162,6 @@ pub struct WorkerArgs {
         default_value_t = 600_000
     )]
     pub retry_max_ms: u64,
-
-    /// Comma-separated events the default source takes (as ingest's
-    /// setting of the same name); the reconciler leaves the others alone.
-    #[arg(
-        long,
-        env = "HOOKINBOX_ALLOWED_EVENTS",
-        value_name = "HOOKINBOX_ALLOWED_EVENTS",
-        default_value = ""
-    )]
-    pub allowed_events: String,
 
     /// The default source's GitHub hook, for the reconciler:
     /// `repo:OWNER/REPO/HOOK_ID`, `org:ORG/HOOK_ID` or `app`. Unset: no
@@ -415,9 +404,35 @@ impl WorkerArgs {
         }
     }
 
+    /// The `default` source's handler, from the variables.
+    fn default_handler(&self) -> Result<HandlerConfig, ConfigError> {
+        Ok(match self.handler {
+            HandlerKind::Store => HandlerConfig::Store,
+            HandlerKind::Forward => {
+                let url = self.forward_url.as_deref().ok_or_else(|| {
+                    invalid(
+                        "HOOKINBOX_FORWARD_URL",
+                        "is required with HOOKINBOX_HANDLER=forward",
+                    )
+                })?;
+                HandlerConfig::Forward(ForwardConfig {
+                    url: parse_forward_url("HOOKINBOX_FORWARD_URL", url)?,
+                    secret: self
+                        .forward_secret
+                        .as_deref()
+                        .map(|s| inline_secret("HOOKINBOX_FORWARD_SECRET", s))
+                        .transpose()?,
+                    timeout: Duration::from_millis(self.forward_timeout_ms),
+                })
+            }
+        })
+    }
+
     /// Checks every setting.
     pub fn validate(self) -> Result<WorkerConfig, ConfigError> {
         let github = self.github_settings();
+        let from_file = self.sources.config.is_some();
+        let default_handler = (!from_file).then(|| self.default_handler()).transpose()?;
         let common = self.common.validate()?;
         if self.retry_max_ms < self.retry_base_ms {
             return Err(invalid(
@@ -451,77 +466,46 @@ impl WorkerArgs {
             failed: retention_failed,
             events: events_retention(self.events_retention_days, retention_completed)?,
         };
-        let (handlers, reconcile) = match &self.config {
-            Some(path) => {
-                if !github.is_empty() {
-                    return Err(invalid(
-                        "HOOKINBOX_CONFIG",
-                        "defines each source's GitHub hook in its [sources.github] table; unset \
-                         HOOKINBOX_RECONCILE_HOOK and the other HOOKINBOX_GITHUB_* settings",
-                    ));
-                }
-                let mut handlers = BTreeMap::new();
-                let mut reconcile = Vec::new();
-                for (i, source) in from_file(path)?.into_iter().enumerate() {
-                    let name = |key: &str| format!("sources[{i}].github.{key}");
-                    if let Some(settings) = source
-                        .github
-                        .as_ref()
-                        .map(|g| g.load(&name))
-                        .transpose()?
-                        .flatten()
-                    {
-                        reconcile.push(ReconcileTarget {
-                            source: source.name.clone(),
-                            events: source.events.clone(),
-                            settings,
-                        });
-                    }
-                    handlers.insert(source.name, source.handler);
-                }
-                (handlers, reconcile)
+        if from_file && !github.is_empty() {
+            return Err(invalid(
+                "HOOKINBOX_CONFIG",
+                "defines each source's GitHub hook in its [sources.github] table; unset \
+                 HOOKINBOX_RECONCILE_HOOK and the other HOOKINBOX_GITHUB_* settings",
+            ));
+        }
+        let mut handlers = BTreeMap::new();
+        let mut reconcile = Vec::new();
+        for (i, source) in self
+            .sources
+            .load(SecretNeed::Optional)?
+            .into_iter()
+            .enumerate()
+        {
+            // A file's source names its hook in its own table; the
+            // `default` source, in the variables.
+            let settings = if from_file {
+                let name = |key: &str| format!("sources[{i}].github.{key}");
+                source
+                    .github
+                    .as_ref()
+                    .map(|g| g.load(&name))
+                    .transpose()?
+                    .flatten()
+            } else {
+                github.load(&|key: &str| format!("HOOKINBOX_{}", key.to_uppercase()))?
+            };
+            if let Some(settings) = settings {
+                reconcile.push(ReconcileTarget {
+                    source: source.name.clone(),
+                    events: source.events.clone(),
+                    settings,
+                });
             }
-            None => {
-                let handler = match self.handler {
-                    HandlerKind::Store => HandlerConfig::Store,
-                    HandlerKind::Forward => {
-                        let url = self.forward_url.as_deref().ok_or_else(|| {
-                            invalid(
-                                "HOOKINBOX_FORWARD_URL",
-                                "is required with HOOKINBOX_HANDLER=forward",
-                            )
-                        })?;
-                        HandlerConfig::Forward(ForwardConfig {
-                            url: parse_forward_url("HOOKINBOX_FORWARD_URL", url)?,
-                            secret: self
-                                .forward_secret
-                                .as_deref()
-                                .map(|s| inline_secret("HOOKINBOX_FORWARD_SECRET", s))
-                                .transpose()?,
-                            timeout: Duration::from_millis(self.forward_timeout_ms),
-                        })
-                    }
-                };
-                let name = |key: &str| format!("HOOKINBOX_{}", key.to_uppercase());
-                let reconcile = match github.load(&name)? {
-                    None => Vec::new(),
-                    Some(settings) => vec![ReconcileTarget {
-                        source: SourceName::default_source(),
-                        events: EventFilter::parse(
-                            "HOOKINBOX_ALLOWED_EVENTS",
-                            self.allowed_events
-                                .split(',')
-                                .filter(|e| !e.trim().is_empty()),
-                        )?,
-                        settings,
-                    }],
-                };
-                let handlers = [(SourceName::default_source(), handler)]
-                    .into_iter()
-                    .collect();
-                (handlers, reconcile)
-            }
-        };
+            handlers.insert(
+                source.name,
+                default_handler.clone().unwrap_or(source.handler),
+            );
+        }
         Ok(WorkerConfig {
             handlers: Arc::new(handlers),
             reconcile: Arc::new(reconcile),

@@ -74,8 +74,8 @@ async fn each_source_has_its_own_bucket_and_a_source_without_one_is_not_limited(
     )
     .expect("write config");
     let mut args = env.ingest_args();
-    args.github_secret = None;
-    args.config = Some(path.clone());
+    args.sources.github_secret = None;
+    args.sources.config = Some(path.clone());
     let ingest = env.ingest_with(args.validate().expect("valid")).await;
     let at = |source: &str| {
         let mut hook = Hook::fixture("push");

@@ -72,11 +72,11 @@ async fn a_source_that_pins_its_hooks_takes_one_event_sent_to_two_of_them() {
         ),
     );
     let mut args = env.ingest_args();
-    args.github_secret = None;
-    args.config = Some(path.clone());
+    args.sources.github_secret = None;
+    args.sources.config = Some(path.clone());
     let ingest = env.ingest_with(args.validate().expect("valid")).await;
     let mut wargs = env.worker_args();
-    wargs.config = Some(path.clone());
+    wargs.sources.config = Some(path.clone());
     let worker = env
         .worker_with(
             wargs.validate().expect("valid"),
@@ -113,7 +113,7 @@ async fn with_the_guard_off_a_repeated_body_is_taken_and_only_that_source_is_aff
     // The default source, by environment.
     let env = TestEnv::new().await;
     let mut args = env.ingest_args();
-    args.replay_guard = Some(false);
+    args.sources.replay_guard = Some(false);
     let ingest = env.ingest_with(args.validate().expect("valid")).await;
     let hook = Hook::fixture("push");
     for h in [hook.clone(), under_new_guid(&hook)] {
@@ -133,8 +133,8 @@ async fn with_the_guard_off_a_repeated_body_is_taken_and_only_that_source_is_aff
         ),
     );
     let mut args = env.ingest_args();
-    args.github_secret = None;
-    args.config = Some(path.clone());
+    args.sources.github_secret = None;
+    args.sources.config = Some(path.clone());
     let ingest = env.ingest_with(args.validate().expect("valid")).await;
     let body = fixtures::unique(&fixtures::own("push"));
     for (source, second) in [("repeats", 202), ("guarded", 409)] {

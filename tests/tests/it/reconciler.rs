@@ -792,8 +792,8 @@ async fn a_toml_source_names_its_hook_in_a_github_table() {
     .expect("config");
     let mut args = env.ingest_args();
     args.listen = format!("127.0.0.1:{port}").parse().expect("address");
-    args.github_secret = None;
-    args.config = Some(config.clone());
+    args.sources.github_secret = None;
+    args.sources.config = Some(config.clone());
     let _ingest = env.ingest_with(args.validate().expect("valid")).await;
     let path = config.to_string_lossy().into_owned();
     let out = tokio::process::Command::from(worker_command(
