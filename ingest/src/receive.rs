@@ -353,8 +353,28 @@ async fn publish_or_park(
             return Ok(Answer::new(
                 StatusCode::CONFLICT,
                 Outcome::ReplayedBody,
-                json!({"status": "conflict", "error": "this body was received before under another delivery id or hook id"}),
+                json!({"status": "conflict", "error": "this body was received before under another delivery id"}),
             ));
+        }
+        Claim::Copy { of, status } => {
+            // The event's claim may still be an untaken one whose ingest
+            // died before publishing: park this copy's body for it, as for
+            // any copy racing a claim (see below).
+            if status == Some(Status::Processing) {
+                park_copy(
+                    state,
+                    &of,
+                    &content_type_header(headers),
+                    &github_headers(headers),
+                    &body,
+                )
+                .await?;
+            }
+            let mut body = json!({"status": "duplicate", "copy_of_hook_id": of.hook_id.as_str()});
+            if let Some(status) = status {
+                body["state"] = status.as_str().into();
+            }
+            return Ok(Answer::new(StatusCode::OK, Outcome::Copy, body));
         }
         Claim::Duplicate(Status::Processing) => {
             // A copy racing an earlier claim whose publish we cannot see.

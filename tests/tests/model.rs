@@ -318,7 +318,7 @@ impl Sut {
                         assert_ne!(self.body, Some(sha), "the same body reported as a conflict")
                     }
                     deliveries::Claim::Duplicate(_) => {}
-                    deliveries::Claim::ReplayedBody => {
+                    deliveries::Claim::ReplayedBody | deliveries::Claim::Copy { .. } => {
                         panic!("the replay guard refused the key its body came with")
                     }
                 }

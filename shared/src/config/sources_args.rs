@@ -53,8 +53,10 @@ pub struct SourcesArgs {
     pub allowed_events: String,
 
     /// Refuse a body the `default` source received before under another
-    /// delivery id or hook id (a replayed capture). Default true; turn it
-    /// off only for a sender that legitimately repeats bodies.
+    /// delivery id (a replayed capture); the same delivery id and body
+    /// under another hook id is a copy of the event, answered as a
+    /// duplicate without a claim. Default true; turn it off only for a
+    /// sender that legitimately repeats bodies.
     #[arg(long, env = "HOOKINBOX_REPLAY_GUARD", value_name = "HOOKINBOX_REPLAY_GUARD",
           value_parser = BoolishValueParser::new(), action = clap::ArgAction::Set)]
     pub replay_guard: Option<bool>,

@@ -7,7 +7,7 @@ use crate::postgres::sql::{self, Session};
 use uuid::Uuid;
 
 use super::parked::ParkedBody;
-use super::row::{KeyColumns, KeyTuple, firsts_by_key, key_tuple, status_of};
+use super::row::{KeyColumns, KeyTuple, firsts_by_key, key_of, key_tuple, status_of};
 use super::{Policy, Status, execute, params, query_one, redact, secs};
 use crate::key::{ClaimToken, DeliveryKey};
 use crate::postgres::DbError;
@@ -26,15 +26,17 @@ pub struct ClaimRequest {
     /// SHA-256 of the raw body: the same key with another body is a conflict.
     pub body_sha256: [u8; 32],
     /// The source's replay guard is on: a body seen before under another
-    /// key is refused ([`Claim::ReplayedBody`]).
+    /// delivery id is refused ([`Claim::ReplayedBody`]), and one seen under
+    /// the same delivery id and another hook id is a copy ([`Claim::Copy`]).
     pub guarded: bool,
     /// The source pins its hook ids: the same delivery id under another
-    /// (pinned) hook id is one event sent to two hooks, not a replay.
+    /// (pinned) hook id is one event sent to two hooks, each claimed and
+    /// run for its hook.
     pub pinned: bool,
 }
 
 /// What a claim decided.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Claim {
     /// This request owns the claim: publish a job carrying `token`.
     Claimed {
@@ -57,22 +59,37 @@ pub enum Claim {
     Duplicate(Status),
     /// The same key arrived before with another body.
     Conflict,
-    /// The body arrived before under another key (another delivery id, or
-    /// another hook id the source does not pin): a replay of a captured
-    /// request. Nothing was claimed.
+    /// The body arrived before under another delivery id: a replay of a
+    /// captured request. Nothing was claimed.
     ReplayedBody,
+    /// The same delivery id and body arrived before under another hook id
+    /// of this source, which does not pin its hook ids: one event GitHub
+    /// sent to two of the source's hooks (a repository's and an
+    /// organization's, say), not a replay. Nothing was claimed: the first
+    /// hook's claim holds the event, and the copy adds no effect.
+    Copy {
+        /// The key the event was first claimed under.
+        of: DeliveryKey,
+        /// That claim's status; `None` once retention swept its row.
+        status: Option<Status>,
+    },
 }
 
 /// The SQLSTATE `hookinbox_replayed_body()` raises (migration 6).
 const REPLAYED_BODY: &str = "HB409";
+/// The SQLSTATE `hookinbox_copied_event()` raises (migration 7).
+const COPIED_EVENT: &str = "HB200";
 
 /// The replay guard, after a claim CTE named `claimed` (`inserted` true for
 /// a new row): each new row's body is recorded for its source in
 /// `seen_bodies`; when the body was recorded before under another delivery
-/// id, or another hook id where hook ids are not pinned, the statement
-/// raises `HB409` and leaves nothing behind. `DO UPDATE` (a no-op) rather
-/// than `DO NOTHING`: it returns the row that is there, even one a
-/// concurrent claim committed after this statement began.
+/// id, the statement raises `HB409` (a replay); under the same delivery id
+/// and another hook id where hook ids are not pinned, `HB200` (a copy of
+/// the event). Either way it leaves nothing behind: the copy's row is not
+/// inserted, so the event keeps one claim and one effect. `DO UPDATE` (a
+/// no-op) rather than `DO NOTHING`: it returns the row that is there, even
+/// one a concurrent claim committed after this statement began, so two
+/// hooks' copies racing each other still get one claim between them.
 macro_rules! guard_new_bodies {
     ($rows:literal) => {
         concat!(
@@ -104,8 +121,10 @@ with claimed as (
     guard_new_bodies!("select $1, $2, $7, $3, $4 from claimed where claimed.inserted and $11"),
     "
 select inserted, attempts,
-       case when exists (select 1 from guard g where g.delivery_id <> $4 or (g.hook_id <> $3 and not $12))
-            then hookinbox_replayed_body() end
+       case when exists (select 1 from guard g where g.delivery_id <> $4)
+            then hookinbox_replayed_body()
+            when exists (select 1 from guard g where g.hook_id <> $3 and not $12)
+            then hookinbox_copied_event() end
 from claimed"
 );
 
@@ -195,7 +214,12 @@ pub async fn claim(
         )
         .await;
         let row = match row {
-            Err(e) if replayed(&e) => return Ok(Claim::ReplayedBody),
+            Err(e) if refused_by(&e, REPLAYED_BODY) => return Ok(Claim::ReplayedBody),
+            Err(e) if refused_by(&e, COPIED_EVENT) => match copy_of(client, req).await? {
+                Some(copy) => return Ok(copy),
+                // The first copy's body was swept meanwhile: claim again.
+                None => continue,
+            },
             other => other?,
         };
         if let Some(row) = row {
@@ -251,15 +275,45 @@ with input as (
 select c.provider, c.source, c.hook_id, c.delivery_id, c.inserted, c.attempts,
        case when exists (
            select 1 from guard g join input i using (provider, source, body_sha256)
-           where i.guarded and (g.delivery_id <> i.delivery_id
-                                or (g.hook_id <> i.hook_id and not i.pinned)))
-            then hookinbox_replayed_body() end
+           where i.guarded and g.delivery_id <> i.delivery_id)
+            then hookinbox_replayed_body()
+            when exists (
+           select 1 from guard g join input i using (provider, source, body_sha256)
+           where i.guarded and g.hook_id <> i.hook_id and not i.pinned)
+            then hookinbox_copied_event() end
 from claimed c"
 );
 
-/// Whether `e` is the replay guard's refusal.
-fn replayed(e: &DbError) -> bool {
-    e.refusal().is_some_and(|r| r.code == REPLAYED_BODY)
+/// Whether `e` is the replay guard's refusal `code`.
+fn refused_by(e: &DbError, code: &str) -> bool {
+    e.refusal().is_some_and(|r| r.code == code)
+}
+
+/// The claim a copy's body was first seen under (`$3` the body), as the
+/// guard recorded it, and that claim's status while its row is kept.
+const FIRST_SEEN: &str = "
+select s.provider, s.source, s.hook_id, s.delivery_id, d.status
+from seen_bodies s
+left join deliveries d using (provider, source, hook_id, delivery_id)
+where s.provider = $1 and s.source = $2 and s.body_sha256 = $3";
+
+/// Reports a copy ([`Claim::Copy`]): the claim the guard found its body
+/// under; `None` if retention swept that body since.
+async fn copy_of(client: &impl Session, req: &ClaimRequest) -> Result<Option<Claim>, DbError> {
+    let body_sha: &[u8] = &req.body_sha256;
+    let row = sql::query_opt(
+        client,
+        FIRST_SEEN,
+        &[&req.key.provider, &req.key.source, &body_sha],
+    )
+    .await?;
+    row.map(|row| {
+        Ok(Claim::Copy {
+            of: key_of(&row)?,
+            status: row.get::<_, Option<&str>>(4).map(status_of).transpose()?,
+        })
+    })
+    .transpose()
 }
 
 /// [`CLAIM_STATE`] for many keys.
@@ -309,7 +363,7 @@ pub async fn claim_batch(
         .values()
         .map(|&i| requests[i].repository.as_deref())
         .collect();
-    let rows = sql::query(
+    let rows = match sql::query(
         client,
         CLAIM_BATCH,
         &keys.params(&[
@@ -324,7 +378,21 @@ pub async fn claim_batch(
             &repositories,
         ]),
     )
-    .await?;
+    .await
+    {
+        // A replay or a copy refuses the whole statement, and Postgres
+        // says which only for one of them: claim each on its own, in
+        // order, so that each gets the answer `claim` gives it (the first
+        // copy of an event claims it, the later ones are its copies).
+        Err(e) if refused_by(&e, REPLAYED_BODY) || refused_by(&e, COPIED_EVENT) => {
+            let mut out = Vec::with_capacity(requests.len());
+            for request in requests {
+                out.push(claim(client, policy, request).await?);
+            }
+            return Ok(out);
+        }
+        other => other?,
+    };
     let claimed: HashMap<KeyTuple, (bool, i32)> = rows
         .iter()
         .map(|r| {

@@ -105,6 +105,12 @@ fn key_from_parts(parts: &[String; 4]) -> Result<DeliveryKey, DbError> {
         .map_err(|e| DbError::BadRow(e.part()))
 }
 
+/// The key of a row that names its key columns (`provider`, `source`,
+/// `hook_id`, `delivery_id`).
+pub(super) fn key_of(row: &tokio_postgres::Row) -> Result<DeliveryKey, DbError> {
+    key_from_parts(&key_parts(row))
+}
+
 /// A row of the parked statements (`…, event, action, claim_token,
 /// attempts, content_type, headers, body`) as the job to publish, or as
 /// [`Unreadable`] when its key or event no longer parses.

@@ -48,6 +48,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "0006_guards.sql",
         sql: include_str!("../../migrations/0006_guards.sql"),
     },
+    Migration {
+        version: 7,
+        name: "0007_copied_events.sql",
+        sql: include_str!("../../migrations/0007_copied_events.sql"),
+    },
 ];
 
 /// Applies every pending migration and returns how many it applied.
