@@ -335,6 +335,10 @@ pub struct WorkerConfig {
     pub handlers: Arc<BTreeMap<SourceName, HandlerConfig>>,
     /// The sources that name a GitHub hook to reconcile.
     pub reconcile: Arc<Vec<ReconcileTarget>>,
+    /// The sources ingest rate-limits that name no hook to reconcile: a
+    /// `429` ingest answers them is final from GitHub's side (GitHub does
+    /// not retry a failed delivery), so the worker warns of each at start.
+    pub rate_limited_unreconciled: Arc<Vec<SourceName>>,
 }
 
 /// A source the reconciler reads GitHub's delivery log for.
@@ -475,6 +479,7 @@ impl WorkerArgs {
         }
         let mut handlers = BTreeMap::new();
         let mut reconcile = Vec::new();
+        let mut rate_limited_unreconciled = Vec::new();
         for (i, source) in self
             .sources
             .load(SecretNeed::Optional)?
@@ -494,12 +499,16 @@ impl WorkerArgs {
             } else {
                 github.load(&|key: &str| format!("HOOKINBOX_{}", key.to_uppercase()))?
             };
-            if let Some(settings) = settings {
-                reconcile.push(ReconcileTarget {
+            match settings {
+                Some(settings) => reconcile.push(ReconcileTarget {
                     source: source.name.clone(),
                     events: source.events.clone(),
                     settings,
-                });
+                }),
+                None if source.rate_limit.is_some() => {
+                    rate_limited_unreconciled.push(source.name.clone());
+                }
+                None => {}
             }
             handlers.insert(
                 source.name,
@@ -509,6 +518,7 @@ impl WorkerArgs {
         Ok(WorkerConfig {
             handlers: Arc::new(handlers),
             reconcile: Arc::new(reconcile),
+            rate_limited_unreconciled: Arc::new(rate_limited_unreconciled),
             retry: RetryPolicy {
                 base: Duration::from_millis(self.retry_base_ms),
                 max: Duration::from_millis(self.retry_max_ms),
