@@ -12,7 +12,7 @@
 //! | [`admin`](self::admin) | operators | `get`, `find`, `stored_payload`, `replay`, `unreplay`, `purge` |
 //! | [`reconcile`](self::reconcile) | the reconciler | `held` (reads only) |
 //! | [`filter`](self::filter) | operators | `list`, `list_page`, `count`, `purge_dead`: the one filter of the CLI and the console |
-//! | [`overview`](self::overview) | operators | `overview`: the console's counts and ages |
+//! | [`overview`](self::overview) | operators, the sampler | `overview`: the console's counts and ages; `gauges`: the state gauges |
 //!
 //! `parked` holds the parked-body form of a job, `row` reads rows back into
 //! nouns, and `group_commit` starts the collectors that batch claims, takes
@@ -194,6 +194,33 @@ macro_rules! awaiting_redelivery {
     };
 }
 
+/// A retry the scheduler can publish now: failed, retryable, due, with its
+/// body parked (`schedule_due` takes exactly these, through its join on
+/// `parked_bodies`). A claim reaped `lost` is one when its body is parked;
+/// without one it is [`awaiting_redelivery!`] instead, and never a due
+/// retry. A boolean expression over the alias `$t`.
+macro_rules! due_retry {
+    ($t:literal) => {
+        concat!(
+            "(",
+            $t,
+            ".status = 'failed' and ",
+            $t,
+            ".retryable and ",
+            $t,
+            ".next_attempt_at <= now() and exists (select 1 from parked_bodies p where p.provider = ",
+            $t,
+            ".provider and p.source = ",
+            $t,
+            ".source and p.hook_id = ",
+            $t,
+            ".hook_id and p.delivery_id = ",
+            $t,
+            ".delivery_id))"
+        )
+    };
+}
+
 mod admin;
 mod claim;
 mod complete;
@@ -219,8 +246,10 @@ pub use complete::{
 pub use filter::statements_for_explain;
 pub use filter::{Cursor, CursorError, Filter, Order, Page, count, list, list_page, purge_dead};
 #[doc(hidden)]
+pub use overview::GAUGES as GAUGES_STATEMENT;
+#[doc(hidden)]
 pub use overview::STATEMENTS as OVERVIEW_STATEMENTS;
-pub use overview::{Overview, SourceCounts, overview};
+pub use overview::{EXACT_COMPLETED_UP_TO, Gauges, Overview, SourceCounts, gauges, overview};
 pub use parked::{Parked, ParkedBody, Unreadable};
 pub use reconcile::{Held, held};
 pub use retention::{Retention, Swept, purge, sweep};
