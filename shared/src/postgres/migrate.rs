@@ -53,6 +53,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "0007_copied_events.sql",
         sql: include_str!("../../migrations/0007_copied_events.sql"),
     },
+    Migration {
+        version: 8,
+        name: "0008_repository_nocase.sql",
+        sql: include_str!("../../migrations/0008_repository_nocase.sql"),
+    },
 ];
 
 /// Applies every pending migration and returns how many it applied.

@@ -157,10 +157,10 @@ async fn every_console_list_and_count_reads_deliveries_through_an_index() {
         (
             "repository",
             Filter {
-                repository: Some("owner/repo7".into()),
+                repository: Some("Owner/Repo7".into()),
                 ..Filter::default()
             },
-            Some("deliveries_settled_repository"),
+            Some("deliveries_settled_repository_nocase"),
         ),
         (
             "error class",
