@@ -31,5 +31,6 @@ mod worker_failures;
 mod worker_fencing;
 mod worker_forward;
 mod worker_one_statement;
+mod worker_refusals;
 mod worker_retries;
 mod worker_shutdown;
