@@ -16,6 +16,7 @@ mod ingest_refuses_bad_input;
 mod ingest_replay_guard;
 mod ingest_routes;
 mod ingest_shutdown;
+mod local_setup;
 mod observability;
 mod operator_cli;
 mod outages;
