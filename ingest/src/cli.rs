@@ -37,12 +37,8 @@ impl Cli {
     /// Runs the command and returns the process's exit code.
     pub fn run(self) -> ExitCode {
         let healthcheck = matches!(self.command, Some(Command::Healthcheck));
-        if let Some(code) =
-            hookinbox::cli::preamble(healthcheck, self.args.metrics_listen, &self.log)
-        {
-            return code;
-        }
-        hookinbox::cli::block_on(serve(self.args), 1)
+        let listen = self.args.metrics_listen;
+        hookinbox::cli::enter(healthcheck, listen, &self.log, serve(self.args), 1)
     }
 }
 

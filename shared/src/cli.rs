@@ -1,5 +1,5 @@
-//! How both binaries enter: the same first steps before their command
-//! ([`preamble`]), and the same way of running it to an exit code
+//! How both binaries enter ([`enter`]): the same first steps before their
+//! command ([`preamble`]), and the same way of running it to an exit code
 //! ([`block_on`]).
 
 use std::fmt::Display;
@@ -8,6 +8,22 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use crate::telemetry::LogArgs;
+
+/// Runs a binary's command the way both binaries do: [`preamble`] (which
+/// answers `healthcheck` alone), then `command` on a runtime
+/// ([`block_on`]), exiting with `failure` when it fails.
+pub fn enter<E: Display>(
+    healthcheck: bool,
+    metrics_listen: SocketAddr,
+    log: &LogArgs,
+    command: impl Future<Output = Result<u8, E>>,
+    failure: u8,
+) -> ExitCode {
+    match preamble(healthcheck, metrics_listen, log) {
+        Some(code) => code,
+        None => block_on(command, failure),
+    }
+}
 
 /// What every command does first. `healthcheck`: the command is
 /// `healthcheck`, which asks this host's metrics listener for `/healthz`

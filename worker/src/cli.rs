@@ -90,12 +90,8 @@ impl Cli {
     /// Runs the command and returns the process's exit code.
     pub fn run(self) -> ExitCode {
         let healthcheck = matches!(self.command, Some(Command::Healthcheck));
-        if let Some(code) =
-            hookinbox::cli::preamble(healthcheck, self.args.metrics_listen, &self.log)
-        {
-            return code;
-        }
-        hookinbox::cli::block_on(self.dispatch(), 2)
+        let (listen, log) = (self.args.metrics_listen, self.log.clone());
+        hookinbox::cli::enter(healthcheck, listen, &log, self.dispatch(), 2)
     }
 
     async fn dispatch(self) -> anyhow::Result<u8> {

@@ -164,14 +164,12 @@ macro_rules! delivery_columns {
     };
 }
 
-/// A row hookinbox cannot finish on its own, so that only a redelivery from
-/// GitHub can: no body parked, and either reaped `lost` or an untaken claim
-/// whose lease expired (its ingest died between the claim and the publish).
-/// A boolean expression over the alias `$t`.
-macro_rules! awaiting_redelivery {
+/// Whether the row `$t` has its body parked (`parked_bodies`, by key):
+/// what the scheduler and a replay publish from.
+macro_rules! parked_body_exists {
     ($t:literal) => {
         concat!(
-            "(not exists (select 1 from parked_bodies p where p.provider = ",
+            "exists (select 1 from parked_bodies p where p.provider = ",
             $t,
             ".provider and p.source = ",
             $t,
@@ -179,7 +177,21 @@ macro_rules! awaiting_redelivery {
             $t,
             ".hook_id and p.delivery_id = ",
             $t,
-            ".delivery_id) and ((",
+            ".delivery_id)"
+        )
+    };
+}
+
+/// A row hookinbox cannot finish on its own, so that only a redelivery from
+/// GitHub can: no body parked, and either reaped `lost` or an untaken claim
+/// whose lease expired (its ingest died between the claim and the publish).
+/// A boolean expression over the alias `$t`.
+macro_rules! awaiting_redelivery {
+    ($t:literal) => {
+        concat!(
+            "(not ",
+            parked_body_exists!($t),
+            " and ((",
             $t,
             ".status = 'failed' and ",
             $t,
@@ -208,15 +220,9 @@ macro_rules! due_retry {
             $t,
             ".retryable and ",
             $t,
-            ".next_attempt_at <= now() and exists (select 1 from parked_bodies p where p.provider = ",
-            $t,
-            ".provider and p.source = ",
-            $t,
-            ".source and p.hook_id = ",
-            $t,
-            ".hook_id and p.delivery_id = ",
-            $t,
-            ".delivery_id))"
+            ".next_attempt_at <= now() and ",
+            parked_body_exists!($t),
+            ")"
         )
     };
 }

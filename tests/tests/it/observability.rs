@@ -706,77 +706,58 @@ async fn stuck_work_gauges_report_their_counts_and_ages_and_clear_once_resolved(
 async fn the_awaiting_gauge_counts_what_the_list_lists_and_a_due_retry_is_one_the_scheduler_can_publish()
  {
     let env = TestEnv::new().await;
-    // Reaped `lost` 300 s ago, due since, nothing parked: awaiting.
-    let lost = Hook::fixture("push");
-    insert_delivery(
-        &env,
-        &lost,
-        "failed",
-        true,
-        0,
-        1000.0,
-        Some(-900.0),
-        Some(("lost", 300.0, -300.0)),
-        false,
-    )
-    .await;
-    // Reaped `lost`, its body parked: a due retry (200 s), not awaiting.
-    let lost_parked = Hook::fixture("push");
-    insert_delivery(
-        &env,
-        &lost_parked,
-        "failed",
-        true,
-        1,
-        1000.0,
-        Some(-800.0),
-        Some(("lost", 250.0, -200.0)),
-        true,
-    )
-    .await;
-    // An untaken claim whose lease ran out 120 s ago, before the reaper
-    // came, nothing parked: awaiting too.
-    let untaken = Hook::fixture("push");
-    insert_delivery(
-        &env,
-        &untaken,
-        "processing",
-        false,
-        0,
-        180.0,
-        Some(-120.0),
-        None,
-        false,
-    )
-    .await;
-    // Taken (a worker holds or held it): not awaiting.
-    let taken = Hook::fixture("push");
-    insert_delivery(
-        &env,
-        &taken,
-        "processing",
-        false,
-        1,
-        180.0,
-        Some(-100.0),
-        None,
-        false,
-    )
-    .await;
-    // A transient failure due 60 s ago, its body parked: a due retry.
-    let retry = Hook::fixture("push");
-    insert_delivery(
-        &env,
-        &retry,
-        "failed",
-        true,
-        1,
-        200.0,
-        None,
-        Some(("transient", 100.0, -60.0)),
-        true,
-    )
-    .await;
+    type Row = (
+        &'static str,
+        bool,
+        i32,
+        Option<f64>,
+        Option<(&'static str, f64, f64)>,
+        bool,
+    );
+    // (status, retryable, attempts, lease_in, failure, parked), each
+    // claimed 1000 s ago.
+    let rows: [Row; 5] = [
+        // Reaped `lost` 300 s ago, due since, nothing parked: awaiting.
+        (
+            "failed",
+            true,
+            0,
+            Some(-900.0),
+            Some(("lost", 300.0, -300.0)),
+            false,
+        ),
+        // Reaped `lost`, its body parked: a due retry (200 s), not awaiting.
+        (
+            "failed",
+            true,
+            1,
+            Some(-800.0),
+            Some(("lost", 250.0, -200.0)),
+            true,
+        ),
+        // Untaken, its lease ran out 120 s ago before the reaper came,
+        // nothing parked: awaiting too.
+        ("processing", false, 0, Some(-120.0), None, false),
+        // Taken (a worker holds or held it): not awaiting.
+        ("processing", false, 1, Some(-100.0), None, false),
+        // A transient failure due 60 s ago, its body parked: a due retry.
+        (
+            "failed",
+            true,
+            1,
+            None,
+            Some(("transient", 100.0, -60.0)),
+            true,
+        ),
+    ];
+    let hooks: Vec<Hook> = rows.iter().map(|_| Hook::fixture("push")).collect();
+    for (hook, (status, retryable, attempts, lease_in, failure, parked)) in hooks.iter().zip(rows) {
+        insert_delivery(
+            &env, hook, status, retryable, attempts, 1000.0, lease_in, failure, parked,
+        )
+        .await;
+    }
+    let (lost, untaken) = (&hooks[0], &hooks[2]);
 
     let (code, listed) = worker_cli(
         &env,

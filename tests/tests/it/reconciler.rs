@@ -27,7 +27,7 @@ struct Github {
 }
 
 impl Github {
-    /// With a repository hook.
+    /// With the repository hook `repo:acme/widgets/HOOK_ID`.
     fn start(env: &TestEnv, target: String) -> Self {
         let path = HookPath::Repo {
             owner: "acme".into(),
@@ -54,6 +54,31 @@ impl Github {
             token_file,
             spec,
         }
+    }
+
+    /// Logs a fresh push as GitHub would after sending it at `at` (status
+    /// `status_code`, 0 for no answer, and its `status` text), without
+    /// sending anything; `visible`: shown in the log yet. Returns its GUID.
+    fn log(
+        &self,
+        at: chrono::DateTime<Utc>,
+        status_code: u16,
+        status: &str,
+        visible: bool,
+    ) -> String {
+        let guid = uuid::Uuid::new_v4().to_string();
+        self.fake.record(
+            self.hook,
+            &guid,
+            "push",
+            &fixtures::unique(&fixtures::own("push")),
+            status_code,
+            status,
+            false,
+            at,
+            visible,
+        );
+        guid
     }
 
     /// The variables that point the default source's reconciler at the fake.
@@ -152,9 +177,24 @@ async fn effects(env: &TestEnv) -> BTreeMap<String, i64> {
 /// GitHub sends `n` pushes while ingest is down (each logged failed), then
 /// ingest starts: the test's environment, GitHub, the GUIDs and ingest.
 async fn sent_while_down(n: usize) -> (TestEnv, Github, Vec<String>, TestIngest) {
+    let repo = HookPath::Repo {
+        owner: "acme".into(),
+        repo: "widgets".into(),
+        id: HOOK_ID,
+    };
+    sent_while_down_at(n, repo, format!("repo:acme/widgets/{HOOK_ID}")).await
+}
+
+/// [`sent_while_down`] through the hook at `path`, which `spec` names.
+async fn sent_while_down_at(
+    n: usize,
+    path: HookPath,
+    spec: String,
+) -> (TestEnv, Github, Vec<String>, TestIngest) {
     let env = TestEnv::new().await;
     let port = free_port();
-    let gh = Github::start(&env, format!("http://127.0.0.1:{port}/webhooks/github"));
+    let target = format!("http://127.0.0.1:{port}/webhooks/github");
+    let gh = Github::start_at(&env, target, path, spec);
     let body = fixtures::own("push");
     let mut guids = Vec::new();
     for _ in 0..n {
@@ -392,24 +432,11 @@ async fn a_delivery_that_fails_every_time_is_redelivered_at_most_the_cap_across_
 async fn a_long_log_is_walked_to_the_watermark_nothing_is_missed_and_nothing_redelivered_twice() {
     let (env, ingest) = TestEnv::with_ingest().await;
     let gh = Github::start(&env, format!("{}/webhooks/github", ingest.base));
-    let body = fixtures::own("push");
     // 520 failed deliveries over the last two hours: six pages of 100.
     let mut guids = Vec::new();
     for i in 0..520 {
-        let guid = uuid::Uuid::new_v4().to_string();
         let at = Utc::now() - chrono::Duration::seconds(7200 - i * 13);
-        gh.fake.record(
-            gh.hook,
-            &guid,
-            "push",
-            &fixtures::unique(&body),
-            0,
-            "failed to connect to host",
-            false,
-            at,
-            true,
-        );
-        guids.push(guid);
+        guids.push(gh.log(at, 0, "failed to connect to host", true));
     }
     // The first pass is killed after asking for 200 redeliveries.
     gh.fake.hang_after(200);
@@ -440,16 +467,10 @@ async fn a_long_log_is_walked_to_the_watermark_nothing_is_missed_and_nothing_red
     // A delivery that shows up in the log late, dated inside the overlap
     // behind the watermark, is still found; the walk stops near the
     // watermark instead of reading the whole log again.
-    let late = uuid::Uuid::new_v4().to_string();
-    gh.fake.record(
-        gh.hook,
-        &late,
-        "push",
-        &fixtures::unique(&body),
+    let late = gh.log(
+        Utc::now() - chrono::Duration::minutes(5),
         0,
         "failed to connect to host",
-        false,
-        Utc::now() - chrono::Duration::minutes(5),
         false,
     );
     let (code, report, _) = gh.reconcile(&env, &[], &[]).await;
@@ -931,18 +952,7 @@ async fn a_running_worker_counts_its_passes_late_answers_and_unexplained_success
     settle(&env, &store).await;
     // Unexplained: GitHub logged a 2xx for a delivery hookinbox never
     // stored (well inside the completed retention, so not swept).
-    let unexplained = uuid::Uuid::new_v4().to_string();
-    gh.fake.record(
-        gh.hook,
-        &unexplained,
-        "push",
-        &fixtures::unique(&body),
-        202,
-        "OK",
-        false,
-        Utc::now() - chrono::Duration::minutes(2),
-        true,
-    );
+    gh.log(Utc::now() - chrono::Duration::minutes(2), 202, "OK", true);
 
     let vars = gh.env();
     let mut vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
@@ -994,25 +1004,10 @@ async fn a_running_worker_counts_its_passes_late_answers_and_unexplained_success
 async fn reconcile_since_walks_back_only_that_far_and_leaves_the_watermark() {
     let (env, ingest) = TestEnv::with_ingest().await;
     let gh = Github::start(&env, format!("{}/webhooks/github", ingest.base));
-    let body = fixtures::own("push");
     // Two deliveries GitHub could not send, three hours and half an hour ago.
-    let mut failed = Vec::new();
-    for ago in [chrono::Duration::hours(3), chrono::Duration::minutes(30)] {
-        let guid = uuid::Uuid::new_v4().to_string();
-        gh.fake.record(
-            gh.hook,
-            &guid,
-            "push",
-            &fixtures::unique(&body),
-            0,
-            "failed to connect to host",
-            false,
-            Utc::now() - ago,
-            true,
-        );
-        failed.push(guid);
-    }
-    let (old, recent) = (&failed[0], &failed[1]);
+    let unsent = |ago| gh.log(Utc::now() - ago, 0, "failed to connect to host", true);
+    let old = &unsent(chrono::Duration::hours(3));
+    let recent = &unsent(chrono::Duration::minutes(30));
     let watermark = || async {
         env.db
             .query_opt(
@@ -1057,28 +1052,11 @@ async fn reconcile_since_walks_back_only_that_far_and_leaves_the_watermark() {
 /// once each, and completed once each.
 #[tokio::test]
 async fn an_organization_hook_is_reconciled_end_to_end() {
-    let env = TestEnv::new().await;
-    let port = free_port();
-    let gh = Github::start_at(
-        &env,
-        format!("http://127.0.0.1:{port}/webhooks/github"),
-        HookPath::Org {
-            org: "acme".into(),
-            id: HOOK_ID,
-        },
-        format!("org:acme/{HOOK_ID}"),
-    );
-    let body = fixtures::own("push");
-    let mut guids = Vec::new();
-    for _ in 0..3 {
-        let (guid, status) = gh
-            .fake
-            .deliver(gh.hook, "push", &fixtures::unique(&body))
-            .await;
-        assert_eq!(status, 0, "nobody answered");
-        guids.push(guid);
-    }
-    let ingest = ingest_on(&env, port).await;
+    let org = HookPath::Org {
+        org: "acme".into(),
+        id: HOOK_ID,
+    };
+    let (env, gh, guids, ingest) = sent_while_down_at(3, org, format!("org:acme/{HOOK_ID}")).await;
     let (code, report, stderr) = gh.reconcile(&env, &[], &[]).await;
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(report["hook"], format!("org:acme/{HOOK_ID}"), "{report}");

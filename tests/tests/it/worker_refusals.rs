@@ -34,6 +34,44 @@ async fn refuse_takes_of(env: &TestEnv, delivery_id: &str, code: &str) {
         .expect("trigger");
 }
 
+/// What a delivery's row says of its failure.
+#[derive(Debug)]
+struct Failed {
+    status: String,
+    retryable: bool,
+    class: String,
+    error: String,
+    attempts: i32,
+    /// Due after a backoff rather than at once.
+    due_later: bool,
+    dead_lettered: bool,
+    parked: bool,
+}
+
+async fn failed(env: &TestEnv, delivery_id: &str) -> Failed {
+    let row = env
+        .db
+        .query_one(
+            "select status, retryable, last_error_class, last_error, attempts,
+                    coalesce(next_attempt_at > failed_at, false), dead_lettered_at is not null,
+                    exists (select 1 from parked_bodies p where p.delivery_id = d.delivery_id)
+             from deliveries d where delivery_id = $1",
+            &[&delivery_id],
+        )
+        .await
+        .expect("row");
+    Failed {
+        status: row.get(0),
+        retryable: row.get(1),
+        class: row.get(2),
+        error: row.get(3),
+        attempts: row.get(4),
+        due_later: row.get(5),
+        dead_lettered: row.get(6),
+        parked: row.get(7),
+    }
+}
+
 /// The take group commit: one statement for many messages. Postgres refuses
 /// it as a whole for one row, and nothing of it commits; its messages are
 /// then each taken alone, so every neighbour is taken and only the refused
@@ -164,27 +202,15 @@ async fn a_completion_refused_for_a_reason_not_the_rows_is_retried_with_backoff_
             retryable: true
         }]
     );
-    let row = env
-        .db
-        .query_one(
-            "select status, retryable, last_error_class, last_error,
-                    next_attempt_at > failed_at, attempts,
-                    exists (select 1 from parked_bodies p where p.delivery_id = d.delivery_id)
-             from deliveries d where delivery_id = $1",
-            &[&hook.id()],
-        )
-        .await
-        .expect("row");
-    let (status, retryable, class, error): (String, bool, String, String) =
-        (row.get(0), row.get(1), row.get(2), row.get(3));
+    let row = failed(&env, hook.id()).await;
     assert_eq!(
-        (status.as_str(), retryable, class.as_str()),
+        (row.status.as_str(), row.retryable, row.class.as_str()),
         ("failed", true, "db")
     );
-    assert!(error.contains("55000"), "{error}");
-    assert!(row.get::<_, bool>(4), "due after a backoff, not at once");
-    assert_eq!(row.get::<_, i32>(5), 1);
-    assert!(row.get::<_, bool>(6), "its body is parked for the retry");
+    assert!(row.error.contains("55000"), "{row:?}");
+    assert!(row.due_later, "due after a backoff, not at once");
+    assert_eq!(row.attempts, 1);
+    assert!(row.parked, "its body is parked for the retry");
     assert_eq!(env.events().await, 0);
 
     env.db
@@ -237,28 +263,18 @@ async fn the_scheduler_dead_letters_a_parked_row_that_cannot_become_a_job() {
 
     let published = worker.schedule_once().await.expect("scheduler");
     assert_eq!(published, 1, "the readable retry is published");
-    let row = env
-        .db
-        .query_one(
-            "select status, retryable, last_error_class, last_error, dead_lettered_at is not null,
-                    exists (select 1 from parked_bodies p where p.delivery_id = d.delivery_id)
-             from deliveries d where delivery_id = $1",
-            &[&unreadable.id()],
-        )
-        .await
-        .expect("row");
-    let (status, retryable, class, error): (String, bool, String, String) =
-        (row.get(0), row.get(1), row.get(2), row.get(3));
+    let row = failed(&env, unreadable.id()).await;
     assert_eq!(
-        (status.as_str(), retryable, class.as_str()),
+        (row.status.as_str(), row.retryable, row.class.as_str()),
         ("failed", false, "permanent")
     );
     assert!(
-        error.starts_with("the parked row cannot be read as a job"),
-        "{error}"
+        row.error
+            .starts_with("the parked row cannot be read as a job"),
+        "{row:?}"
     );
-    assert!(row.get::<_, bool>(4), "marked dead-lettered");
-    assert!(row.get::<_, bool>(5), "Postgres keeps its parked body");
+    assert!(row.dead_lettered, "marked dead-lettered");
+    assert!(row.parked, "Postgres keeps its parked body");
     // A second pass leaves it alone.
     assert_eq!(worker.schedule_once().await.expect("scheduler"), 0);
     let (code, listed) = worker_cli(&env, &["dlq", "list", "--json"]);
