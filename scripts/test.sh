@@ -1,5 +1,9 @@
 #!/usr/bin/env bash
-# Runs the whole test suite against the local Postgres and RabbitMQ.
+# Runs the whole test suite against the local Postgres and RabbitMQ. On a
+# Debian 12 machine without them it installs them from Debian first
+# (pinned, non-interactive) and starts them, with the test tools
+# (cargo-nextest, Chromium and its chromedriver): scripts/lib/services.sh,
+# which .ci/run uses too. A service that is up is used as it is.
 #
 # The integration tests start the real binaries too, so they are built
 # first (`cargo nextest run` alone builds only test targets). Extra
@@ -13,6 +17,10 @@
 # deployments do. The tests' own assertions still read Postgres directly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib/services.sh
+services_up
+ensure_nextest
+ensure_chromium
 if [ -z "${HOOKINBOX_GITHUB_FIXTURES:-}" ] && [ -d ../shared/fixtures/github-payloads ]; then
   HOOKINBOX_GITHUB_FIXTURES="$(cd ../shared/fixtures/github-payloads && pwd)"
   export HOOKINBOX_GITHUB_FIXTURES
@@ -20,6 +28,7 @@ fi
 cargo build --workspace --bins --examples
 if [ "${1:-}" = "--through-pgbouncer" ]; then
   shift
+  ensure_pgbouncer
   scripts/pgbouncer.sh start 6543 5432
   export HOOKINBOX_TEST_PGBOUNCER=127.0.0.1:6543
   core='ingest_dedup|github_corpus|ingest_replay_guard|ingest_rate_limits|worker_retries'

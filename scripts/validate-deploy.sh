@@ -284,5 +284,16 @@ for overlay in base "${OVERLAYS[@]}"; do
   "$PY" scripts/lib/connection_budget.py "$overlay" "$WORK/$overlay.yaml" || budget_failed=1
 done
 [ "$budget_failed" = 0 ] || die "an overlay's connections exceed its Postgres max_connections (above)"
+# The check's failing path: an overlay planted over its budget
+# (deploy/k8s/tests/over-budget: prod with 20 workers) must fail it, naming
+# the budget, or the check could pass everything without anyone noticing.
+"$KUBECTL" kustomize deploy/k8s/tests/over-budget > "$WORK/over-budget.yaml"
+if "$PY" scripts/lib/connection_budget.py over-budget "$WORK/over-budget.yaml" > "$WORK/over-budget.out" 2>&1; then
+  cat "$WORK/over-budget.out"
+  die "the planted over-budget overlay (deploy/k8s/tests/over-budget) passed the connection budget check"
+fi
+grep -q "^FAIL: connection budget of overlay over-budget: " "$WORK/over-budget.out" \
+  || { cat "$WORK/over-budget.out"; die "the over-budget overlay failed for another reason than its budget"; }
+ok "the planted over-budget overlay fails the check: $(grep -m1 '^FAIL' "$WORK/over-budget.out")"
 
 printf '\nall deployment checks passed\n'

@@ -22,6 +22,10 @@ pub(crate) enum Outcome {
     Duplicate,
     /// The key was claimed before with another body (409).
     Conflict,
+    /// The same event (delivery id and body) came before under another
+    /// hook id of a source that does not pin its hooks: a copy, answered
+    /// as a duplicate without a claim (200).
+    Copy,
     /// A `ping` (200).
     Pong,
     /// Claimed, and no destination's filters took it: recorded, nothing to
@@ -55,8 +59,8 @@ pub(crate) enum Outcome {
     Overloaded,
     /// The source's rate limit was reached (429).
     RateLimited,
-    /// The body was received before under another delivery id or hook id:
-    /// a replayed capture (409).
+    /// The body was received before under another delivery id: a replayed
+    /// capture (409).
     ReplayedBody,
 }
 
@@ -69,6 +73,7 @@ impl Outcome {
             Self::Parked => "parked",
             Self::Duplicate => "duplicate",
             Self::Conflict => "conflict",
+            Self::Copy => "copy",
             Self::Pong => "pong",
             Self::Filtered => "filtered",
             Self::Ignored => "ignored",

@@ -14,18 +14,26 @@
 //!
 //! # Layout
 //!
+//! - `cli`: [`Cli`], the command line of `hookinbox-ingest` (serve, or
+//!   `healthcheck`).
 //! - `startup`: [`IngestApp`]: build, bind, run until stopped; readiness.
 //! - `receive`: the request's steps, one function each, and its log line.
 //! - `answer`: what is answered: status, body, and the outcome label.
 //! - `body`: framing, the bounded body read, the headers a job carries.
 //! - `rotation`: [`SecretMatches`], which secret verified how often.
+//!
+//! Which of these modules may import which is the table of the test
+//! `tests/tests/layers.rs` (CI runs it: `scripts/check-layers.sh`). It never
+//! uses `hookinbox-worker` (the compiler sees to that).
 
 mod answer;
 mod body;
+mod cli;
 mod limits;
 mod receive;
 mod rotation;
 mod startup;
 
+pub use cli::Cli;
 pub use rotation::SecretMatches;
 pub use startup::{IngestApp, ServerHandle, StartError};

@@ -376,8 +376,27 @@ async fn publish_or_park(
             return Ok(Answer::new(
                 StatusCode::CONFLICT,
                 Outcome::ReplayedBody,
-                json!({"status": "conflict", "error": "this body was received before under another delivery id or hook id"}),
+                json!({"status": "conflict", "error": "this body was received before under another delivery id"}),
             ));
+        }
+        Claim::Copy { of, legs } => {
+            // The event's claim may still have untaken legs whose ingest
+            // died before publishing: park this copy's body for them, as
+            // for any copy racing a claim (see `answer_without_publish`).
+            park_copies(
+                state,
+                &of,
+                &content_type_header(headers),
+                &github_headers(headers),
+                &body,
+                &legs,
+            )
+            .await?;
+            let mut answer = json!({"status": "duplicate", "copy_of_hook_id": of.hook_id.as_str()});
+            if !legs.is_empty() {
+                answer["state"] = legs_state(&legs).as_str().into();
+            }
+            return Ok(Answer::new(StatusCode::OK, Outcome::Copy, answer));
         }
     };
     let content_type = content_type_header(headers);
@@ -481,28 +500,8 @@ async fn answer_without_publish(
             json!({"status": "filtered"}),
         ));
     }
-    let mut processing = false;
-    for (destination, status) in existing {
-        if *status == Status::Processing {
-            processing = true;
-            // A copy racing an earlier claim whose publish we cannot see.
-            // If that ingest died before publishing, nothing would carry the
-            // leg: park this copy's body, so that once the claim is reaped
-            // as lost the scheduler republishes it. Completion deletes it.
-            // The 2xx is given only once the body is parked.
-            let leg = key.clone().leg(destination.clone());
-            park_copy(state, &leg, content_type, github_headers, body).await?;
-        }
-    }
-    let status = if processing || existing.is_empty() {
-        Status::Processing
-    } else if existing.iter().any(|(_, s)| *s == Status::Failed) {
-        Status::Failed
-    } else if existing.iter().all(|(_, s)| *s == Status::Filtered) {
-        Status::Filtered
-    } else {
-        Status::Completed
-    };
+    park_copies(state, key, content_type, github_headers, body, existing).await?;
+    let status = legs_state(existing);
     let code = if status.is_done() {
         StatusCode::OK
     } else {
@@ -556,6 +555,43 @@ async fn park(
             Err(Reject::unavailable("message broker and database"))
         }
     }
+}
+
+/// One word for a delivery's state from its legs': processing while any
+/// leg is (or there are none yet), failed while any is, then completed,
+/// or filtered when every leg was.
+fn legs_state(legs: &[(DestinationName, Status)]) -> Status {
+    if legs.is_empty() || legs.iter().any(|(_, s)| *s == Status::Processing) {
+        Status::Processing
+    } else if legs.iter().any(|(_, s)| *s == Status::Failed) {
+        Status::Failed
+    } else if legs.iter().all(|(_, s)| *s == Status::Filtered) {
+        Status::Filtered
+    } else {
+        Status::Completed
+    }
+}
+
+/// A copy racing an earlier claim whose publish we cannot see: if that
+/// ingest died before publishing, nothing would carry its processing legs.
+/// Park this copy's body for each, so that once a claim is reaped as lost
+/// the scheduler republishes it; completion deletes it. The 2xx is given
+/// only once the bodies are parked.
+async fn park_copies(
+    state: &State,
+    key: &DeliveryKey,
+    content_type: &str,
+    github_headers: &[(String, String)],
+    body: &[u8],
+    legs: &[(DestinationName, Status)],
+) -> Result<(), Reject> {
+    for (destination, status) in legs {
+        if *status == Status::Processing {
+            let leg = key.clone().leg(destination.clone());
+            park_copy(state, &leg, content_type, github_headers, body).await?;
+        }
+    }
+    Ok(())
 }
 
 /// Parks a racing copy's body for a leg's claim still processing (see

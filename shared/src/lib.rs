@@ -32,21 +32,14 @@
 //!
 //! Around them: [`metrics`] (names, recorder, the metrics listener),
 //! [`telemetry`] (logging), [`shutdown`] (signals), [`failpoints`] (kill
-//! points of the fault suite).
+//! points of the fault suite), and [`cli`] (how both binaries enter: the
+//! health check, logging and kill points first, then the command).
 //!
-//! Imports inside this crate point down the layers only; `scripts/check-layers.sh`
-//! (run by CI) reads every `crate::` path and fails on an edge this table
-//! does not allow:
-//!
-//! | layer | modules | may import |
-//! |---|---|---|
-//! | 0 nouns | `key`, `signature`, `payload`, `metrics`, `telemetry`, `shutdown`, `failpoints` | nothing of this crate |
-//! | 1 message | `job` | `key` |
-//! | 1 adapter | `postgres` | nothing of this crate |
-//! | 2 state machine | `deliveries` | `key`, `job`, `postgres` |
-//! | 3 policy | `retry` | `deliveries` |
-//! | 3 adapter | `broker` | `key`, `job`, `deliveries` |
-//! | 4 settings | `config` | everything above |
+//! Imports inside this crate point down its layers only, the nouns at the
+//! bottom and the settings at the top. Which module may import which is
+//! the table of the test `tests/tests/layers.rs` (its one home), which
+//! reads every `crate::` path and fails on an edge the table does not list;
+//! CI runs it (`scripts/check-layers.sh`).
 //!
 //! # Invariants, and where they are enforced
 //!
@@ -64,6 +57,7 @@
 //!   that resolves it has committed (`hookinbox_worker`'s runtime).
 
 pub mod broker;
+pub mod cli;
 pub mod config;
 pub mod deliveries;
 pub mod failpoints;

@@ -54,17 +54,20 @@ pub const END_TO_END_SECONDS: &str = "hookinbox_end_to_end_seconds";
 pub const RETRIES_PUBLISHED: &str = "hookinbox_retries_published_total";
 /// Claims the reaper marked lost.
 pub const REAPED: &str = "hookinbox_reaped_total";
-/// Deliveries by `state` (processing, completed, retrying, dead).
+/// Deliveries by `state` (processing, completed, retrying, dead);
+/// completed is exact up to `deliveries::EXACT_COMPLETED_UP_TO`, then
+/// Postgres's estimate.
 pub const DELIVERIES: &str = "hookinbox_deliveries";
 /// Age of the oldest processing claim.
 pub const OLDEST_PROCESSING_SECONDS: &str = "hookinbox_oldest_processing_age_seconds";
 /// How long the oldest due retry the scheduler can republish (its body is
 /// parked) has been due.
 pub const OLDEST_DUE_RETRY_SECONDS: &str = "hookinbox_oldest_due_retry_age_seconds";
-/// Claims the reaper marked `lost` that have no parked body: only a
-/// redelivery from GitHub can finish them.
+/// Claims with no parked body and no job, reaped `lost` or untaken with
+/// their lease run out: only a redelivery from GitHub can finish them (the
+/// rule of `deliveries list --status awaiting_redelivery`).
 pub const AWAITING_REDELIVERY: &str = "hookinbox_deliveries_awaiting_redelivery";
-/// How long ago the oldest of [`AWAITING_REDELIVERY`] was reaped.
+/// How long since the lease of the oldest of [`AWAITING_REDELIVERY`] ran out.
 pub const OLDEST_AWAITING_REDELIVERY_SECONDS: &str =
     "hookinbox_oldest_awaiting_redelivery_age_seconds";
 /// Ready messages by `queue` (work, dlq).
@@ -318,7 +321,10 @@ fn describe() {
     );
     describe_counter!(RETRIES_PUBLISHED, "Retries published by the scheduler");
     describe_counter!(REAPED, "Abandoned claims marked lost");
-    describe_gauge!(DELIVERIES, "Deliveries by state");
+    describe_gauge!(
+        DELIVERIES,
+        "Deliveries by state (completed: exact up to 10000, Postgres's estimate past it)"
+    );
     describe_gauge!(
         OLDEST_PROCESSING_SECONDS,
         Unit::Seconds,
@@ -331,12 +337,12 @@ fn describe() {
     );
     describe_gauge!(
         AWAITING_REDELIVERY,
-        "Claims reaped lost with no parked body: only a redelivery from GitHub finishes them"
+        "Claims with no parked body and no job (reaped lost, or untaken with the lease run out): only a redelivery from GitHub finishes them"
     );
     describe_gauge!(
         OLDEST_AWAITING_REDELIVERY_SECONDS,
         Unit::Seconds,
-        "How long ago the oldest claim awaiting a redelivery was reaped"
+        "How long since the lease of the oldest claim awaiting a redelivery ran out"
     );
     describe_counter!(
         DESTINATION_ATTEMPTS,

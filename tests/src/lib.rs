@@ -252,7 +252,7 @@ impl TestEnv {
         args.common = self.common();
         args.listen = "127.0.0.1:0".parse().expect("address");
         args.metrics_listen = "127.0.0.1:0".parse().expect("address");
-        args.github_secret = Some(SECRET.to_owned());
+        args.sources.github_secret = Some(SECRET.to_owned());
         args
     }
 
@@ -285,7 +285,7 @@ impl TestEnv {
     pub async fn with_forward_ingest() -> (Self, TestIngest) {
         let env = Self::new().await;
         let mut args = env.ingest_args();
-        args.handler = hookinbox::config::HandlerKind::Forward;
+        args.sources.handler = hookinbox::config::HandlerKind::Forward;
         let ingest = env
             .ingest_with(args.validate().expect("valid settings"))
             .await;
@@ -313,8 +313,8 @@ impl TestEnv {
     /// Starts ingest on the sources of a config file.
     pub async fn ingest_on(&self, config: &std::path::Path) -> TestIngest {
         let mut args = self.ingest_args();
-        args.github_secret = None;
-        args.config = Some(config.to_owned());
+        args.sources.github_secret = None;
+        args.sources.config = Some(config.to_owned());
         self.ingest_with(args.validate().expect("valid settings"))
             .await
     }
@@ -322,7 +322,7 @@ impl TestEnv {
     /// Worker settings on the sources of a config file.
     pub fn worker_config_on(&self, config: &std::path::Path) -> WorkerConfig {
         let mut args = self.worker_args();
-        args.config = Some(config.to_owned());
+        args.sources.config = Some(config.to_owned());
         args.validate().expect("valid settings")
     }
 

@@ -461,7 +461,7 @@ impl Sut {
                     deliveries::Claim::Conflict => {
                         assert_ne!(self.body, Some(sha), "the same body reported as a conflict")
                     }
-                    deliveries::Claim::ReplayedBody => {
+                    deliveries::Claim::ReplayedBody | deliveries::Claim::Copy { .. } => {
                         panic!("the replay guard refused the key its body came with")
                     }
                 }

@@ -136,30 +136,15 @@ impl Cli {
             args: cli,
             metrics_listen_given,
         } = self;
-        if let Some(Command::Healthcheck) = cli.command {
-            return if hookinbox::metrics::healthcheck(cli.args.metrics_listen) {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            };
-        }
-        hookinbox::telemetry::init(&cli.log);
-        #[cfg(feature = "failpoints")]
-        hookinbox::failpoints::setup();
-        let runtime = match tokio::runtime::Runtime::new() {
-            Ok(runtime) => runtime,
-            Err(e) => {
-                eprintln!("Error: cannot start the runtime: {e}");
-                return ExitCode::from(2);
-            }
-        };
-        match runtime.block_on(cli.dispatch(metrics_listen_given)) {
-            Ok(code) => ExitCode::from(code),
-            Err(e) => {
-                eprintln!("Error: {e:#}");
-                ExitCode::from(2)
-            }
-        }
+        let healthcheck = matches!(cli.command, Some(Command::Healthcheck));
+        let (listen, log) = (cli.args.metrics_listen, cli.log.clone());
+        hookinbox::cli::enter(
+            healthcheck,
+            listen,
+            &log,
+            cli.dispatch(metrics_listen_given),
+            2,
+        )
     }
 }
 

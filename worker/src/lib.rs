@@ -33,12 +33,10 @@
 //!   and the JSON API over the same library calls as `ops`, its sign-in,
 //!   bulk jobs and audit log.
 //!
-//! Inside this crate: `cli` uses `runtime`, `ops`, `handlers`, `reconcile`
-//! and `admin`; `runtime` uses `handlers`, `maintenance`, `reconcile` and
-//! `context`; `maintenance` uses `context`; `ops` uses `maintenance` and
-//! `context`; `admin` uses `ops` (to bring the dead-letter queue in step
-//! after a job) and `reconcile` (its state on the overview); `handlers` and `reconcile` use nothing of this crate. It
-//! never uses `hookinbox-ingest`.
+//! Which of these modules may import which is the table of the test
+//! `tests/tests/layers.rs` (CI runs it: `scripts/check-layers.sh`); the
+//! command line sits on top, and `handlers` uses nothing of this crate.
+//! It never uses `hookinbox-ingest` (the compiler sees to that).
 
 pub mod admin;
 mod cli;

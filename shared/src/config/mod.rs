@@ -23,6 +23,7 @@ mod github;
 mod ingest;
 mod secrets;
 mod sources;
+mod sources_args;
 mod worker;
 
 pub use destinations::{
@@ -36,6 +37,7 @@ pub use github::{
 pub use ingest::{IngestArgs, IngestConfig};
 pub use secrets::{inline_secret, load_secrets, secrets_from_lines};
 pub use sources::{EventFilter, RateLimit, Source, from_file, from_toml};
+pub use sources_args::{SecretNeed, SourcesArgs};
 pub use worker::{
     HandlerKind, MIN_COMPLETED_RETENTION, ReconcileTarget, Route, WorkerArgs, WorkerConfig,
 };

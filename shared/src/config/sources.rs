@@ -116,8 +116,9 @@ pub struct Source {
     /// worker validates it and reads its credentials
     /// ([`GithubSettings::load`]); ingest has no use for it.
     pub github: Option<GithubSettings>,
-    /// Refuse a body seen before under another key (a replayed capture);
-    /// on unless the source turns it off.
+    /// Refuse a body seen before under another delivery id (a replayed
+    /// capture), and answer one seen under the same delivery id and another
+    /// hook id, unless pinned, as a copy; on unless the source turns it off.
     pub replay_guard: bool,
     /// Signed deliveries admitted per second, if limited.
     pub rate_limit: Option<RateLimit>,

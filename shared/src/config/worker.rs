@@ -11,7 +11,8 @@ use clap::builder::BoolishValueParser;
 use super::{
     CommonArgs, CommonConfig, ConfigError, DEFAULT_FORWARD_SCHEDULE, DEFAULT_FORWARD_TIMEOUT,
     Destination, DestinationKind, EventFilter, ForwardConfig, GithubSettings, IdValue, Reconcile,
-    at_least_one, from_file, inline_secret, invalid, parse_duration, parse_forward_url,
+    SecretNeed, SourcesArgs, at_least_one, inline_secret, invalid, parse_duration,
+    parse_forward_url,
 };
 use crate::deliveries::Retention;
 use crate::key::{DestinationName, SourceName};
@@ -106,16 +107,6 @@ pub struct WorkerArgs {
     )]
     pub handler_timeout_ms: u64,
 
-    /// The built-in handler to run.
-    #[arg(
-        long,
-        env = "HOOKINBOX_HANDLER",
-        value_name = "HOOKINBOX_HANDLER",
-        value_enum,
-        default_value = "store"
-    )]
-    pub handler: HandlerKind,
-
     /// Where the `forward` handler POSTs.
     #[arg(
         long,
@@ -143,10 +134,9 @@ pub struct WorkerArgs {
     )]
     pub forward_timeout_ms: u64,
 
-    /// A TOML file defining several sources and their handlers; replaces
-    /// the single-source variables.
-    #[arg(long, env = "HOOKINBOX_CONFIG", value_name = "HOOKINBOX_CONFIG")]
-    pub config: Option<PathBuf>,
+    /// The webhook sources (the same group as ingest's).
+    #[command(flatten)]
+    pub sources: SourcesArgs,
 
     /// Seconds in-flight jobs get to finish after SIGTERM.
     #[arg(
@@ -175,16 +165,6 @@ pub struct WorkerArgs {
         value_name = "HOOKINBOX_RETRY_MAX_MS"
     )]
     pub retry_max_ms: Option<u64>,
-
-    /// Comma-separated events the default source takes (as ingest's
-    /// setting of the same name); the reconciler leaves the others alone.
-    #[arg(
-        long,
-        env = "HOOKINBOX_ALLOWED_EVENTS",
-        value_name = "HOOKINBOX_ALLOWED_EVENTS",
-        default_value = ""
-    )]
-    pub allowed_events: String,
 
     /// The default source's GitHub hook, for the reconciler:
     /// `repo:OWNER/REPO/HOOK_ID`, `org:ORG/HOOK_ID` or `app`. Unset: no
@@ -375,6 +355,10 @@ pub struct WorkerConfig {
     pub consumes: Option<Arc<Consumed>>,
     /// The sources that name a GitHub hook to reconcile.
     pub reconcile: Arc<Vec<ReconcileTarget>>,
+    /// The sources ingest rate-limits that name no hook to reconcile: a
+    /// `429` ingest answers them is final from GitHub's side (GitHub does
+    /// not retry a failed delivery), so the worker warns of each at start.
+    pub rate_limited_unreconciled: Arc<Vec<SourceName>>,
 }
 
 /// A destination as a worker runs it: its source, its settings, and what
@@ -500,9 +484,35 @@ impl WorkerArgs {
         }
     }
 
+    /// The `default` source's handler, from the variables.
+    fn default_handler(&self) -> Result<DestinationKind, ConfigError> {
+        Ok(match self.sources.handler {
+            HandlerKind::Store => DestinationKind::Store,
+            HandlerKind::Forward => {
+                let url = self.forward_url.as_deref().ok_or_else(|| {
+                    invalid(
+                        "HOOKINBOX_FORWARD_URL",
+                        "is required with HOOKINBOX_HANDLER=forward",
+                    )
+                })?;
+                DestinationKind::Forward(ForwardConfig {
+                    url: parse_forward_url("HOOKINBOX_FORWARD_URL", url)?,
+                    secret: self
+                        .forward_secret
+                        .as_deref()
+                        .map(|s| inline_secret("HOOKINBOX_FORWARD_SECRET", s))
+                        .transpose()?,
+                    timeout: Duration::from_millis(self.forward_timeout_ms),
+                })
+            }
+        })
+    }
+
     /// Checks every setting.
     pub fn validate(self) -> Result<WorkerConfig, ConfigError> {
         let github = self.github_settings();
+        let from_file = self.sources.config.is_some();
+        let default_handler = (!from_file).then(|| self.default_handler()).transpose()?;
         let common = self.common.validate()?;
         let retry_base_ms = self.retry_base_ms.unwrap_or(DEFAULT_RETRY_BASE_MS);
         let retry_max_ms = self.retry_max_ms.unwrap_or(DEFAULT_RETRY_MAX_MS);
@@ -520,7 +530,7 @@ impl WorkerArgs {
         // A forward destination of the single-source variables keeps the
         // exponential policy its operator tuned; untouched, it gets the
         // schedule meant to outlast an outage.
-        let exponential_forward = self.config.is_none()
+        let exponential_forward = !from_file
             && (self.retry_base_ms.is_some()
                 || self.retry_max_ms.is_some()
                 || common.max_attempts_set);
@@ -550,78 +560,54 @@ impl WorkerArgs {
             failed: retention_failed,
             events: events_retention(self.events_retention_days, retention_completed)?,
         };
-        let (sources, reconcile) = match &self.config {
-            Some(path) => {
-                if !github.is_empty() {
-                    return Err(invalid(
-                        "HOOKINBOX_CONFIG",
-                        "defines each source's GitHub hook in its [sources.github] table; unset \
-                         HOOKINBOX_RECONCILE_HOOK and the other HOOKINBOX_GITHUB_* settings",
-                    ));
+        if from_file && !github.is_empty() {
+            return Err(invalid(
+                "HOOKINBOX_CONFIG",
+                "defines each source's GitHub hook in its [sources.github] table; unset \
+                 HOOKINBOX_RECONCILE_HOOK and the other HOOKINBOX_GITHUB_* settings",
+            ));
+        }
+        let mut sources = Vec::new();
+        let mut reconcile = Vec::new();
+        let mut rate_limited_unreconciled = Vec::new();
+        for (i, source) in self
+            .sources
+            .load(SecretNeed::Optional)?
+            .into_iter()
+            .enumerate()
+        {
+            // A file's source names its hook in its own table; the
+            // `default` source, in the variables.
+            let settings = if from_file {
+                let name = |key: &str| format!("sources[{i}].github.{key}");
+                source
+                    .github
+                    .as_ref()
+                    .map(|g| g.load(&name))
+                    .transpose()?
+                    .flatten()
+            } else {
+                github.load(&|key: &str| format!("HOOKINBOX_{}", key.to_uppercase()))?
+            };
+            match settings {
+                Some(settings) => reconcile.push(ReconcileTarget {
+                    source: source.name.clone(),
+                    events: source.events.clone(),
+                    settings,
+                }),
+                None if source.rate_limit.is_some() => {
+                    rate_limited_unreconciled.push(source.name.clone());
                 }
-                let mut sources = Vec::new();
-                let mut reconcile = Vec::new();
-                for (i, source) in from_file(path)?.into_iter().enumerate() {
-                    let name = |key: &str| format!("sources[{i}].github.{key}");
-                    if let Some(settings) = source
-                        .github
-                        .as_ref()
-                        .map(|g| g.load(&name))
-                        .transpose()?
-                        .flatten()
-                    {
-                        reconcile.push(ReconcileTarget {
-                            source: source.name.clone(),
-                            events: source.events.clone(),
-                            settings,
-                        });
-                    }
-                    sources.push((source.name, source.destinations));
-                }
-                (sources, reconcile)
+                None => {}
             }
-            None => {
-                let kind = match self.handler {
-                    HandlerKind::Store => DestinationKind::Store,
-                    HandlerKind::Forward => {
-                        let url = self.forward_url.as_deref().ok_or_else(|| {
-                            invalid(
-                                "HOOKINBOX_FORWARD_URL",
-                                "is required with HOOKINBOX_HANDLER=forward",
-                            )
-                        })?;
-                        DestinationKind::Forward(ForwardConfig {
-                            url: parse_forward_url("HOOKINBOX_FORWARD_URL", url)?,
-                            secret: self
-                                .forward_secret
-                                .as_deref()
-                                .map(|s| inline_secret("HOOKINBOX_FORWARD_SECRET", s))
-                                .transpose()?,
-                            timeout: Duration::from_millis(self.forward_timeout_ms),
-                        })
-                    }
-                };
-                let name = |key: &str| format!("HOOKINBOX_{}", key.to_uppercase());
-                let reconcile = match github.load(&name)? {
-                    None => Vec::new(),
-                    Some(settings) => vec![ReconcileTarget {
-                        source: SourceName::default_source(),
-                        events: EventFilter::parse(
-                            "HOOKINBOX_ALLOWED_EVENTS",
-                            self.allowed_events
-                                .split(',')
-                                .filter(|e| !e.trim().is_empty()),
-                        )?,
-                        settings,
-                    }],
-                };
-                let sources = vec![(
-                    SourceName::default_source(),
-                    vec![Destination::of_kind(kind)],
-                )];
-                (sources, reconcile)
-            }
-        };
+            // The single-source variables' destination: named after its
+            // kind by the sources' settings, built here with its settings.
+            let destinations = match &default_handler {
+                Some(kind) => vec![Destination::of_kind(kind.clone())],
+                None => source.destinations,
+            };
+            sources.push((source.name, destinations));
+        }
         let routes = sources
             .into_iter()
             .flat_map(|(source, destinations)| {
@@ -650,6 +636,7 @@ impl WorkerArgs {
             consumes,
             routes: Arc::new(routes),
             reconcile: Arc::new(reconcile),
+            rate_limited_unreconciled: Arc::new(rate_limited_unreconciled),
             retry,
             common,
             concurrency: self.concurrency,

@@ -89,14 +89,27 @@ pub enum Claim {
     Legs(Vec<(DestinationName, LegClaim)>),
     /// The same key arrived before with another body.
     Conflict,
-    /// The body arrived before under another key (another delivery id, or
-    /// another hook id the source does not pin): a replay of a captured
-    /// request. Nothing was claimed.
+    /// The body arrived before under another delivery id: a replay of a
+    /// captured request. Nothing was claimed.
     ReplayedBody,
+    /// The same delivery id and body arrived before under another hook id
+    /// of this source, which does not pin its hook ids: one event GitHub
+    /// sent to two of the source's hooks (a repository's and an
+    /// organization's, say), not a replay. Nothing was claimed: the first
+    /// hook's claim holds the event, and the copy adds no effect.
+    Copy {
+        /// The key the event was first claimed under.
+        of: DeliveryKey,
+        /// That claim's legs and their states; empty once retention swept
+        /// its rows.
+        legs: Vec<(DestinationName, Status)>,
+    },
 }
 
 /// The SQLSTATE `hookinbox_replayed_body()` raises (migration 6).
 const REPLAYED_BODY: &str = "HB409";
+/// The SQLSTATE `hookinbox_copied_event()` raises (migration 9).
+const COPIED_EVENT: &str = "HB200";
 
 /// The claim of many deliveries' legs, in one statement: `$1`–`$10` the
 /// deliveries (their key, event, action, body hash, guard settings and
@@ -113,9 +126,15 @@ const REPLAYED_BODY: &str = "HB409";
 ///   try; the primary key lets one in, the other's `on conflict do nothing`
 ///   leaves it nothing, and it reports what the first wrote.
 /// - `guard` records each new delivery's body for the replay guard, once
-///   per delivery, and the final select raises `HB409` (rolling everything
-///   back) when the body was recorded before under another delivery id, or
-///   another hook id where hook ids are not pinned.
+///   per delivery, and the final select raises (rolling everything back)
+///   `HB409` when the body was recorded before under another delivery id
+///   (a replay), and `HB200` when it was recorded under the same delivery
+///   id and another hook id where hook ids are not pinned (a copy of the
+///   event): either way nothing is left behind, so the event keeps one
+///   claim and one effect. `do update` (a no-op) rather than `do nothing`:
+///   it returns the row that is there, even one a concurrent claim
+///   committed after this statement began, so two hooks' copies racing
+///   each other still get one claim between them.
 const CLAIM: &str = concat!(
     "
 with input as (
@@ -189,9 +208,12 @@ select c.provider, c.source, c.hook_id, c.delivery_id, c.destination, c.claim_to
        c.attempts, c.status, c.inserted,
        case when exists (
            select 1 from guard g join input i using (provider, source, body_sha256)
-           where i.guarded and (g.delivery_id <> i.delivery_id
-                                or (g.hook_id <> i.hook_id and not i.pinned)))
-            then hookinbox_replayed_body() end
+           where i.guarded and g.delivery_id <> i.delivery_id)
+            then hookinbox_replayed_body()
+            when exists (
+           select 1 from guard g join input i using (provider, source, body_sha256)
+           where i.guarded and g.hook_id <> i.hook_id and not i.pinned)
+            then hookinbox_copied_event() end
 from (select * from reclaimed union all select * from inserted) c"
 );
 
@@ -263,24 +285,74 @@ impl Existing {
 }
 
 /// Claims one delivery's legs: [`claim_batch`] with one request, the same
-/// statement (so the single and the batched claim cannot disagree).
+/// statement (so the single and the batched claim cannot disagree). A
+/// delivery that vanished between the statements (retention) is claimed
+/// again.
 pub async fn claim(
     client: &impl Session,
     policy: &Policy,
     req: &ClaimRequest,
 ) -> Result<Claim, DbError> {
-    let mut answers = claim_batch(client, policy, std::slice::from_ref(req)).await?;
-    Ok(answers.pop().unwrap_or(Claim::Legs(Vec::new())))
+    let mut answer = Claim::Legs(Vec::new());
+    for _ in 0..SWEPT_RETRIES {
+        answer = claim_batch(client, policy, std::slice::from_ref(req))
+            .await?
+            .pop()
+            .unwrap_or(Claim::Legs(Vec::new()));
+        if answer != Claim::Legs(Vec::new()) {
+            break;
+        }
+    }
+    Ok(answer)
+}
+
+/// Whether `e` is the replay guard's refusal `code`.
+fn refused_by(e: &DbError, code: &str) -> bool {
+    e.refusal().is_some_and(|r| r.code == code)
+}
+
+/// The claim a copy's body was first seen under (`$3` the body), as the
+/// guard recorded it, and that claim's legs while its rows are kept.
+const FIRST_SEEN: &str = "
+select s.provider, s.source, s.hook_id, s.delivery_id, d.destination, d.status
+from seen_bodies s
+left join deliveries d using (provider, source, hook_id, delivery_id)
+where s.provider = $1 and s.source = $2 and s.body_sha256 = $3
+order by d.destination";
+
+/// Reports a copy ([`Claim::Copy`]): the claim the guard found its body
+/// under; `None` if retention swept that body since.
+async fn copy_of(client: &impl Session, req: &ClaimRequest) -> Result<Option<Claim>, DbError> {
+    let body_sha: &[u8] = &req.body_sha256;
+    let rows = sql::query(
+        client,
+        FIRST_SEEN,
+        &[&req.key.provider, &req.key.source, &body_sha],
+    )
+    .await?;
+    let Some(first) = rows.first() else {
+        return Ok(None);
+    };
+    let of = DeliveryKey::from_parts(first.get(0), first.get(1), first.get(2), first.get(3))
+        .map_err(|e| DbError::BadRow(e.part()))?;
+    let mut legs = Vec::new();
+    for row in &rows {
+        let (Some(destination), Some(status)) =
+            (row.get::<_, Option<&str>>(4), row.get::<_, Option<&str>>(5))
+        else {
+            continue;
+        };
+        legs.push((
+            DestinationName::stored(destination).map_err(|e| DbError::BadRow(e.part()))?,
+            status_of(status)?,
+        ));
+    }
+    Ok(Some(Claim::Copy { of, legs }))
 }
 
 /// How often a claim whose delivery vanished between its two statements
 /// (retention swept it) is tried again before it is reported as in flight.
 const SWEPT_RETRIES: usize = 3;
-
-/// Whether `e` is the replay guard's refusal.
-fn replayed(e: &DbError) -> bool {
-    e.refusal().is_some_and(|r| r.code == REPLAYED_BODY)
-}
 
 /// Claims many deliveries' legs in one statement ([`CLAIM`]), answering
 /// each request as a claim of its own would. Never `exists()` then
@@ -302,11 +374,32 @@ pub async fn claim_batch(
     for (i, r) in requests.iter().enumerate() {
         firsts.entry(&r.key).or_insert(i);
     }
-    // The row may vanish between the two statements (retention); then the
-    // claim is simply tried again.
     let mut decided = match claim_firsts(client, policy, requests, &firsts).await {
         Ok(decided) => decided,
-        Err(e) if replayed(&e) && requests.len() == 1 => return Ok(vec![Claim::ReplayedBody]),
+        // A replay or a copy refuses the whole statement, and Postgres
+        // says which only for one of them: alone, it is this request's
+        // answer; in a batch, each request is claimed on its own, in
+        // order, so that each gets the answer a claim of its own gives it
+        // (the first copy of an event claims it, the later ones are its
+        // copies).
+        Err(e) if refused_by(&e, REPLAYED_BODY) || refused_by(&e, COPIED_EVENT) => {
+            if let [alone] = requests {
+                let answer = if refused_by(&e, REPLAYED_BODY) {
+                    Claim::ReplayedBody
+                } else {
+                    // Swept since: an empty answer, claimed again.
+                    copy_of(client, alone)
+                        .await?
+                        .unwrap_or(Claim::Legs(Vec::new()))
+                };
+                return Ok(vec![answer]);
+            }
+            let mut out = Vec::with_capacity(requests.len());
+            for request in requests {
+                out.push(Box::pin(claim(client, policy, request)).await?);
+            }
+            return Ok(out);
+        }
         Err(e) => return Err(e),
     };
     let mut out = Vec::with_capacity(requests.len());

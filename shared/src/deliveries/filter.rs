@@ -43,7 +43,8 @@ pub struct Filter {
     pub event: Option<String>,
     /// Only this action.
     pub action: Option<String>,
-    /// Only this repository (`owner/name`).
+    /// Only this repository (`owner/name`), in any case, as GitHub's
+    /// names are.
     pub repository: Option<String>,
     /// Only this error class.
     pub error_class: Option<ErrorClass>,
@@ -289,7 +290,9 @@ fn predicates(f: &Filter, st: &mut Statement) -> String {
         p.push(format!("action = {}", st.bind(v.clone())));
     }
     if let Some(v) = &f.repository {
-        p.push(format!("repository = {}", st.bind(v.clone())));
+        // GitHub's repository names ignore case; the index is on
+        // `lower(repository)` (0010_repository_nocase.sql).
+        p.push(format!("lower(repository) = lower({})", st.bind(v.clone())));
     }
     if let Some(class) = f.error_class {
         p.push(format!("last_error_class = '{}'", class.as_str()));

@@ -13,7 +13,7 @@
 //! | [`reconcile`](self::reconcile) | the reconciler | `held` (reads only) |
 //! | [`destinations`](self::destinations) | worker, operators | the breaker: `register`, `trip`, `close`, `disable`, `disable_stale`, `set_by_operator`; the attempt log: `log_attempts`, `window`, `leg_attempts` |
 //! | [`filter`](self::filter) | operators | `list`, `list_page`, `count`, `purge_dead`: the one filter of the CLI and the console |
-//! | [`overview`](self::overview) | operators | `overview`: the console's counts and ages |
+//! | [`overview`](self::overview) | operators, the sampler | `overview`: the console's counts and ages; `gauges`: the state gauges |
 //!
 //! `parked` holds the parked-body form of a job, `row` reads rows back into
 //! nouns, and `group_commit` starts the collectors that batch claims, takes
@@ -204,14 +204,12 @@ macro_rules! delivery_columns {
     };
 }
 
-/// A row hookinbox cannot finish on its own, so that only a redelivery from
-/// GitHub can: no body parked, and either reaped `lost` or an untaken claim
-/// whose lease expired (its ingest died between the claim and the publish).
-/// A boolean expression over the alias `$t`.
-macro_rules! awaiting_redelivery {
+/// Whether the row `$t` has its body parked (`parked_bodies`, by key):
+/// what the scheduler and a replay publish from.
+macro_rules! parked_body_exists {
     ($t:literal) => {
         concat!(
-            "(not exists (select 1 from parked_bodies p where p.provider = ",
+            "exists (select 1 from parked_bodies p where p.provider = ",
             $t,
             ".provider and p.source = ",
             $t,
@@ -221,7 +219,21 @@ macro_rules! awaiting_redelivery {
             $t,
             ".delivery_id and p.destination = ",
             $t,
-            ".destination) and ((",
+            ".destination)"
+        )
+    };
+}
+
+/// A row hookinbox cannot finish on its own, so that only a redelivery from
+/// GitHub can: no body parked, and either reaped `lost` or an untaken claim
+/// whose lease expired (its ingest died between the claim and the publish).
+/// A boolean expression over the alias `$t`.
+macro_rules! awaiting_redelivery {
+    ($t:literal) => {
+        concat!(
+            "(not ",
+            parked_body_exists!($t),
+            " and ((",
             $t,
             ".status = 'failed' and ",
             $t,
@@ -232,6 +244,27 @@ macro_rules! awaiting_redelivery {
             ".attempts = 0 and ",
             $t,
             ".lease_until < now())))"
+        )
+    };
+}
+
+/// A retry the scheduler can publish now: failed, retryable, due, with its
+/// body parked (`schedule_due` takes exactly these, through its join on
+/// `parked_bodies`). A claim reaped `lost` is one when its body is parked;
+/// without one it is [`awaiting_redelivery!`] instead, and never a due
+/// retry. A boolean expression over the alias `$t`.
+macro_rules! due_retry {
+    ($t:literal) => {
+        concat!(
+            "(",
+            $t,
+            ".status = 'failed' and ",
+            $t,
+            ".retryable and ",
+            $t,
+            ".next_attempt_at <= now() and ",
+            parked_body_exists!($t),
+            ")"
         )
     };
 }
@@ -290,8 +323,10 @@ pub use destinations::{
 pub use filter::statements_for_explain;
 pub use filter::{Cursor, CursorError, Filter, Order, Page, count, list, list_page, purge_dead};
 #[doc(hidden)]
+pub use overview::GAUGES as GAUGES_STATEMENT;
+#[doc(hidden)]
 pub use overview::STATEMENTS as OVERVIEW_STATEMENTS;
-pub use overview::{Overview, SourceCounts, overview};
+pub use overview::{EXACT_COMPLETED_UP_TO, Gauges, Overview, SourceCounts, gauges, overview};
 pub use parked::{Parked, ParkedBody, Unreadable};
 pub use reconcile::{Held, held};
 pub use retention::{Retention, Swept, purge, sweep};

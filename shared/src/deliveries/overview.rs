@@ -1,8 +1,13 @@
 //! The console's overview: deliveries by source and state, the oldest
-//! stuck work, dead letters by class, and the last hour's traffic. Each
-//! figure is read through an index: the small states (processing, retrying,
-//! dead) whole, through their partial indexes; completed deliveries over
-//! the last day, through `deliveries_completed`.
+//! stuck work, dead letters by class, and the last hour's traffic; and the
+//! state gauges the sampler exports. Each figure is read through an index:
+//! the small states (processing, retrying, dead) whole, through their
+//! partial indexes; completed deliveries over the last day
+//! (`deliveries_completed`), or, for the gauge, exactly only while they
+//! are few (see [`gauges`]). A due retry and a claim awaiting a redelivery
+//! are the rules of `deliveries/mod.rs` (`due_retry!`,
+//! `awaiting_redelivery!`), the same as the lists', the scheduler's and
+//! the alerts'.
 
 use crate::postgres::sql::{self, Session};
 
@@ -30,9 +35,13 @@ pub struct Overview {
     pub sources: Vec<SourceCounts>,
     /// Seconds since the oldest processing claim was made (`claimed_at`).
     pub oldest_processing_secs: Option<f64>,
-    /// Seconds the oldest due retry has been waiting past its time.
+    /// Seconds the oldest due retry (one the scheduler can publish: its
+    /// body is parked) has been waiting past its time. A claim reaped
+    /// `lost` counts here only with a parked body; without one it waits
+    /// for a redelivery, and only [`Overview::oldest_lost_secs`] ages it.
     pub oldest_due_secs: Option<f64>,
-    /// Seconds since the oldest delivery reaped as `lost` failed.
+    /// Seconds since the oldest delivery reaped as `lost` failed, with a
+    /// parked body or not.
     pub oldest_lost_secs: Option<f64>,
     /// Dead letters by error class, most first.
     pub dead_by_class: Vec<(String, i64)>,
@@ -59,13 +68,17 @@ select source, 'completed', count(*) from deliveries
 where status = 'completed' and completed_at >= now() - interval '1 day'
 group by source";
 
-const AGES: &str = "
+const AGES: &str = concat!(
+    "
 select (select extract(epoch from now() - min(claimed_at))::float8
           from deliveries where status = 'processing'),
-       (select extract(epoch from now() - min(next_attempt_at))::float8
-          from deliveries where status = 'failed' and retryable and next_attempt_at <= now()),
+       (select extract(epoch from now() - min(d.next_attempt_at))::float8
+          from deliveries d where ",
+    due_retry!("d"),
+    "),
        (select extract(epoch from now() - min(failed_at))::float8
-          from deliveries where status = 'failed' and retryable and last_error_class = 'lost')";
+          from deliveries where status = 'failed' and retryable and last_error_class = 'lost')"
+);
 
 const DEAD_BY_CLASS: &str = "
 select coalesce(last_error_class, 'permanent'), count(*) from deliveries
@@ -121,6 +134,85 @@ pub async fn overview(client: &impl Session) -> Result<Overview, DbError> {
     out.completed_last_hour = hour.get(1);
     out.failed_last_hour = hour.get(2);
     Ok(out)
+}
+
+/// The state gauges: deliveries by state, the oldest processing claim, due
+/// retry and claim awaiting a redelivery.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Gauges {
+    /// Claimed or taken, not yet settled.
+    pub processing: i64,
+    /// Completed: exact up to [`EXACT_COMPLETED_UP_TO`], Postgres's
+    /// estimate past it.
+    pub completed: i64,
+    /// Failed, waiting for a retry (claims awaiting a redelivery among
+    /// them).
+    pub retrying: i64,
+    /// Failed for good: dead letters.
+    pub dead: i64,
+    /// Seconds since the oldest processing claim was made; 0 when none.
+    pub oldest_processing_secs: f64,
+    /// Seconds the oldest due retry the scheduler can publish has waited
+    /// past its time; 0 when none.
+    pub oldest_due_retry_secs: f64,
+    /// Claims only a redelivery from GitHub can finish
+    /// (`awaiting_redelivery!`: what `--status awaiting_redelivery` lists).
+    pub awaiting_redelivery: i64,
+    /// Seconds since the lease of the oldest of them ran out (nothing has
+    /// held it since); 0 when none.
+    pub oldest_awaiting_redelivery_secs: f64,
+}
+
+/// Completed deliveries are counted exactly up to this many. Past it the
+/// gauge is Postgres's estimate of the rows of `deliveries_completed` (its
+/// partial index of completed rows, `reltuples`, kept current by
+/// autovacuum), so that a sample every ten seconds costs what ten thousand
+/// index entries do whatever the retention keeps, not a count of every
+/// completed row (about a second per five million; docs/operations.md).
+pub const EXACT_COMPLETED_UP_TO: i64 = 10_000;
+
+/// Every gauge in one statement, each through an index: processing rows
+/// through theirs, failures through the failed rows' index (one scan for
+/// both states), completed rows by a bounded index-only count, and the
+/// due retries and claims awaiting a redelivery by their rules.
+pub const GAUGES: &str = concat!(
+    "
+select p.n, c.n, f.retrying, f.dead, coalesce(p.oldest, 0), coalesce(due.oldest, 0),
+       a.n, coalesce(a.oldest, 0)
+from (select count(*) as n, extract(epoch from now() - min(claimed_at))::float8 as oldest
+        from deliveries where status = 'processing') p,
+     (select case when n <= $1::int8 then n
+                  else greatest(n, (select reltuples::int8 from pg_class
+                                    where oid = to_regclass('deliveries_completed')))
+             end as n
+        from (select count(*) as n from (select from deliveries where status = 'completed'
+                                         limit $1::int8 + 1) l) l) c,
+     (select count(*) filter (where retryable) as retrying,
+             count(*) filter (where not retryable) as dead
+        from deliveries where status = 'failed') f,
+     (select extract(epoch from now() - min(d.next_attempt_at))::float8 as oldest
+        from deliveries d where ",
+    due_retry!("d"),
+    ") due,
+     (select count(*) as n, extract(epoch from now() - min(d.lease_until))::float8 as oldest
+        from deliveries d where ",
+    awaiting_redelivery!("d"),
+    ") a"
+);
+
+/// Reads the state gauges (one statement).
+pub async fn gauges(client: &impl Session) -> Result<Gauges, DbError> {
+    let row = sql::query_one(client, GAUGES, &[&EXACT_COMPLETED_UP_TO]).await?;
+    Ok(Gauges {
+        processing: row.get(0),
+        completed: row.get(1),
+        retrying: row.get(2),
+        dead: row.get(3),
+        oldest_processing_secs: row.get(4),
+        oldest_due_retry_secs: row.get(5),
+        awaiting_redelivery: row.get(6),
+        oldest_awaiting_redelivery_secs: row.get(7),
+    })
 }
 
 /// The overview's statements, for `EXPLAIN` in tests.

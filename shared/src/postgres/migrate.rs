@@ -58,6 +58,16 @@ const MIGRATIONS: &[Migration] = &[
         name: "0008_destinations.sql",
         sql: include_str!("../../migrations/0008_destinations.sql"),
     },
+    Migration {
+        version: 9,
+        name: "0009_copied_events.sql",
+        sql: include_str!("../../migrations/0009_copied_events.sql"),
+    },
+    Migration {
+        version: 10,
+        name: "0010_repository_nocase.sql",
+        sql: include_str!("../../migrations/0010_repository_nocase.sql"),
+    },
 ];
 
 /// Applies every pending migration and returns how many it applied.

@@ -315,8 +315,9 @@ async fn park(
     let bodies: Vec<&[u8]> = deliveries.iter().map(|(_, _, b)| b.as_ref()).collect();
     client
         .execute(
-            "insert into parked_bodies (provider, source, hook_id, delivery_id, content_type, headers, body)
-             select 'github', 'default', '777', id, 'application/json', '[]'::jsonb, body
+            "insert into parked_bodies
+                 (provider, source, hook_id, delivery_id, destination, content_type, headers, body)
+             select 'github', 'default', '777', id, 'store', 'application/json', '[]'::jsonb, body
              from unnest($1::text[], $2::bytea[]) as i(id, body)",
             &[&ids, &bodies],
         )

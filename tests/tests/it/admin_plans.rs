@@ -7,7 +7,8 @@
 
 use chrono::Utc;
 use hookinbox::deliveries::{
-    ErrorClass, Filter, OVERVIEW_STATEMENTS, Status, statements_for_explain,
+    EXACT_COMPLETED_UP_TO, ErrorClass, Filter, GAUGES_STATEMENT, OVERVIEW_STATEMENTS, Status,
+    statements_for_explain,
 };
 use hookinbox_tests::TestEnv;
 use serde_json::Value;
@@ -156,10 +157,10 @@ async fn every_console_list_and_count_reads_deliveries_through_an_index() {
         (
             "repository",
             Filter {
-                repository: Some("owner/repo7".into()),
+                repository: Some("Owner/Repo7".into()),
                 ..Filter::default()
             },
-            Some("deliveries_settled_repository"),
+            Some("deliveries_settled_repository_nocase"),
         ),
         (
             "error class",
@@ -277,6 +278,25 @@ async fn every_console_list_and_count_reads_deliveries_through_an_index() {
             "the overview scans deliveries: {plan:?}\n{sql}"
         );
     }
+    // The state gauges, sampled every ten seconds: through indexes too,
+    // completed rows by a bounded index-only count.
+    let plan = explain(
+        &client,
+        GAUGES_STATEMENT,
+        &[format!("{EXACT_COMPLETED_UP_TO}::int8")],
+    )
+    .await;
+    assert!(
+        !plan
+            .iter()
+            .any(|(k, on)| k == "Seq Scan" && on == "deliveries"),
+        "the gauges scan deliveries: {plan:?}"
+    );
+    assert!(
+        plan.iter()
+            .any(|(k, on)| k == "Index Only Scan" && on == "deliveries_completed"),
+        "completed rows are counted from their index: {plan:?}"
+    );
     println!("{}", report.join("\n"));
     drop(client);
     env.cleanup().await;

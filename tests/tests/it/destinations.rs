@@ -597,7 +597,7 @@ async fn a_leg_claimed_before_destinations_runs_with_its_sources_first_destinati
     assert_eq!(legs(&env, hook.id()).await.len(), 1);
 
     let mut args = env.worker_args();
-    args.handler = hookinbox::config::HandlerKind::Forward;
+    args.sources.handler = hookinbox::config::HandlerKind::Forward;
     args.forward_url = Some(receiver.url.clone());
     let config = args.validate().expect("valid");
     let handler =
@@ -652,7 +652,7 @@ kind = "store"
         );
     }
     let mut args = env.worker_args();
-    args.config = Some(config.clone());
+    args.sources.config = Some(config.clone());
     args.destinations = "default/paced".to_owned();
     let only_paced = args.validate().expect("valid");
     let handler =

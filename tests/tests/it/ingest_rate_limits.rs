@@ -74,8 +74,8 @@ async fn each_source_has_its_own_bucket_and_a_source_without_one_is_not_limited(
     )
     .expect("write config");
     let mut args = env.ingest_args();
-    args.github_secret = None;
-    args.config = Some(path.clone());
+    args.sources.github_secret = None;
+    args.sources.config = Some(path.clone());
     let ingest = env.ingest_with(args.validate().expect("valid")).await;
     let at = |source: &str| {
         let mut hook = Hook::fixture("push");
@@ -91,5 +91,75 @@ async fn each_source_has_its_own_bucket_and_a_source_without_one_is_not_limited(
         assert_eq!(ingest.send(&at("open")).await.status, 202);
     }
     let _ = std::fs::remove_file(path);
+    env.cleanup().await;
+}
+
+/// GitHub does not retry a failed delivery: a `429` ingest answers a
+/// source with a rate limit is final unless the reconciler brings it back.
+/// A worker says so at its start, one line naming each such source; a
+/// rate-limited source that names its hook, and one without a limit, are
+/// not named.
+#[tokio::test]
+async fn a_worker_warns_at_start_of_each_rate_limited_source_without_a_reconciler() {
+    let env = TestEnv::new().await;
+    let token = std::env::temp_dir().join(format!("{}-token", env.prefix));
+    std::fs::write(&token, "ghp_test\n").expect("token file");
+    let path = std::env::temp_dir().join(format!("{}.toml", env.prefix));
+    std::fs::write(
+        &path,
+        format!(
+            "[[sources]]\nname = \"limited\"\nsecrets = [\"{SECRET}\"]\n\
+             rate_limit = {{ per_second = 5 }}\n\n\
+             [[sources]]\nname = \"reconciled\"\nsecrets = [\"{SECRET}\"]\n\
+             rate_limit = {{ per_second = 5 }}\n\
+             [sources.github]\nreconcile_hook = \"repo:acme/widgets/1\"\n\
+             github_api_url = \"http://127.0.0.1:1\"\ngithub_token_file = \"{}\"\n\n\
+             [[sources]]\nname = \"open\"\nsecrets = [\"{SECRET}\"]\n",
+            token.display()
+        ),
+    )
+    .expect("write config");
+    let config = path.to_string_lossy().into_owned();
+    let worker = env.spawn("hookinbox-worker", &[("HOOKINBOX_CONFIG", &config)]);
+    let said = "has a rate limit and no reconciler";
+    wait_until("the worker's warning", Duration::from_secs(20), || async {
+        worker.logs().contains(said)
+    })
+    .await;
+    let warnings: Vec<String> = worker
+        .logs()
+        .lines()
+        .filter(|l| l.contains(said))
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains("\"source\":\"limited\""),
+        "{}",
+        warnings[0]
+    );
+    assert!(
+        warnings[0].contains("final from GitHub's side"),
+        "{}",
+        warnings[0]
+    );
+    assert!(
+        warnings[0].contains("\"level\":\"WARN\""),
+        "{}",
+        warnings[0]
+    );
+
+    // The default source, by its variables.
+    let worker = env.spawn(
+        "hookinbox-worker",
+        &[("HOOKINBOX_RATE_LIMIT_PER_SECOND", "5")],
+    );
+    wait_until("the worker's warning", Duration::from_secs(20), || async {
+        worker.logs().contains(said)
+    })
+    .await;
+    assert!(worker.logs().contains("\"source\":\"default\""));
+    let _ = std::fs::remove_file(path);
+    let _ = std::fs::remove_file(token);
     env.cleanup().await;
 }

@@ -1,13 +1,17 @@
 //! The replay guard: GitHub signs only the body, so a captured request
 //! resent under a fresh `X-GitHub-Delivery` or another `X-GitHub-Hook-ID`
 //! verifies. Ingest refuses a body its source received before under another
-//! key, unless the source pins both hook ids (one event sent to two of its
-//! hooks) or turns the guard off.
+//! delivery id, unless the source turns the guard off. The same delivery id
+//! and body under another hook id is one event sent to two hooks: a source
+//! that pins both takes it once per hook; one that does not answers the
+//! second as a duplicate, a copy of the first, without a claim.
 
 use std::path::PathBuf;
 
 use futures::future::join_all;
+use hookinbox::deliveries::{self, Claim, ClaimRequest, LegClaim, Status};
 use hookinbox_tests::{Hook, SECRET, TestEnv, fixtures, worker_cli};
+use sha2::{Digest, Sha256};
 
 fn write_config(env: &TestEnv, text: &str) -> PathBuf {
     let path = std::env::temp_dir().join(format!("{}.toml", env.prefix));
@@ -23,7 +27,7 @@ fn under_new_guid(hook: &Hook) -> Hook {
 }
 
 #[tokio::test]
-async fn a_body_resent_under_a_new_guid_or_hook_id_is_refused_409_counted_and_claims_nothing() {
+async fn a_body_resent_under_a_new_guid_is_refused_409_counted_and_claims_nothing() {
     let env = TestEnv::new().await;
     let ingest = env.spawn("hookinbox-ingest", &[("HOOKINBOX_GITHUB_SECRET", SECRET)]);
     ingest.wait_ready().await;
@@ -35,14 +39,15 @@ async fn a_body_resent_under_a_new_guid_or_hook_id_is_refused_409_counted_and_cl
     assert_eq!((first.status, first.kind()), (202, "accepted"));
 
     let new_guid = under_new_guid(&original);
-    let mut other_hook = original.clone();
+    // Under a new delivery id, and under a new one and another hook id.
+    let mut other_hook = under_new_guid(&original);
     other_hook.hook_id = Some("654321".to_owned());
     for replay in [&new_guid, &other_hook] {
         let answer = replay.post(&http, &base).await;
         assert_eq!(answer.status, 409, "{:?}", answer.body);
         assert_eq!(
             answer.body["error"],
-            "this body was received before under another delivery id or hook id"
+            "this body was received before under another delivery id"
         );
     }
     // GitHub's own redelivery keeps its delivery id: still a duplicate.
@@ -62,6 +67,193 @@ async fn a_body_resent_under_a_new_guid_or_hook_id_is_refused_409_counted_and_cl
     env.cleanup().await;
 }
 
+/// GitHub sends one event to every hook that subscribes to it with the
+/// same delivery id: two hooks of a source that does not pin them (a
+/// repository's and an organization's, say) bring it twice. The second is
+/// a copy, not a replay: `200 duplicate`, no claim, no effect, counted as
+/// `copy`. Answered 409, GitHub would show it failed and the reconciler
+/// would redeliver it until capped.
+#[tokio::test]
+async fn one_event_sent_to_two_hooks_of_an_unpinned_source_is_a_copy_answered_200_without_a_claim()
+{
+    let env = TestEnv::new().await;
+    let ingest = env.spawn("hookinbox-ingest", &[("HOOKINBOX_GITHUB_SECRET", SECRET)]);
+    ingest.wait_ready().await;
+    let base = format!("http://127.0.0.1:{}", ingest.port);
+    let http = reqwest::Client::new();
+
+    let to_repo_hook = Hook::fixture("push");
+    let first = to_repo_hook.post(&http, &base).await;
+    assert_eq!((first.status, first.kind()), (202, "accepted"));
+    let mut to_org_hook = to_repo_hook.clone();
+    to_org_hook.hook_id = Some("654321".to_owned());
+    // Nobody took the first claim yet: the copy is answered once its body
+    // is parked for that claim, in case its ingest died before publishing.
+    for _ in 0..2 {
+        let copy = to_org_hook.post(&http, &base).await;
+        assert_eq!(
+            (copy.status, copy.kind()),
+            (200, "duplicate"),
+            "{:?}",
+            copy.body
+        );
+        assert_eq!(copy.body["copy_of_hook_id"], "123456");
+        assert_eq!(copy.body["state"], "processing");
+    }
+    assert_eq!(env.deliveries().await, 1, "a copy claims nothing");
+    assert_eq!(
+        env.count("select count(*) from deliveries where hook_id = '654321'")
+            .await,
+        0
+    );
+    assert_eq!(
+        env.count("select count(*) from parked_bodies where hook_id = '123456'")
+            .await,
+        1,
+        "the copy's body is parked for the first claim"
+    );
+    assert_eq!(env.count("select count(*) from seen_bodies").await, 1);
+
+    let worker = env.store_worker().await;
+    worker.drain().await.expect("drain");
+    assert_eq!(env.events().await, 1, "one event, one effect");
+    assert_eq!(env.count("select count(*) from parked_bodies").await, 0);
+    // Once the first is completed, a copy (GitHub redelivering to the
+    // second hook, say) says so.
+    let copy = to_org_hook.post(&http, &base).await;
+    assert_eq!(
+        (copy.status, copy.body["state"].as_str()),
+        (200, Some("completed"))
+    );
+    assert_eq!(env.deliveries().await, 1);
+    worker.drain().await.expect("drain");
+    assert_eq!(env.events().await, 1);
+
+    let (_, metrics) = ingest.scrape("/metrics").await;
+    let copies = metrics
+        .lines()
+        .find(|l| l.contains("outcome=\"copy\""))
+        .unwrap_or_else(|| panic!("no copy series in:\n{metrics}"));
+    assert!(copies.ends_with(" 3"), "{copies}");
+    assert!(!metrics.contains("outcome=\"replayed_body\""), "{metrics}");
+    assert_eq!(ingest.logs().matches("\"outcome\":\"copy\"").count(), 3);
+    env.cleanup().await;
+}
+
+/// The claim batch agrees with the single claim on the guard's answers:
+/// the first copy of an event claims it, another hook's copy is a copy of
+/// it, and the body under a new delivery id is a replay; the neighbours in
+/// the batch are claimed all the same.
+#[tokio::test]
+async fn a_claim_batch_answers_copies_and_replays_as_single_claims_do() {
+    let env = TestEnv::new().await;
+    let policy = env.policy();
+    let event = Hook::fixture("push");
+    let mut copy = event.clone();
+    copy.hook_id = Some("654321".to_owned());
+    let replay = under_new_guid(&event);
+    let neighbour = Hook::fixture("issues");
+    let request = |hook: &Hook| ClaimRequest {
+        key: hook.key(),
+        event: "push".to_owned(),
+        action: None,
+        repository: None,
+        body_sha256: Sha256::digest(&hook.body).into(),
+        guarded: true,
+        pinned: false,
+        legs: vec![hookinbox_tests::store_leg()],
+    };
+    let requests: Vec<ClaimRequest> = [&event, &copy, &replay, &neighbour]
+        .into_iter()
+        .map(request)
+        .collect();
+    let client = env.pool(1).get().await.expect("client");
+    let batch = deliveries::claim_batch(&client, &policy, &requests)
+        .await
+        .expect("the batch answers each request");
+    assert!(
+        hookinbox_tests::claimed_token(&batch[0]).is_some(),
+        "{batch:?}"
+    );
+    assert_eq!(
+        batch[1],
+        Claim::Copy {
+            of: event.key(),
+            legs: vec![(hookinbox_tests::store_destination(), Status::Processing)]
+        }
+    );
+    assert_eq!(batch[2], Claim::ReplayedBody);
+    assert!(
+        hookinbox_tests::claimed_token(&batch[3]).is_some(),
+        "{batch:?}"
+    );
+    assert_eq!(env.deliveries().await, 2);
+
+    // Alone, each is answered the same (now as duplicates of the batch's).
+    let processing = Claim::Legs(vec![(
+        hookinbox_tests::store_destination(),
+        LegClaim::Duplicate(Status::Processing),
+    )]);
+    for (i, expected) in [
+        processing.clone(),
+        batch[1].clone(),
+        Claim::ReplayedBody,
+        processing,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let alone = deliveries::claim(&client, &policy, &requests[i])
+            .await
+            .expect("claim");
+        assert_eq!(alone, expected, "request {i}");
+    }
+    assert_eq!(env.deliveries().await, 2);
+    drop(client);
+    env.cleanup().await;
+}
+
+/// GitHub sends both hooks' copies at once: racing through ingest's claim
+/// batches, one of them claims the event and every other is its copy.
+#[tokio::test]
+async fn copies_of_one_event_racing_to_many_hooks_get_one_claim_and_one_effect() {
+    let (env, ingest) = TestEnv::with_ingest().await;
+    let event = Hook::fixture("push");
+    let copies: Vec<Hook> = (1..=30)
+        .map(|i| {
+            let mut copy = event.clone();
+            copy.hook_id = Some(format!("{}", 1000 + i));
+            copy
+        })
+        .collect();
+    let good: Vec<Hook> = (0..30).map(|_| Hook::fixture("issues")).collect();
+    let sends = copies
+        .iter()
+        .zip(&good)
+        .flat_map(|(c, g)| [ingest.send(c), ingest.send(g)]);
+    let answers = join_all(sends).await;
+    let (copy_answers, good_answers): (Vec<_>, Vec<_>) = answers
+        .into_iter()
+        .enumerate()
+        .partition(|(i, _)| i % 2 == 0);
+    let accepted = copy_answers.iter().filter(|(_, a)| a.status == 202).count();
+    let copied = copy_answers
+        .iter()
+        .filter(|(_, a)| a.status == 200 && a.kind() == "duplicate")
+        .count();
+    assert_eq!((accepted, copied), (1, 29), "{copy_answers:?}");
+    assert!(good_answers.iter().all(|(_, a)| a.status == 202));
+    assert_eq!(env.deliveries().await, 31);
+    let worker = env.store_worker().await;
+    worker.drain().await.expect("drain");
+    assert_eq!(
+        env.count("select count(*) from github_events where event = 'push'")
+            .await,
+        1
+    );
+    env.cleanup().await;
+}
+
 #[tokio::test]
 async fn a_source_that_pins_its_hooks_takes_one_event_sent_to_two_of_them() {
     let env = TestEnv::new().await;
@@ -72,11 +264,11 @@ async fn a_source_that_pins_its_hooks_takes_one_event_sent_to_two_of_them() {
         ),
     );
     let mut args = env.ingest_args();
-    args.github_secret = None;
-    args.config = Some(path.clone());
+    args.sources.github_secret = None;
+    args.sources.config = Some(path.clone());
     let ingest = env.ingest_with(args.validate().expect("valid")).await;
     let mut wargs = env.worker_args();
-    wargs.config = Some(path.clone());
+    wargs.sources.config = Some(path.clone());
     let worker = env
         .worker_with(
             wargs.validate().expect("valid"),
@@ -113,7 +305,7 @@ async fn with_the_guard_off_a_repeated_body_is_taken_and_only_that_source_is_aff
     // The default source, by environment.
     let env = TestEnv::new().await;
     let mut args = env.ingest_args();
-    args.replay_guard = Some(false);
+    args.sources.replay_guard = Some(false);
     let ingest = env.ingest_with(args.validate().expect("valid")).await;
     let hook = Hook::fixture("push");
     for h in [hook.clone(), under_new_guid(&hook)] {
@@ -133,8 +325,8 @@ async fn with_the_guard_off_a_repeated_body_is_taken_and_only_that_source_is_aff
         ),
     );
     let mut args = env.ingest_args();
-    args.github_secret = None;
-    args.config = Some(path.clone());
+    args.sources.github_secret = None;
+    args.sources.config = Some(path.clone());
     let ingest = env.ingest_with(args.validate().expect("valid")).await;
     let body = fixtures::unique(&fixtures::own("push"));
     for (source, second) in [("repeats", 202), ("guarded", 409)] {

@@ -11,7 +11,7 @@ fn push() -> Hook {
 async fn ping_and_events_not_taken_answer_200_without_a_claim() {
     let env = TestEnv::new().await;
     let mut args = env.ingest_args();
-    args.allowed_events = "push,pull_request".to_owned();
+    args.sources.allowed_events = "push,pull_request".to_owned();
     let ingest = env.ingest_with(args.validate().expect("valid")).await;
     let answer = ingest.send(&Hook::fixture("ping")).await;
     assert_eq!((answer.status, answer.kind()), (200, "pong"));

@@ -2,8 +2,9 @@
 
 use std::time::Duration;
 
+use hookinbox::deliveries;
 use hookinbox_tests::receiver::{Receiver, Reply};
-use hookinbox_tests::{Hook, SECRET, TestEnv, fixtures, wait_until};
+use hookinbox_tests::{Hook, SECRET, TestEnv, fixtures, wait_until, worker_cli};
 
 /// The value of a series (summed over label sets) in a scrape, if present.
 fn value(scrape: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
@@ -641,6 +642,7 @@ async fn stuck_work_gauges_report_their_counts_and_ages_and_clear_once_resolved(
         Some(1.0),
         "hookinbox_deliveries_awaiting_redelivery\n{scrape}"
     );
+    // Aged from when its lease ran out: nothing has held it since.
     assert_age(
         "hookinbox_oldest_awaiting_redelivery_age_seconds",
         value(
@@ -648,7 +650,7 @@ async fn stuck_work_gauges_report_their_counts_and_ages_and_clear_once_resolved(
             "hookinbox_oldest_awaiting_redelivery_age_seconds",
             &[],
         ),
-        300.0,
+        940.0,
         &scrape,
     );
 
@@ -694,6 +696,166 @@ async fn stuck_work_gauges_report_their_counts_and_ages_and_clear_once_resolved(
         );
     }
     ingest.stop().await;
+    env.cleanup().await;
+}
+
+/// One rule per name: the gauge `hookinbox_deliveries_awaiting_redelivery`
+/// (which the alert HookinboxDeliveriesAwaitingRedelivery reads) counts
+/// exactly what `deliveries list --status awaiting_redelivery` (which the
+/// alert tells the operator to run) lists; and a due retry, in the gauge
+/// and the console's overview alike, is one the scheduler can publish, so
+/// a claim reaped `lost` with nothing parked is never one.
+#[tokio::test]
+async fn the_awaiting_gauge_counts_what_the_list_lists_and_a_due_retry_is_one_the_scheduler_can_publish()
+ {
+    let env = TestEnv::new().await;
+    type Row = (
+        &'static str,
+        bool,
+        i32,
+        Option<f64>,
+        Option<(&'static str, f64, f64)>,
+        bool,
+    );
+    // (status, retryable, attempts, lease_in, failure, parked), each
+    // claimed 1000 s ago.
+    let rows: [Row; 5] = [
+        // Reaped `lost` 300 s ago, due since, nothing parked: awaiting.
+        (
+            "failed",
+            true,
+            0,
+            Some(-900.0),
+            Some(("lost", 300.0, -300.0)),
+            false,
+        ),
+        // Reaped `lost`, its body parked: a due retry (200 s), not awaiting.
+        (
+            "failed",
+            true,
+            1,
+            Some(-800.0),
+            Some(("lost", 250.0, -200.0)),
+            true,
+        ),
+        // Untaken, its lease ran out 120 s ago before the reaper came,
+        // nothing parked: awaiting too.
+        ("processing", false, 0, Some(-120.0), None, false),
+        // Taken (a worker holds or held it): not awaiting.
+        ("processing", false, 1, Some(-100.0), None, false),
+        // A transient failure due 60 s ago, its body parked: a due retry.
+        (
+            "failed",
+            true,
+            1,
+            None,
+            Some(("transient", 100.0, -60.0)),
+            true,
+        ),
+    ];
+    let hooks: Vec<Hook> = rows.iter().map(|_| Hook::fixture("push")).collect();
+    for (hook, (status, retryable, attempts, lease_in, failure, parked)) in hooks.iter().zip(rows) {
+        insert_delivery(
+            &env, hook, status, retryable, attempts, 1000.0, lease_in, failure, parked,
+        )
+        .await;
+    }
+    let (lost, untaken) = (&hooks[0], &hooks[2]);
+
+    let (code, listed) = worker_cli(
+        &env,
+        &[
+            "deliveries",
+            "list",
+            "--status",
+            "awaiting_redelivery",
+            "--json",
+        ],
+    );
+    assert_eq!(code, 0, "{listed}");
+    let listed: Vec<serde_json::Value> = serde_json::from_str(&listed).expect("a JSON list");
+    let mut ids: Vec<&str> = listed
+        .iter()
+        .filter_map(|d| d["delivery_id"].as_str())
+        .collect();
+    ids.sort_unstable();
+    let mut awaiting = vec![lost.id(), untaken.id()];
+    awaiting.sort_unstable();
+    assert_eq!(ids, awaiting);
+
+    let client = env.pool(1).get().await.expect("client");
+    let gauges = deliveries::gauges(&client).await.expect("gauges");
+    assert_eq!(
+        gauges.awaiting_redelivery,
+        listed.len() as i64,
+        "{gauges:?}"
+    );
+    let near = |got: f64, want: f64| (want..want + 30.0).contains(&got);
+    assert!(
+        near(gauges.oldest_awaiting_redelivery_secs, 900.0),
+        "{gauges:?}"
+    );
+    assert!(near(gauges.oldest_due_retry_secs, 200.0), "{gauges:?}");
+    assert_eq!(
+        (
+            gauges.processing,
+            gauges.retrying,
+            gauges.dead,
+            gauges.completed
+        ),
+        (2, 3, 0, 0)
+    );
+
+    // The console's overview: the lost claim with nothing parked, due for
+    // 300 s, is no due retry; it is the oldest lost one.
+    let overview = deliveries::overview(&client).await.expect("overview");
+    assert!(
+        overview.oldest_due_secs.is_some_and(|s| near(s, 200.0)),
+        "{overview:?}"
+    );
+    assert!(
+        overview.oldest_lost_secs.is_some_and(|s| near(s, 300.0)),
+        "{overview:?}"
+    );
+    drop(client);
+    env.cleanup().await;
+}
+
+/// The completed gauge is sampled every ten seconds whatever the retention
+/// keeps: exact while completed rows are few, Postgres's estimate of its
+/// partial index past [`deliveries::EXACT_COMPLETED_UP_TO`], so that a
+/// sample never counts them all.
+#[tokio::test]
+async fn the_completed_gauge_is_exact_while_few_then_postgres_estimate() {
+    let env = TestEnv::new().await;
+    let insert = |from: i64, to: i64| {
+        format!(
+            "insert into deliveries (provider, source, hook_id, delivery_id, event, body_sha256,
+                 status, claim_token, lease_until, completed_at)
+             select 'github', 'default', '1', 'd' || g, 'push', '\\x00', 'completed',
+                 gen_random_uuid(), now(), now()
+             from generate_series({from}, {to}) g;
+             analyze deliveries;"
+        )
+    };
+    let client = env.pool(1).get().await.expect("client");
+    let cap = deliveries::EXACT_COMPLETED_UP_TO;
+    env.db.batch_execute(&insert(1, cap)).await.expect("rows");
+    let gauges = deliveries::gauges(&client).await.expect("gauges");
+    assert_eq!(gauges.completed, cap, "exact up to the cap");
+    env.db
+        .batch_execute(&insert(cap + 1, 3 * cap))
+        .await
+        .expect("rows");
+    let gauges = deliveries::gauges(&client).await.expect("gauges");
+    let estimate = gauges.completed as f64 / (3 * cap) as f64;
+    assert!(
+        (0.9..1.1).contains(&estimate),
+        "{} of {} completed rows",
+        gauges.completed,
+        3 * cap
+    );
+    drop(client);
     env.cleanup().await;
 }
 

@@ -188,7 +188,8 @@ async fn seed_known_rows(env: &TestEnv) {
             s.action = Some("closed".into());
         }),
         row("r06-old-dead", "push", 3 * 86400, &|s| {
-            s.repository = Some("acme/other".into());
+            // As GitHub spells it: the filters ignore case.
+            s.repository = Some("Acme/Other".into());
             s.class = Some("max_attempts".into());
         }),
         row("r07-lost", "issues", 90, &|s| {
@@ -312,6 +313,13 @@ async fn deliveries_list_filters_match_exactly_the_known_rows_in_table_and_json(
         (vec!["--action", "opened"], vec!["r02", "r04", "r07"]),
         (vec!["--action", "closed"], vec!["r05"]),
         (vec!["--repository", "acme/other"], vec!["r02", "r06"]),
+        // GitHub's repository names ignore case, and so does the filter,
+        // on settled rows and processing ones alike.
+        (vec!["--repository", "ACME/Other"], vec!["r02", "r06"]),
+        (
+            vec!["--repository", "Acme/INBOX"],
+            vec!["r01", "r03", "r04", "r05", "r07", "r08", "r10"],
+        ),
         (vec!["--repository", "acme/nothing"], vec![]),
         (vec!["--event", "deployment"], vec![]),
         // Combinations: every filter narrows the others.
@@ -406,6 +414,7 @@ async fn dlq_list_filters_match_exactly_the_known_dead_letters_in_table_and_json
         (vec!["--status", "awaiting_redelivery"], vec![]),
         (vec!["--repository", "acme/other"], vec!["r02", "r06"]),
         (vec!["--repository", "acme/inbox"], vec!["r01"]),
+        (vec!["--repository", "Acme/INBOX"], vec!["r01"]),
         (vec!["--action", "opened"], vec!["r02"]),
         (
             vec![

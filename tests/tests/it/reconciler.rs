@@ -17,22 +17,31 @@ const TOKEN: &str = "ghp_reconciler_test_token";
 /// The hook id `Hook::new` sends, and the fake's repository hook.
 const HOOK_ID: u64 = 123456;
 
-/// A test's fake GitHub, with one repository hook pointed at `target`.
+/// A test's fake GitHub, with one hook pointed at `target`.
 struct Github {
     fake: FakeGithub,
     hook: usize,
     token_file: PathBuf,
+    /// `HOOKINBOX_RECONCILE_HOOK` naming that hook.
+    spec: String,
 }
 
 impl Github {
+    /// With the repository hook `repo:acme/widgets/HOOK_ID`.
     fn start(env: &TestEnv, target: String) -> Self {
+        let path = HookPath::Repo {
+            owner: "acme".into(),
+            repo: "widgets".into(),
+            id: HOOK_ID,
+        };
+        Self::start_at(env, target, path, format!("repo:acme/widgets/{HOOK_ID}"))
+    }
+
+    /// With the hook at `path`, which `spec` names.
+    fn start_at(env: &TestEnv, target: String, path: HookPath, spec: String) -> Self {
         let fake = FakeGithub::start(TOKEN);
         let hook = fake.add_hook(github::Hook {
-            path: HookPath::Repo {
-                owner: "acme".into(),
-                repo: "widgets".into(),
-                id: HOOK_ID,
-            },
+            path,
             hook_id: HOOK_ID.to_string(),
             target,
             secret: SECRET.to_owned(),
@@ -43,16 +52,39 @@ impl Github {
             fake,
             hook,
             token_file,
+            spec,
         }
+    }
+
+    /// Logs a fresh push as GitHub would after sending it at `at` (status
+    /// `status_code`, 0 for no answer, and its `status` text), without
+    /// sending anything; `visible`: shown in the log yet. Returns its GUID.
+    fn log(
+        &self,
+        at: chrono::DateTime<Utc>,
+        status_code: u16,
+        status: &str,
+        visible: bool,
+    ) -> String {
+        let guid = uuid::Uuid::new_v4().to_string();
+        self.fake.record(
+            self.hook,
+            &guid,
+            "push",
+            &fixtures::unique(&fixtures::own("push")),
+            status_code,
+            status,
+            false,
+            at,
+            visible,
+        );
+        guid
     }
 
     /// The variables that point the default source's reconciler at the fake.
     fn env(&self) -> Vec<(&'static str, String)> {
         vec![
-            (
-                "HOOKINBOX_RECONCILE_HOOK",
-                format!("repo:acme/widgets/{HOOK_ID}"),
-            ),
+            ("HOOKINBOX_RECONCILE_HOOK", self.spec.clone()),
             ("HOOKINBOX_GITHUB_API_URL", self.fake.base.clone()),
             (
                 "HOOKINBOX_GITHUB_TOKEN_FILE",
@@ -145,9 +177,24 @@ async fn effects(env: &TestEnv) -> BTreeMap<String, i64> {
 /// GitHub sends `n` pushes while ingest is down (each logged failed), then
 /// ingest starts: the test's environment, GitHub, the GUIDs and ingest.
 async fn sent_while_down(n: usize) -> (TestEnv, Github, Vec<String>, TestIngest) {
+    let repo = HookPath::Repo {
+        owner: "acme".into(),
+        repo: "widgets".into(),
+        id: HOOK_ID,
+    };
+    sent_while_down_at(n, repo, format!("repo:acme/widgets/{HOOK_ID}")).await
+}
+
+/// [`sent_while_down`] through the hook at `path`, which `spec` names.
+async fn sent_while_down_at(
+    n: usize,
+    path: HookPath,
+    spec: String,
+) -> (TestEnv, Github, Vec<String>, TestIngest) {
     let env = TestEnv::new().await;
     let port = free_port();
-    let gh = Github::start(&env, format!("http://127.0.0.1:{port}/webhooks/github"));
+    let target = format!("http://127.0.0.1:{port}/webhooks/github");
+    let gh = Github::start_at(&env, target, path, spec);
     let body = fixtures::own("push");
     let mut guids = Vec::new();
     for _ in 0..n {
@@ -386,24 +433,11 @@ async fn a_delivery_that_fails_every_time_is_redelivered_at_most_the_cap_across_
 async fn a_long_log_is_walked_to_the_watermark_nothing_is_missed_and_nothing_redelivered_twice() {
     let (env, ingest) = TestEnv::with_ingest().await;
     let gh = Github::start(&env, format!("{}/webhooks/github", ingest.base));
-    let body = fixtures::own("push");
     // 520 failed deliveries over the last two hours: six pages of 100.
     let mut guids = Vec::new();
     for i in 0..520 {
-        let guid = uuid::Uuid::new_v4().to_string();
         let at = Utc::now() - chrono::Duration::seconds(7200 - i * 13);
-        gh.fake.record(
-            gh.hook,
-            &guid,
-            "push",
-            &fixtures::unique(&body),
-            0,
-            "failed to connect to host",
-            false,
-            at,
-            true,
-        );
-        guids.push(guid);
+        guids.push(gh.log(at, 0, "failed to connect to host", true));
     }
     // The first pass is killed after asking for 200 redeliveries.
     gh.fake.hang_after(200);
@@ -434,16 +468,10 @@ async fn a_long_log_is_walked_to_the_watermark_nothing_is_missed_and_nothing_red
     // A delivery that shows up in the log late, dated inside the overlap
     // behind the watermark, is still found; the walk stops near the
     // watermark instead of reading the whole log again.
-    let late = uuid::Uuid::new_v4().to_string();
-    gh.fake.record(
-        gh.hook,
-        &late,
-        "push",
-        &fixtures::unique(&body),
+    let late = gh.log(
+        Utc::now() - chrono::Duration::minutes(5),
         0,
         "failed to connect to host",
-        false,
-        Utc::now() - chrono::Duration::minutes(5),
         false,
     );
     let (code, report, _) = gh.reconcile(&env, &[], &[]).await;
@@ -793,8 +821,8 @@ async fn a_toml_source_names_its_hook_in_a_github_table() {
     .expect("config");
     let mut args = env.ingest_args();
     args.listen = format!("127.0.0.1:{port}").parse().expect("address");
-    args.github_secret = None;
-    args.config = Some(config.clone());
+    args.sources.github_secret = None;
+    args.sources.config = Some(config.clone());
     let _ingest = env.ingest_with(args.validate().expect("valid")).await;
     let path = config.to_string_lossy().into_owned();
     let out = tokio::process::Command::from(worker_command(
@@ -884,5 +912,166 @@ async fn a_repository_hook_read_as_an_app_uses_an_installation_token() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    env.cleanup().await;
+}
+
+/// A counter's value in a scrape: the series of `name` whose labels
+/// include every one of `labels`.
+fn counter(scrape: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    scrape
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .find(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .and_then(|l| l.rsplit_once(' '))
+        .and_then(|(_, v)| v.parse().ok())
+}
+
+/// What the alerts read, from a running worker: its passes
+/// (`hookinbox_reconcile_runs_total`), the late answers
+/// (`hookinbox_reconcile_late_answers_total`), and a delivery GitHub saw
+/// answered 2xx that hookinbox holds no row of
+/// (`hookinbox_reconcile_unexplained_total`, which raises
+/// HookinboxReconcileUnexplained): each counted once however many passes
+/// judge it again, and nothing redelivered for either.
+#[tokio::test]
+async fn a_running_worker_counts_its_passes_late_answers_and_unexplained_successes_once() {
+    let (env, ingest) = TestEnv::with_ingest().await;
+    let gh = Github::start(&env, format!("{}/webhooks/github", ingest.base));
+    let store = env.store_worker().await;
+    let body = fixtures::own("push");
+    // Late: completed here, but GitHub gave up waiting for the answer.
+    let (late, status) = gh
+        .fake
+        .deliver(gh.hook, "push", &fixtures::unique(&body))
+        .await;
+    assert_eq!(status, 202);
+    gh.fake.mark_timed_out(&late);
+    settle(&env, &store).await;
+    // Unexplained: GitHub logged a 2xx for a delivery hookinbox never
+    // stored (well inside the completed retention, so not swept).
+    gh.log(Utc::now() - chrono::Duration::minutes(2), 202, "OK", true);
+
+    let vars = gh.env();
+    let mut vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    vars.push(("HOOKINBOX_RECONCILE_INTERVAL_SECS", "1"));
+    let worker = env.spawn("hookinbox-worker", &vars);
+    let complete = [("source", "default"), ("outcome", "complete")];
+    hookinbox_tests::wait_until("three complete passes", Duration::from_secs(60), || async {
+        let (_, scrape) = worker.scrape("/metrics").await;
+        counter(&scrape, "hookinbox_reconcile_runs_total", &complete).is_some_and(|n| n >= 3.0)
+    })
+    .await;
+    let (_, scrape) = worker.scrape("/metrics").await;
+    let source = [("source", "default")];
+    assert_eq!(
+        counter(&scrape, "hookinbox_reconcile_unexplained_total", &source),
+        Some(1.0),
+        "{scrape}"
+    );
+    assert_eq!(
+        counter(&scrape, "hookinbox_reconcile_late_answers_total", &source),
+        Some(1.0),
+        "{scrape}"
+    );
+    assert_eq!(
+        counter(
+            &scrape,
+            "hookinbox_reconcile_runs_total",
+            &[("outcome", "incomplete")]
+        ),
+        None,
+        "{scrape}"
+    );
+    assert_eq!(
+        worker
+            .logs()
+            .matches("GitHub saw a 2xx, but hookinbox holds no row of this delivery")
+            .count(),
+        1,
+        "warned once"
+    );
+    assert_eq!(gh.fake.redeliveries_total(), 0, "neither is redelivered");
+    env.cleanup().await;
+}
+
+/// `reconcile --since 1h` walks GitHub's log back one hour only, and leaves
+/// the watermark where it was; a regular pass then walks back to the
+/// watermark (the whole log, the first time) and finds the older one.
+#[tokio::test]
+async fn reconcile_since_walks_back_only_that_far_and_leaves_the_watermark() {
+    let (env, ingest) = TestEnv::with_ingest().await;
+    let gh = Github::start(&env, format!("{}/webhooks/github", ingest.base));
+    // Two deliveries GitHub could not send, three hours and half an hour ago.
+    let unsent = |ago| gh.log(Utc::now() - ago, 0, "failed to connect to host", true);
+    let old = &unsent(chrono::Duration::hours(3));
+    let recent = &unsent(chrono::Duration::minutes(30));
+    let watermark = || async {
+        env.db
+            .query_opt(
+                "select watermark from reconcile_state where source = 'default'",
+                &[],
+            )
+            .await
+            .expect("state")
+            .and_then(|r| r.get::<_, Option<chrono::DateTime<Utc>>>(0))
+    };
+
+    let (code, report, stderr) = gh.reconcile(&env, &["--since", "1h"], &[]).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(
+        (count(&report, "scanned"), count(&report, "redelivered")),
+        (1, 1),
+        "{report}"
+    );
+    assert_eq!(gh.fake.redeliveries_asked(recent), 1);
+    assert_eq!(gh.fake.redeliveries_asked(old), 0, "past --since");
+    assert_eq!(watermark().await, None, "a --since pass sets no watermark");
+
+    let (code, report, stderr) = gh.reconcile(&env, &[], &[]).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(count(&report, "redelivered"), 1, "{report}");
+    assert_eq!(gh.fake.redeliveries_asked(old), 1);
+    assert_eq!(gh.fake.redeliveries_asked(recent), 1, "answered 202 by now");
+    let set = watermark()
+        .await
+        .expect("a regular pass sets the watermark");
+
+    let (code, _, stderr) = gh.reconcile(&env, &["--since", "10m"], &[]).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(watermark().await, Some(set), "nor moves it");
+    assert_eq!(env.deliveries().await, 2);
+    drop(ingest);
+    env.cleanup().await;
+}
+
+/// An organization's hook (`org:ORG/HOOK_ID`), end to end: deliveries sent
+/// while ingest was down are read from the organization's log, redelivered
+/// once each, and completed once each.
+#[tokio::test]
+async fn an_organization_hook_is_reconciled_end_to_end() {
+    let org = HookPath::Org {
+        org: "acme".into(),
+        id: HOOK_ID,
+    };
+    let (env, gh, guids, ingest) = sent_while_down_at(3, org, format!("org:acme/{HOOK_ID}")).await;
+    let (code, report, stderr) = gh.reconcile(&env, &[], &[]).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(report["hook"], format!("org:acme/{HOOK_ID}"), "{report}");
+    assert_eq!(count(&report, "redelivered"), 3, "{report}");
+    let worker = env.store_worker().await;
+    settle(&env, &worker).await;
+    let effects = effects(&env).await;
+    for guid in &guids {
+        assert_eq!(gh.fake.resent(guid), 1);
+        assert_eq!(effects.get(guid), Some(&1));
+    }
+    // A second pass finds nothing left to do.
+    let (code, report, _) = gh.reconcile(&env, &[], &[]).await;
+    assert_eq!((code, count(&report, "redelivered")), (0, 0));
+    drop(ingest);
     env.cleanup().await;
 }

@@ -332,3 +332,48 @@ fn each_bad_setting_is_refused_by_name() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The sources' settings are one argument group in both binaries, with the
+/// same checks: beside a config file, each variable of the `default` source
+/// would be ignored, so each binary refuses it, naming the file's setting.
+#[test]
+fn both_binaries_refuse_a_default_source_setting_beside_a_config_file() {
+    // The check comes before the file is read: it need not exist.
+    let config = ("HOOKINBOX_CONFIG", "/nonexistent/sources.toml");
+    let cases = [
+        (
+            ("HOOKINBOX_ALLOWED_EVENTS", "push"),
+            "HOOKINBOX_CONFIG: defines each source's events; unset HOOKINBOX_ALLOWED_EVENTS",
+        ),
+        (
+            ("HOOKINBOX_GITHUB_SECRET", "s"),
+            "HOOKINBOX_CONFIG: defines the sources' secrets",
+        ),
+        (
+            ("HOOKINBOX_GITHUB_SECRET_FILE", "/nonexistent/secret"),
+            "HOOKINBOX_CONFIG: defines the sources' secrets",
+        ),
+        (
+            ("HOOKINBOX_REPLAY_GUARD", "false"),
+            "HOOKINBOX_CONFIG: defines each source's replay_guard and rate_limit",
+        ),
+        (
+            ("HOOKINBOX_RATE_LIMIT_PER_SECOND", "5"),
+            "HOOKINBOX_CONFIG: defines each source's replay_guard and rate_limit",
+        ),
+        (
+            ("HOOKINBOX_RATE_LIMIT_BURST", "5"),
+            "HOOKINBOX_CONFIG: defines each source's replay_guard and rate_limit",
+        ),
+    ];
+    for (setting, expected) in cases {
+        for binary in ["hookinbox-ingest", "hookinbox-worker"] {
+            let (ok, stderr) = run(binary, &[config, setting]);
+            assert!(!ok, "{binary} with {setting:?} beside a config must refuse");
+            assert!(
+                stderr.contains(expected),
+                "{binary} {setting:?}: expected '{expected}' in:\n{stderr}"
+            );
+        }
+    }
+}

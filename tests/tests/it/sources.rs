@@ -33,11 +33,11 @@ handler = {{ kind = "forward", url = "{}" }}
         ),
     );
     let mut args = env.ingest_args();
-    args.github_secret = None;
-    args.config = Some(path.clone());
+    args.sources.github_secret = None;
+    args.sources.config = Some(path.clone());
     let ingest = env.ingest_with(args.validate().expect("valid")).await;
     let mut wargs = env.worker_args();
-    wargs.config = Some(path.clone());
+    wargs.sources.config = Some(path.clone());
     let config = wargs.validate().expect("valid");
     let worker = env
         .worker_with(
@@ -105,8 +105,8 @@ events = ["push", "pull_request.opened"]
 "#,
     );
     let mut args = env.ingest_args();
-    args.github_secret = None;
-    args.config = Some(path.clone());
+    args.sources.github_secret = None;
+    args.sources.config = Some(path.clone());
     let ingest = env.ingest_with(args.validate().expect("valid")).await;
     let at = |hook_id: Option<&str>, event: &str, body: Vec<u8>| {
         let mut hook = Hook::new(event, body);
@@ -184,8 +184,8 @@ secrets = ["new-secret", "old-secret"]
 "#,
     );
     let mut args = env.ingest_args();
-    args.github_secret = None;
-    args.config = Some(both.clone());
+    args.sources.github_secret = None;
+    args.sources.config = Some(both.clone());
     let config = args.validate().expect("valid");
     let app = hookinbox_ingest::IngestApp::build(config)
         .await
@@ -223,8 +223,8 @@ secrets = ["new-secret", "old-secret"]
         "[[sources]]\nname = \"main\"\nsecrets = [\"new-secret\"]\n",
     );
     let mut args = env.ingest_args();
-    args.github_secret = None;
-    args.config = Some(only_new.clone());
+    args.sources.github_secret = None;
+    args.sources.config = Some(only_new.clone());
     let ingest = env.ingest_with(args.validate().expect("valid")).await;
     let mut old = Hook::fixture("push").signed_with("old-secret");
     old.path = "/webhooks/github/main".to_owned();
@@ -245,8 +245,8 @@ async fn rotation_any_secret_in_the_file_verifies() {
     let dir = std::env::temp_dir().join(format!("hookinbox-secrets-{}", env.prefix));
     std::fs::write(&dir, "new-secret\r\nIt's a Secret to Everybody\n").expect("write");
     let mut args = env.ingest_args();
-    args.github_secret = None;
-    args.github_secret_file = Some(dir.clone());
+    args.sources.github_secret = None;
+    args.sources.github_secret_file = Some(dir.clone());
     let ingest = env.ingest_with(args.validate().expect("valid")).await;
     assert_eq!(ingest.send(&Hook::fixture("push")).await.status, 202);
     assert_eq!(

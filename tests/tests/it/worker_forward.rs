@@ -12,7 +12,7 @@ const FORWARD_SECRET: &str = "receiver-shared-secret";
 
 async fn forward_worker(env: &TestEnv, url: &str, timeout_ms: u64) -> Worker {
     let mut args = env.worker_args();
-    args.handler = hookinbox::config::HandlerKind::Forward;
+    args.sources.handler = hookinbox::config::HandlerKind::Forward;
     args.forward_url = Some(url.to_owned());
     args.forward_secret = Some(FORWARD_SECRET.to_owned());
     args.forward_timeout_ms = timeout_ms;

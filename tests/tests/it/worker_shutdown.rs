@@ -100,7 +100,7 @@ async fn sigterm_releases_unfinished_leases_and_leaves_messages_for_another_work
     // Taken at once (no deferred wait for a lease), completed once: by a
     // worker of the same destination whose own handler stores.
     let mut args = env.worker_args();
-    args.handler = hookinbox::config::HandlerKind::Forward;
+    args.sources.handler = hookinbox::config::HandlerKind::Forward;
     args.forward_url = Some(receiver.url.clone());
     let other = env
         .worker_with(

@@ -1,8 +1,10 @@
 //! The state gauges (deliveries by state, the oldest processing claim and
 //! due retry, claims awaiting a redelivery, queue depths), sampled by one
-//! worker at a time.
+//! worker at a time. What each figure counts is `deliveries::gauges`; this
+//! keeps the leader lock and writes the metrics.
 
-use hookinbox::postgres::{DbError, advisory, sql};
+use hookinbox::deliveries;
+use hookinbox::postgres::{DbError, advisory};
 
 use crate::context::{Context, RuntimeError};
 
@@ -14,33 +16,6 @@ use crate::context::{Context, RuntimeError};
 pub(super) struct Sampler {
     leader: Option<deadpool_postgres::Object>,
 }
-
-/// The counts by state, then the ages. A due retry is one the scheduler
-/// can republish: a claim reaped `lost` with no parked body is not (only a
-/// redelivery from GitHub can finish it), so it is counted apart, as
-/// awaiting a redelivery, and aged from when it was reaped.
-const SAMPLE_STATE: &str = "
-select count(*) filter (where status = 'processing'),
-       (select count(*) from deliveries where status = 'completed'),
-       count(*) filter (where status = 'failed' and retryable),
-       count(*) filter (where status = 'failed' and not retryable),
-       coalesce(extract(epoch from now() - min(claimed_at) filter (where status = 'processing')), 0)::float8,
-       coalesce(extract(epoch from now() - min(next_attempt_at)
-           filter (where status = 'failed' and retryable and next_attempt_at <= now()
-                     and not awaiting)), 0)::float8,
-       count(*) filter (where awaiting),
-       coalesce(extract(epoch from now() - min(failed_at) filter (where awaiting)), 0)::float8
-from (
-    select d.status, d.retryable, d.claimed_at, d.next_attempt_at, d.failed_at,
-           d.status = 'failed' and d.retryable and d.last_error_class is not distinct from 'lost'
-             and not exists (select 1 from parked_bodies p
-                             where p.provider = d.provider and p.source = d.source
-                               and p.hook_id = d.hook_id and p.delivery_id = d.delivery_id
-                               and p.destination = d.destination)
-             as awaiting
-    from deliveries d
-    where d.status in ('processing', 'failed')
-) d";
 
 impl Sampler {
     pub(super) async fn sample(&mut self, ctx: &Context) -> Result<(), RuntimeError> {
@@ -57,8 +32,8 @@ impl Sampler {
         let Some(client) = self.leader.as_ref() else {
             return Ok(());
         };
-        let row = match sql::query_one(client, SAMPLE_STATE, &[]).await {
-            Ok(row) => row,
+        let gauges = match deliveries::gauges(client).await {
+            Ok(gauges) => gauges,
             Err(e) => {
                 // Close this session rather than return it to the pool: if
                 // it is still alive it holds the lock, and a pooled
@@ -71,18 +46,22 @@ impl Sampler {
             }
         };
         metrics::gauge!(hookinbox::metrics::SAMPLER_LEADER).set(1.0);
-        for (i, state) in ["processing", "completed", "retrying", "dead"]
-            .iter()
-            .enumerate()
-        {
-            metrics::gauge!(hookinbox::metrics::DELIVERIES, "state" => *state)
-                .set(row.get::<_, i64>(i) as f64);
+        for (state, n) in [
+            ("processing", gauges.processing),
+            ("completed", gauges.completed),
+            ("retrying", gauges.retrying),
+            ("dead", gauges.dead),
+        ] {
+            metrics::gauge!(hookinbox::metrics::DELIVERIES, "state" => state).set(n as f64);
         }
-        metrics::gauge!(hookinbox::metrics::OLDEST_PROCESSING_SECONDS).set(row.get::<_, f64>(4));
-        metrics::gauge!(hookinbox::metrics::OLDEST_DUE_RETRY_SECONDS).set(row.get::<_, f64>(5));
-        metrics::gauge!(hookinbox::metrics::AWAITING_REDELIVERY).set(row.get::<_, i64>(6) as f64);
+        metrics::gauge!(hookinbox::metrics::OLDEST_PROCESSING_SECONDS)
+            .set(gauges.oldest_processing_secs);
+        metrics::gauge!(hookinbox::metrics::OLDEST_DUE_RETRY_SECONDS)
+            .set(gauges.oldest_due_retry_secs);
+        metrics::gauge!(hookinbox::metrics::AWAITING_REDELIVERY)
+            .set(gauges.awaiting_redelivery as f64);
         metrics::gauge!(hookinbox::metrics::OLDEST_AWAITING_REDELIVERY_SECONDS)
-            .set(row.get::<_, f64>(7));
+            .set(gauges.oldest_awaiting_redelivery_secs);
         // The legacy shared queue, the dead letters, and each configured
         // destination's queue (labelled `work.<source>.<destination>`).
         let mut queues = vec![

@@ -97,6 +97,22 @@ pub async fn run(
     result
 }
 
+/// Says, once per source at the worker's start, that a source ingest
+/// rate-limits without a reconciler loses what it refuses: GitHub does not
+/// retry a failed delivery, so a `429` is final from GitHub's side unless
+/// the reconciler asks GitHub to redeliver it.
+fn warn_of_final_429s(config: &WorkerConfig) {
+    for source in config.rate_limited_unreconciled.iter() {
+        tracing::warn!(
+            source = %source,
+            "source '{source}' has a rate limit and no reconciler: a delivery ingest answers 429 \
+             is final from GitHub's side (GitHub does not retry it); name the source's hook \
+             (HOOKINBOX_RECONCILE_HOOK, or a [sources.github] table) so that the reconciler \
+             brings it back"
+        );
+    }
+}
+
 /// Reconciles every configured source every interval until `stop`, from
 /// inside a worker; passes of a source another worker leads are skipped.
 pub(crate) async fn periodically(
@@ -106,6 +122,7 @@ pub(crate) async fn periodically(
     stop: CancellationToken,
 ) {
     use tokio::time::Instant;
+    warn_of_final_429s(&config);
     let targets = config.reconcile.clone();
     if targets.is_empty() {
         return;

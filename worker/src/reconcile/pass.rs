@@ -96,216 +96,331 @@ fn ago(now: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
     now - chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
 }
 
-/// Runs one pass. The caller holds the source's leader lock.
+/// Runs one pass, in its steps: walk GitHub's log back to the cutoff,
+/// group the attempts by GUID, learn the hook id they carry, judge each
+/// GUID against what hookinbox holds, ask GitHub to redeliver (unless a
+/// dry run), and record the pass. The caller holds the source's leader
+/// lock.
 pub(crate) async fn pass(
     pool: &Pool,
     target: &ReconcileTarget,
     retention: Duration,
     options: &PassOptions,
 ) -> Result<Report, ReconcileError> {
-    let settings = &target.settings;
-    let source = target.source.as_str();
-    let hook = settings.hook.to_string();
-    let api = Api::new(
-        settings.api_url.clone(),
-        settings.hook.clone(),
-        settings.auth.clone(),
-        source,
-        options.max_wait,
-    )?;
-    let client = pool.get().await.map_err(DbError::from)?;
-    let progress = state::progress(&client, source)
-        .await?
-        .filter(|p| p.hook == hook)
-        .unwrap_or_default();
-    let now = Utc::now();
-    let floor = ago(now, log_window(&settings.api_url));
-    let cutoff = match (options.since, progress.watermark) {
-        (Some(since), _) => ago(now, since).max(floor),
-        (None, Some(watermark)) => ago(watermark, OVERLAP).max(floor),
-        (None, None) => floor,
-    };
-    // Everything logged before this is judged by this pass; younger
-    // deliveries may still be in flight.
-    let judged_before = ago(now, settings.min_age);
-    let mut report = Report {
-        source: source.to_owned(),
-        hook: hook.clone(),
-        dry_run: options.dry_run,
-        ..Report::default()
-    };
-
-    // Newest first, page by page, until the cutoff or the log's end.
-    let mut logged: Vec<LoggedDelivery> = Vec::new();
-    let mut cursor: Option<String> = None;
-    loop {
-        let page = api.list(cursor.as_deref()).await?;
-        report.pages += 1;
-        let reached = page.deliveries.iter().any(|d| d.delivered_at < cutoff);
-        logged.extend(
-            page.deliveries
-                .into_iter()
-                .filter(|d| d.delivered_at >= cutoff),
-        );
-        match page.next {
-            Some(next) if !reached && cursor.as_deref() != Some(next.as_str()) => {
-                cursor = Some(next);
-            }
-            _ => break,
-        }
+    let mut pass = Pass::start(pool, target, options).await?;
+    let logged = pass.walk_log().await?;
+    let by_guid = group(&logged);
+    pass.report.scanned = by_guid.len() as u64;
+    let hook_id = pass.hook_id(&logged).await?;
+    let judged = pass.judge(&by_guid, hook_id.as_deref(), retention).await?;
+    if options.dry_run {
+        return Ok(pass.dry_run(&judged));
     }
+    pass.redeliver(&judged).await?;
+    pass.record(hook_id.as_deref(), &judged).await
+}
+
+/// One pass under way: what every step reads, and the report they fill.
+struct Pass<'a> {
+    target: &'a ReconcileTarget,
+    options: &'a PassOptions,
+    source: &'a str,
+    /// The hook, as the reconciler's tables name it.
+    hook: String,
+    api: Api,
+    client: deadpool_postgres::Object,
+    /// The last pass of this hook: its watermark and the hook id learned.
+    progress: state::Progress,
+    now: DateTime<Utc>,
+    report: Report,
+}
+
+/// What the judging found to do.
+struct Judged<'l> {
+    /// GUIDs to redeliver, each with the id of the attempt to send again
+    /// and when GitHub first tried it; oldest first.
+    redeliver: Vec<(&'l str, i64, DateTime<Utc>)>,
+    /// Late answers and unexplained deliveries judged for the first time,
+    /// for the metrics.
+    new_late: u64,
+    new_unexplained: u64,
+}
+
+/// The log's attempts by GUID.
+fn group(logged: &[LoggedDelivery]) -> BTreeMap<&str, Vec<&LoggedDelivery>> {
     let mut by_guid: BTreeMap<&str, Vec<&LoggedDelivery>> = BTreeMap::new();
-    for delivery in &logged {
+    for delivery in logged {
         by_guid.entry(&delivery.guid).or_default().push(delivery);
     }
-    report.scanned = by_guid.len() as u64;
+    by_guid
+}
 
-    // The hook id its deliveries carry: named by a repository or
-    // organization hook, learned from a delivery's request for an App's.
-    let hook_id = match (settings.hook.hook_id(), &progress.hook_id) {
-        (Some(id), _) => Some(id.to_string()),
-        (None, Some(id)) => Some(id.clone()),
-        (None, None) => match logged.iter().max_by_key(|d| d.id) {
-            None => None,
-            Some(newest) => {
-                let request = api.request_of(newest.id).await?;
-                let id = request.header("X-GitHub-Hook-ID").ok_or_else(|| {
-                    ReconcileError::Api(super::github::ApiError::Unexpected {
-                        status: 200,
-                        message: "the delivery's request carries no X-GitHub-Hook-ID".to_owned(),
-                    })
-                })?;
-                if !options.dry_run {
-                    state::remember_hook_id(&client, source, &hook, &id).await?;
-                }
-                Some(id)
-            }
-        },
-    };
-
-    let guids: Vec<&str> = by_guid.keys().copied().collect();
-    let mut held = std::collections::HashMap::new();
-    let mut asked = std::collections::HashMap::new();
-    if let Some(hook_id) = &hook_id {
-        for chunk in guids.chunks(CHUNK) {
-            held.extend(deliveries::held(&client, &target.source, hook_id, chunk).await?);
-            asked.extend(state::asked(&client, &hook, chunk).await?);
-        }
-    }
-    let rules = Rules {
-        events: &target.events,
-        min_age: settings.min_age,
-        max_redeliveries: settings.max_redeliveries,
-        retention,
-    };
-    // Counted in the metrics once: only GUIDs judged for the first time
-    // (logged after the last watermark) add to the late and unexplained
-    // counters; the overlap is judged again without counting again.
-    let first_time = |attempts: &[&LoggedDelivery]| {
-        progress
-            .watermark
-            .is_none_or(|w| attempts.iter().any(|d| d.delivered_at >= w))
-    };
-    let (mut new_late, mut new_unexplained) = (0u64, 0u64);
-    let mut redeliver: Vec<(&str, i64, DateTime<Utc>)> = Vec::new();
-    for (guid, attempts) in &by_guid {
-        let verdict = judge(
-            &Attempts(attempts.clone()),
-            held.get(*guid).copied(),
-            asked.get(*guid).copied(),
-            &rules,
-            now,
-        );
-        match verdict {
-            Verdict::Redeliver { id } => {
-                let at = attempts.iter().map(|d| d.delivered_at).min().unwrap_or(now);
-                redeliver.push((guid, id, at));
-            }
-            Verdict::Late => {
-                report.late += 1;
-                new_late += u64::from(first_time(attempts));
-            }
-            Verdict::Unexplained => {
-                report.unexplained += 1;
-                if first_time(attempts) {
-                    new_unexplained += 1;
-                    tracing::warn!(
-                        source,
-                        delivery_id = guid,
-                        "GitHub saw a 2xx, but hookinbox holds no row of this delivery"
-                    );
-                }
-            }
-            Verdict::Capped => {
-                report.capped += 1;
-                if first_time(attempts) {
-                    tracing::warn!(
-                        source,
-                        delivery_id = guid,
-                        "redelivered the most times allowed; giving up"
-                    );
-                }
-            }
-            Verdict::NotTaken | Verdict::Young | Verdict::AskedRecently => report.skipped += 1,
-            Verdict::Fine => {}
-        }
-    }
-    // Oldest first: GitHub's order is not promised, but the gap closes in
-    // the order it opened.
-    redeliver.sort_by_key(|(_, id, at)| (*at, *id));
-
-    if options.dry_run {
-        report.would_redeliver = redeliver.iter().map(|(g, _, _)| (*g).to_owned()).collect();
-        report.complete = true;
-        return Ok(report);
+impl<'a> Pass<'a> {
+    /// The client of GitHub's API, a Postgres session, and the last pass.
+    async fn start(
+        pool: &Pool,
+        target: &'a ReconcileTarget,
+        options: &'a PassOptions,
+    ) -> Result<Self, ReconcileError> {
+        let settings = &target.settings;
+        let source = target.source.as_str();
+        let hook = settings.hook.to_string();
+        let api = Api::new(
+            settings.api_url.clone(),
+            settings.hook.clone(),
+            settings.auth.clone(),
+            source,
+            options.max_wait,
+        )?;
+        let client = pool.get().await.map_err(DbError::from)?;
+        let progress = state::progress(&client, source)
+            .await?
+            .filter(|p| p.hook == hook)
+            .unwrap_or_default();
+        Ok(Self {
+            target,
+            options,
+            source,
+            report: Report {
+                source: source.to_owned(),
+                hook: hook.clone(),
+                dry_run: options.dry_run,
+                ..Report::default()
+            },
+            hook,
+            api,
+            client,
+            progress,
+            now: Utc::now(),
+        })
     }
 
-    let mut pace = tokio::time::interval(Duration::from_secs_f64(1.0 / settings.per_second));
-    pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let label = |result: &'static str| {
-        metrics::counter!(hookinbox::metrics::RECONCILE_REDELIVERIES, "source" => source.to_owned(), "result" => result)
-            .increment(1);
-    };
-    for (guid, id, _) in &redeliver {
-        pace.tick().await;
-        // Counted before the request: a crash between the two still
-        // counts against the cap.
-        state::ask(&client, &hook, guid, source).await?;
-        match api.redeliver(*id).await {
-            Ok(Redelivery::Accepted) => {
-                state::answered(&client, &hook, guid, "accepted").await?;
-                report.redelivered += 1;
-                label("accepted");
-            }
-            Ok(Redelivery::Refused(message)) => {
-                state::answered(&client, &hook, guid, "refused").await?;
-                report.refused += 1;
-                label("refused");
-                tracing::warn!(source, delivery_id = guid, %message, "GitHub refused the redelivery (422)");
-            }
-            Err(e) => {
-                let _ = state::answered(&client, &hook, guid, "failed").await;
-                label("failed");
-                return Err(e.into());
+    /// GitHub's log, newest first, page by page, back to the cutoff (the
+    /// watermark minus the overlap, or `--since`; never past the log's
+    /// window) or the log's end.
+    async fn walk_log(&mut self) -> Result<Vec<LoggedDelivery>, ReconcileError> {
+        let floor = ago(self.now, log_window(&self.target.settings.api_url));
+        let cutoff = match (self.options.since, self.progress.watermark) {
+            (Some(since), _) => ago(self.now, since).max(floor),
+            (None, Some(watermark)) => ago(watermark, OVERLAP).max(floor),
+            (None, None) => floor,
+        };
+        let mut logged: Vec<LoggedDelivery> = Vec::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let page = self.api.list(cursor.as_deref()).await?;
+            self.report.pages += 1;
+            let reached = page.deliveries.iter().any(|d| d.delivered_at < cutoff);
+            logged.extend(
+                page.deliveries
+                    .into_iter()
+                    .filter(|d| d.delivered_at >= cutoff),
+            );
+            match page.next {
+                Some(next) if !reached && cursor.as_deref() != Some(next.as_str()) => {
+                    cursor = Some(next);
+                }
+                _ => break,
             }
         }
+        Ok(logged)
     }
 
-    let watermark = options.since.is_none().then_some(judged_before);
-    state::completed(
-        &client,
-        source,
-        &hook,
-        hook_id.as_deref(),
-        watermark,
-        &report.counts(),
-    )
-    .await?;
-    let _ = state::forget(&client, FORGET_ASKED_AFTER).await;
-    report.complete = true;
-    metrics::counter!(hookinbox::metrics::RECONCILE_LATE_ANSWERS, "source" => source.to_owned())
-        .increment(new_late);
-    metrics::counter!(hookinbox::metrics::RECONCILE_UNEXPLAINED, "source" => source.to_owned())
-        .increment(new_unexplained);
-    Ok(report)
+    /// The hook id its deliveries carry: named by a repository or
+    /// organization hook, learned from a delivery's request for an App's
+    /// (and remembered, unless a dry run).
+    async fn hook_id(&self, logged: &[LoggedDelivery]) -> Result<Option<String>, ReconcileError> {
+        if let Some(id) = self.target.settings.hook.hook_id() {
+            return Ok(Some(id.to_string()));
+        }
+        if let Some(id) = &self.progress.hook_id {
+            return Ok(Some(id.clone()));
+        }
+        let Some(newest) = logged.iter().max_by_key(|d| d.id) else {
+            return Ok(None);
+        };
+        let request = self.api.request_of(newest.id).await?;
+        let id = request.header("X-GitHub-Hook-ID").ok_or_else(|| {
+            ReconcileError::Api(super::github::ApiError::Unexpected {
+                status: 200,
+                message: "the delivery's request carries no X-GitHub-Hook-ID".to_owned(),
+            })
+        })?;
+        if !self.options.dry_run {
+            state::remember_hook_id(&self.client, self.source, &self.hook, &id).await?;
+        }
+        Ok(Some(id))
+    }
+
+    /// Judges each GUID against what hookinbox holds of it and the
+    /// redeliveries already asked, counting the verdicts in the report.
+    async fn judge<'l>(
+        &mut self,
+        by_guid: &BTreeMap<&'l str, Vec<&'l LoggedDelivery>>,
+        hook_id: Option<&str>,
+        retention: Duration,
+    ) -> Result<Judged<'l>, ReconcileError> {
+        let guids: Vec<&str> = by_guid.keys().copied().collect();
+        let mut held = std::collections::HashMap::new();
+        let mut asked = std::collections::HashMap::new();
+        if let Some(hook_id) = hook_id {
+            for chunk in guids.chunks(CHUNK) {
+                held.extend(
+                    deliveries::held(&self.client, &self.target.source, hook_id, chunk).await?,
+                );
+                asked.extend(state::asked(&self.client, &self.hook, chunk).await?);
+            }
+        }
+        let settings = &self.target.settings;
+        let rules = Rules {
+            events: &self.target.events,
+            min_age: settings.min_age,
+            max_redeliveries: settings.max_redeliveries,
+            retention,
+        };
+        // Counted in the metrics once: only GUIDs judged for the first time
+        // (logged after the last watermark) add to the late and unexplained
+        // counters; the overlap is judged again without counting again.
+        let watermark = self.progress.watermark;
+        let first_time = |attempts: &[&LoggedDelivery]| {
+            watermark.is_none_or(|w| attempts.iter().any(|d| d.delivered_at >= w))
+        };
+        let source = self.source;
+        let report = &mut self.report;
+        let mut judged = Judged {
+            redeliver: Vec::new(),
+            new_late: 0,
+            new_unexplained: 0,
+        };
+        for (guid, attempts) in by_guid {
+            let verdict = judge(
+                &Attempts(attempts.clone()),
+                held.get(*guid).copied(),
+                asked.get(*guid).copied(),
+                &rules,
+                self.now,
+            );
+            match verdict {
+                Verdict::Redeliver { id } => {
+                    let at = attempts
+                        .iter()
+                        .map(|d| d.delivered_at)
+                        .min()
+                        .unwrap_or(self.now);
+                    judged.redeliver.push((guid, id, at));
+                }
+                Verdict::Late => {
+                    report.late += 1;
+                    judged.new_late += u64::from(first_time(attempts));
+                }
+                Verdict::Unexplained => {
+                    report.unexplained += 1;
+                    if first_time(attempts) {
+                        judged.new_unexplained += 1;
+                        tracing::warn!(
+                            source,
+                            delivery_id = guid,
+                            "GitHub saw a 2xx, but hookinbox holds no row of this delivery"
+                        );
+                    }
+                }
+                Verdict::Capped => {
+                    report.capped += 1;
+                    if first_time(attempts) {
+                        tracing::warn!(
+                            source,
+                            delivery_id = guid,
+                            "redelivered the most times allowed; giving up"
+                        );
+                    }
+                }
+                Verdict::NotTaken | Verdict::Young | Verdict::AskedRecently => report.skipped += 1,
+                Verdict::Fine => {}
+            }
+        }
+        // Oldest first: GitHub's order is not promised, but the gap closes in
+        // the order it opened.
+        judged.redeliver.sort_by_key(|(_, id, at)| (*at, *id));
+        Ok(judged)
+    }
+
+    /// A dry run's report: what it would redeliver; nothing changed.
+    fn dry_run(mut self, judged: &Judged<'_>) -> Report {
+        self.report.would_redeliver = judged
+            .redeliver
+            .iter()
+            .map(|(g, _, _)| (*g).to_owned())
+            .collect();
+        self.report.complete = true;
+        self.report
+    }
+
+    /// Asks GitHub to redeliver each, at the source's pace, counting each
+    /// ask before its request and recording GitHub's answer.
+    async fn redeliver(&mut self, judged: &Judged<'_>) -> Result<(), ReconcileError> {
+        let source = self.source;
+        let per_second = self.target.settings.per_second;
+        let mut pace = tokio::time::interval(Duration::from_secs_f64(1.0 / per_second));
+        pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let label = |result: &'static str| {
+            metrics::counter!(hookinbox::metrics::RECONCILE_REDELIVERIES, "source" => source.to_owned(), "result" => result)
+                .increment(1);
+        };
+        for (guid, id, _) in &judged.redeliver {
+            pace.tick().await;
+            // Counted before the request: a crash between the two still
+            // counts against the cap.
+            state::ask(&self.client, &self.hook, guid, source).await?;
+            match self.api.redeliver(*id).await {
+                Ok(Redelivery::Accepted) => {
+                    state::answered(&self.client, &self.hook, guid, "accepted").await?;
+                    self.report.redelivered += 1;
+                    label("accepted");
+                }
+                Ok(Redelivery::Refused(message)) => {
+                    state::answered(&self.client, &self.hook, guid, "refused").await?;
+                    self.report.refused += 1;
+                    label("refused");
+                    tracing::warn!(source, delivery_id = guid, %message, "GitHub refused the redelivery (422)");
+                }
+                Err(e) => {
+                    let _ = state::answered(&self.client, &self.hook, guid, "failed").await;
+                    label("failed");
+                    return Err(e.into());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Records the completed pass: its counts, the hook id, and the new
+    /// watermark (not for a `--since` pass); forgets old asks; counts the
+    /// late and unexplained deliveries judged for the first time.
+    async fn record(
+        mut self,
+        hook_id: Option<&str>,
+        judged: &Judged<'_>,
+    ) -> Result<Report, ReconcileError> {
+        // Everything logged before this was judged by this pass; younger
+        // deliveries may still be in flight.
+        let judged_before = ago(self.now, self.target.settings.min_age);
+        let watermark = self.options.since.is_none().then_some(judged_before);
+        state::completed(
+            &self.client,
+            self.source,
+            &self.hook,
+            hook_id,
+            watermark,
+            &self.report.counts(),
+        )
+        .await?;
+        let _ = state::forget(&self.client, FORGET_ASKED_AFTER).await;
+        self.report.complete = true;
+        let source = self.source.to_owned();
+        metrics::counter!(hookinbox::metrics::RECONCILE_LATE_ANSWERS, "source" => source.clone())
+            .increment(judged.new_late);
+        metrics::counter!(hookinbox::metrics::RECONCILE_UNEXPLAINED, "source" => source)
+            .increment(judged.new_unexplained);
+        Ok(self.report)
+    }
 }

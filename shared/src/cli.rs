@@ -1,0 +1,67 @@
+//! How both binaries enter ([`enter`]): the same first steps before their
+//! command ([`preamble`]), and the same way of running it to an exit code
+//! ([`block_on`]).
+
+use std::fmt::Display;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+
+use crate::telemetry::LogArgs;
+
+/// Runs a binary's command the way both binaries do: [`preamble`] (which
+/// answers `healthcheck` alone), then `command` on a runtime
+/// ([`block_on`]), exiting with `failure` when it fails.
+pub fn enter<E: Display>(
+    healthcheck: bool,
+    metrics_listen: SocketAddr,
+    log: &LogArgs,
+    command: impl Future<Output = Result<u8, E>>,
+    failure: u8,
+) -> ExitCode {
+    match preamble(healthcheck, metrics_listen, log) {
+        Some(code) => code,
+        None => block_on(command, failure),
+    }
+}
+
+/// What every command does first. `healthcheck`: the command is
+/// `healthcheck`, which asks this host's metrics listener for `/healthz`
+/// and ends there (a container's health check starts no logging and no
+/// runtime): its exit code is returned. Otherwise logging starts, and the
+/// fault suite's kill points are armed when built with them, and `None`
+/// says to go on.
+pub fn preamble(healthcheck: bool, metrics_listen: SocketAddr, log: &LogArgs) -> Option<ExitCode> {
+    if healthcheck {
+        return Some(if crate::metrics::healthcheck(metrics_listen) {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        });
+    }
+    crate::telemetry::init(log);
+    #[cfg(feature = "failpoints")]
+    crate::failpoints::setup();
+    None
+}
+
+/// Runs a command on a new multi-threaded runtime. Its `Ok(code)` is the
+/// exit code; an error is printed on one line with its causes
+/// (`Error: refusing to start: bad setting: HOOKINBOX_…: …`) and exits
+/// with `failure`.
+pub fn block_on<E: Display>(command: impl Future<Output = Result<u8, E>>, failure: u8) -> ExitCode {
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("Error: cannot start the runtime: {e}");
+            return ExitCode::from(failure);
+        }
+    };
+    match runtime.block_on(command) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("Error: {e:#}");
+            ExitCode::from(failure)
+        }
+    }
+}

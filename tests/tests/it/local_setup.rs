@@ -1,0 +1,78 @@
+//! The setup `scripts/test.sh`, `scripts/run-local.sh` and `.ci/run` share
+//! (`scripts/lib/services.sh`), in its dry run: what it would change on
+//! this machine, where Postgres and RabbitMQ are up, and on a fresh Debian
+//! machine without them.
+
+use std::process::Command;
+
+/// Runs `services_up` of the library in a dry run with `extra` variables;
+/// returns its standard output.
+fn dry_run(extra: &[(&str, &str)]) -> String {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace");
+    let out = Command::new("bash")
+        .args(["-c", ". scripts/lib/services.sh && services_up"])
+        .current_dir(root)
+        .env("HOOKINBOX_INSTALL_DRY_RUN", "1")
+        .envs(extra.iter().copied())
+        .output()
+        .expect("bash runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn with_the_services_up_the_setup_installs_and_starts_nothing() {
+    let said = dry_run(&[]);
+    assert!(said.contains("postgres: up on 127.0.0.1:5432"), "{said}");
+    assert!(said.contains("rabbitmq: up on 127.0.0.1:5672"), "{said}");
+    assert!(!said.contains("would run"), "{said}");
+}
+
+#[test]
+fn on_a_machine_without_them_the_setup_installs_the_pinned_packages_then_starts_them() {
+    let said = dry_run(&[("HOOKINBOX_PRETEND_MISSING", "postgres rabbitmq")]);
+    let runs: Vec<&str> = said
+        .lines()
+        .filter_map(|l| l.strip_prefix("would run: "))
+        .collect();
+    let step = |what: &str| {
+        runs.iter()
+            .position(|r| r.contains(what))
+            .unwrap_or_else(|| panic!("no '{what}' in:\n{said}"))
+    };
+    // One package index update, then pinned, non-interactive installs.
+    assert_eq!(
+        runs.iter().filter(|r| r.contains("apt-get update")).count(),
+        1,
+        "{said}"
+    );
+    let postgres = step("postgresql-15=15.");
+    let rabbitmq = step("rabbitmq-server=3.10.");
+    for install in [postgres, rabbitmq] {
+        assert!(
+            runs[install].contains("DEBIAN_FRONTEND=noninteractive apt-get install -y"),
+            "{}",
+            runs[install]
+        );
+    }
+    assert!(
+        runs[postgres].contains("postgresql-client-15=15."),
+        "{said}"
+    );
+    // Loopback clients in without a password, then each started.
+    let trust = step("host all all 127.0.0.1/32 trust");
+    let start_postgres = step("pg_ctlcluster --skip-systemctl-redirect 15 main start");
+    let start_rabbitmq = step("rabbitmq-server -detached");
+    assert!(step("apt-get update") < postgres);
+    assert!(postgres < trust && trust < start_postgres, "{said}");
+    assert!(
+        start_postgres < rabbitmq && rabbitmq < start_rabbitmq,
+        "{said}"
+    );
+}
