@@ -914,10 +914,12 @@ impl TestEnv {
 /// next to the test binaries).
 pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
-    let dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target dir");
+    // A test runs from `target/<profile>/deps/`, a tool of this crate from
+    // `target/<profile>/`: the binaries are in the profile's folder.
+    let mut dir = exe.parent().expect("the executable's folder");
+    if dir.ends_with("deps") {
+        dir = dir.parent().expect("target dir");
+    }
     let path = dir.join(name);
     assert!(
         path.exists(),

@@ -1,0 +1,820 @@
+//! Destination scenarios, measured against real binaries: a fresh
+//! database and queue prefix, `hookinbox-ingest` and `hookinbox-worker`
+//! (the build this tool sits beside: build it with `--release` to measure
+//! release binaries), and local receivers in this process that count every
+//! request by its `Idempotency-Key` and can be slowed, broken, stopped and
+//! started again. Every scenario prints a Markdown table of what it saw.
+//!
+//! - `isolation`: a slow destination with a backlog beside a fast one.
+//! - `misconfigured`: a destination answering 404, fixed, then resumed.
+//! - `outage`: a destination down for a while at a steady rate.
+//! - `mixed`: destinations A (healthy), B (down, then back) and C
+//!   (filtered) under one stream of mixed deliveries; A's latency is
+//!   compared with a run of A alone.
+//!
+//! Traffic only ever goes to 127.0.0.1.
+
+use std::collections::HashMap;
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand};
+use hdrhistogram::Histogram;
+use hookinbox_tests::{Hook, SECRET, Spawned, TestEnv};
+
+#[derive(Parser)]
+#[command(about = "Destination scenarios against real binaries")]
+struct Args {
+    #[command(subcommand)]
+    scenario: Scenario,
+}
+
+#[derive(Subcommand)]
+enum Scenario {
+    /// A slow destination with a backlog, and a fast one beside it.
+    Isolation {
+        /// Legs sent to the slow destination first.
+        #[arg(long, default_value_t = 1000)]
+        backlog: usize,
+        /// Deliveries sent to the fast one after.
+        #[arg(long, default_value_t = 20)]
+        fast: usize,
+        /// How long the slow destination takes to answer.
+        #[arg(long, default_value_t = 5000)]
+        slow_ms: u64,
+    },
+    /// A destination answering 404 (a route renamed downstream), fixed,
+    /// then resumed by an operator.
+    Misconfigured {
+        /// Deliveries sent while it answers 404.
+        #[arg(long, default_value_t = 50)]
+        deliveries: usize,
+    },
+    /// A destination down (connections refused) for a while, at a
+    /// steady rate.
+    Outage {
+        /// Deliveries per second.
+        #[arg(long, default_value_t = 100)]
+        rate: u32,
+        /// Seconds the destination is down.
+        #[arg(long, default_value_t = 600)]
+        down_secs: u64,
+        /// The breaker's pause between probes.
+        #[arg(long, default_value_t = 30)]
+        probe_secs: u64,
+    },
+    /// A healthy, B down then back, C filtered to pull requests of two
+    /// repositories; one stream of mixed deliveries.
+    Mixed {
+        /// Deliveries in all.
+        #[arg(long, default_value_t = 10_000)]
+        deliveries: usize,
+        /// Deliveries per second.
+        #[arg(long, default_value_t = 200)]
+        rate: u32,
+    },
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    match Args::parse().scenario {
+        Scenario::Isolation {
+            backlog,
+            fast,
+            slow_ms,
+        } => isolation(backlog, fast, Duration::from_millis(slow_ms)).await,
+        Scenario::Misconfigured { deliveries } => misconfigured(deliveries).await,
+        Scenario::Outage {
+            rate,
+            down_secs,
+            probe_secs,
+        } => outage(rate, Duration::from_secs(down_secs), probe_secs).await,
+        Scenario::Mixed { deliveries, rate } => mixed(deliveries, rate).await,
+    }
+}
+
+/// How a [`Sink`] answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// 200 at once.
+    Ok,
+    /// This status at once.
+    Status(u16),
+    /// 200 after this many milliseconds.
+    Slow(u64),
+}
+
+/// One request a sink saw: its key, the delivery id, when, and whether it
+/// was answered 2xx (taken).
+#[derive(Clone, Debug)]
+struct Seen {
+    key: String,
+    delivery: String,
+    at: Instant,
+    taken: bool,
+}
+
+#[derive(Default)]
+struct SinkState {
+    seen: Mutex<Vec<Seen>>,
+    /// The answer's status (0: 200), or a delay in ms (above 10,000:
+    /// `ms - 10,000`).
+    mode: AtomicU16,
+    slow_ms: AtomicU64,
+}
+
+/// A local receiver that records each request's `Idempotency-Key` and
+/// arrival, answering as its mode says; it can be stopped (connections
+/// refused) and started again on the same port.
+struct Sink {
+    port: u16,
+    state: Arc<SinkState>,
+    server: Mutex<Option<actix_web::dev::ServerHandle>>,
+}
+
+async fn sink(req: HttpRequest, state: web::Data<SinkState>) -> HttpResponse {
+    let header = |name: &str| {
+        req.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned()
+    };
+    let status = match state.mode.load(Ordering::Relaxed) {
+        0 => 200,
+        n => n,
+    };
+    state.seen.lock().expect("lock").push(Seen {
+        key: header("idempotency-key"),
+        delivery: header("x-github-delivery"),
+        at: Instant::now(),
+        taken: (200..300).contains(&status),
+    });
+    let slow = state.slow_ms.load(Ordering::Relaxed);
+    if slow > 0 {
+        tokio::time::sleep(Duration::from_millis(slow)).await;
+    }
+    HttpResponse::build(actix_web::http::StatusCode::from_u16(status).unwrap_or_default()).finish()
+}
+
+impl Sink {
+    async fn start(mode: Mode) -> Arc<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let sink = Arc::new(Self {
+            port,
+            state: Arc::new(SinkState::default()),
+            server: Mutex::new(None),
+        });
+        sink.set(mode);
+        sink.serve(listener);
+        sink
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/hook", self.port)
+    }
+
+    fn set(&self, mode: Mode) {
+        let (status, slow) = match mode {
+            Mode::Ok => (0, 0),
+            Mode::Status(s) => (s, 0),
+            Mode::Slow(ms) => (0, ms),
+        };
+        self.state.mode.store(status, Ordering::Relaxed);
+        self.state.slow_ms.store(slow, Ordering::Relaxed);
+    }
+
+    fn serve(&self, listener: TcpListener) {
+        let data = web::Data::from(self.state.clone());
+        let server = HttpServer::new(move || {
+            App::new()
+                .app_data(data.clone())
+                .default_service(web::to(sink))
+        })
+        .workers(2)
+        .max_connection_rate(4096)
+        .backlog(4096)
+        .disable_signals()
+        .listen(listener)
+        .expect("listen")
+        .run();
+        *self.server.lock().expect("lock") = Some(server.handle());
+        tokio::spawn(server);
+    }
+
+    /// Stops listening: connections are refused until [`Sink::up`].
+    async fn down(&self) {
+        let handle = self.server.lock().expect("lock").take();
+        if let Some(handle) = handle {
+            handle.stop(false).await;
+        }
+    }
+
+    /// Listens again on the same port.
+    async fn up(&self) {
+        let mut tries = 0;
+        let listener = loop {
+            match TcpListener::bind(("127.0.0.1", self.port)) {
+                Ok(l) => break l,
+                Err(_) if tries < 100 => {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => panic!("the port came back taken: {e}"),
+            }
+        };
+        self.serve(listener);
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.state.seen.lock().expect("lock").clone()
+    }
+
+    /// Keys taken (answered 2xx), and how many of them were taken more
+    /// than once.
+    fn duplicates(&self) -> (usize, usize) {
+        let mut per_key: HashMap<String, usize> = HashMap::new();
+        for s in self.seen().into_iter().filter(|s| s.taken) {
+            *per_key.entry(s.key).or_default() += 1;
+        }
+        let dup = per_key.values().filter(|n| **n > 1).count();
+        (per_key.len(), dup)
+    }
+}
+
+/// A stack on a fresh database: ingest and a worker on `config`.
+struct Stack {
+    env: TestEnv,
+    ingest: Spawned,
+    worker: Spawned,
+    http: reqwest::Client,
+}
+
+impl Stack {
+    async fn start(config: &str, worker_env: &[(&str, &str)]) -> anyhow::Result<Self> {
+        let env = TestEnv::new().await;
+        let path = env.config_file(config);
+        let path = path.to_string_lossy().into_owned();
+        let common = [
+            ("HOOKINBOX_CONFIG", path.as_str()),
+            ("HOOKINBOX_LOG_FORMAT", "json"),
+            ("RUST_LOG", "warn"),
+            // The receivers are local: let forward reach loopback.
+            ("HOOKINBOX_FORWARD_ALLOW_NETWORKS", "127.0.0.0/8"),
+        ];
+        let ingest = env.spawn("hookinbox-ingest", &common);
+        ingest.wait_ready().await;
+        let mut wenv: Vec<(&str, &str)> = common.to_vec();
+        wenv.extend_from_slice(worker_env);
+        let worker = env.spawn("hookinbox-worker", &wenv);
+        let stack = Self {
+            env,
+            ingest,
+            worker,
+            http: reqwest::Client::builder()
+                .pool_max_idle_per_host(64)
+                .build()?,
+        };
+        // The worker has registered the destinations once their rows exist.
+        let ready = wait_for(Duration::from_secs(30), || async {
+            stack.env.count("select count(*) from destinations").await > 0
+        })
+        .await;
+        if !ready {
+            bail!("the worker did not start:\n{}", stack.worker.logs());
+        }
+        Ok(stack)
+    }
+
+    fn base(&self) -> String {
+        format!("http://127.0.0.1:{}", self.ingest.port)
+    }
+
+    async fn send(&self, hook: &Hook) -> anyhow::Result<u16> {
+        Ok(hook.post(&self.http, &self.base()).await.status)
+    }
+
+    async fn count(&self, sql: &str) -> i64 {
+        self.env.count(sql).await
+    }
+
+    async fn stop(self) {
+        self.env.cleanup().await;
+    }
+}
+
+/// Polls `check` every 100 ms until it holds (true) or `limit` passes.
+async fn wait_for<F, Fut>(limit: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if check().await {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A delivery of `event` about `repository` of installation
+/// `installation`, with a body of its own.
+fn about(source: &str, event: &str, action: &str, repository: &str, installation: u64) -> Hook {
+    let mut hook = Hook::new(
+        event,
+        format!(
+            r#"{{"action":"{action}","repository":{{"id":1,"full_name":"{repository}"}},"installation":{{"id":{installation}}},"nonce":"{}"}}"#,
+            uuid::Uuid::new_v4()
+        ),
+    );
+    if source != "default" {
+        hook.path = format!("/webhooks/github/{source}");
+    }
+    hook
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1}", d.as_secs_f64() * 1000.0)
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.1}", d.as_secs_f64())
+}
+
+/// `fast` completes while `slow` has a backlog.
+async fn isolation(backlog: usize, fast: usize, slow_ms: Duration) -> anyhow::Result<()> {
+    let slow = Sink::start(Mode::Slow(slow_ms.as_millis() as u64)).await;
+    let config = format!(
+        r#"
+[[sources]]
+name = "slow"
+secrets = ["{SECRET}"]
+[[sources.destinations]]
+name = "app"
+kind = "forward"
+url = "{}"
+timeout_ms = {}
+
+[[sources]]
+name = "fast"
+secrets = ["{SECRET}"]
+[[sources.destinations]]
+name = "store"
+kind = "store"
+"#,
+        slow.url(),
+        slow_ms.as_millis() as u64 * 2
+    );
+    let stack = Stack::start(&config, &[]).await?;
+    for _ in 0..backlog {
+        let status = stack
+            .send(&about("slow", "push", "none", "acme/widgets", 1))
+            .await?;
+        if status != 202 {
+            bail!("slow: {status}");
+        }
+    }
+    let started = Instant::now();
+    let mut sent = Vec::new();
+    for _ in 0..fast {
+        let hook = about("fast", "push", "none", "acme/widgets", 1);
+        let status = stack.send(&hook).await?;
+        if status != 202 {
+            bail!("fast: {status}");
+        }
+        sent.push(hook);
+    }
+    let done = wait_for(Duration::from_secs(120), || async {
+        stack
+            .count("select count(*) from deliveries where source = 'fast' and status = 'completed'")
+            .await
+            == fast as i64
+    })
+    .await;
+    let fast_done = started.elapsed();
+    let slow_left = stack
+        .count("select count(*) from deliveries where source = 'slow' and status <> 'completed'")
+        .await;
+    let e2e_max: f64 = stack
+        .env
+        .db
+        .query_one(
+            "select coalesce(max(extract(epoch from completed_at - created_at)), 0)::float8
+             from deliveries where source = 'fast'",
+            &[],
+        )
+        .await?
+        .get(0);
+    println!("| scenario | figure |\n|---|---|");
+    println!(
+        "| slow destination's backlog sent first | {backlog} legs, {} ms each |",
+        slow_ms.as_millis()
+    );
+    println!("| fast deliveries | {fast} |");
+    println!(
+        "| every fast one completed | {} (within {} s of the first send) |",
+        done,
+        secs(fast_done)
+    );
+    println!(
+        "| fast end-to-end, slowest (claim to completion) | {:.1} ms |",
+        e2e_max * 1000.0
+    );
+    println!("| slow legs not yet completed then | {slow_left} |");
+    stack.stop().await;
+    if !done {
+        bail!("the fast deliveries did not complete");
+    }
+    Ok(())
+}
+
+/// A 404 destination, fixed, then resumed.
+async fn misconfigured(deliveries: usize) -> anyhow::Result<()> {
+    let app = Sink::start(Mode::Status(404)).await;
+    let config = format!(
+        r#"
+[[sources]]
+name = "default"
+secrets = ["{SECRET}"]
+[[sources.destinations]]
+name = "app"
+kind = "forward"
+url = "{}"
+"#,
+        app.url()
+    );
+    let stack = Stack::start(&config, &[]).await?;
+    for _ in 0..deliveries {
+        stack
+            .send(&about("default", "push", "none", "acme/widgets", 1))
+            .await?;
+    }
+    let settled = wait_for(Duration::from_secs(60), || async {
+        stack
+            .count("select count(*) from deliveries where status = 'failed'")
+            .await
+            == deliveries as i64
+    })
+    .await;
+    let held = stack
+        .count("select count(*) from deliveries where status = 'failed' and retryable and last_error_class = 'held'")
+        .await;
+    let dead = stack
+        .count("select count(*) from deliveries where status = 'failed' and not retryable")
+        .await;
+    let state: String = stack
+        .env
+        .db
+        .query_one("select state from destinations where name = 'app'", &[])
+        .await?
+        .get(0);
+    let requests_while_broken = app.seen().len();
+    // The route is fixed downstream; an operator resumes the destination.
+    app.set(Mode::Ok);
+    let pool = stack.env.pool(1);
+    let client = pool.get().await?;
+    hookinbox::deliveries::set_by_operator(
+        &client,
+        &hookinbox::SourceName::default_source(),
+        &hookinbox::DestinationName::parse("app")?,
+        hookinbox::deliveries::BreakerState::Closed,
+        "destbench",
+    )
+    .await?;
+    let resumed = Instant::now();
+    let delivered = wait_for(Duration::from_secs(120), || async {
+        stack
+            .count("select count(*) from deliveries where status = 'completed'")
+            .await
+            == deliveries as i64
+    })
+    .await;
+    let (keys, duplicates) = app.duplicates();
+    println!("| scenario | figure |\n|---|---|");
+    println!("| deliveries while it answered 404 | {deliveries} (all settled: {settled}) |");
+    println!("| held (waiting, no attempt spent) | {held} |");
+    println!("| dead-lettered | {dead} |");
+    println!("| breaker | {state} |");
+    println!("| requests it received while broken | {requests_while_broken} |");
+    println!(
+        "| delivered after the fix and resume | {} in {} s |",
+        stack
+            .count("select count(*) from deliveries where status = 'completed'")
+            .await,
+        secs(resumed.elapsed())
+    );
+    println!("| keys taken (2xx), keys taken twice | {keys}, {duplicates} |");
+    stack.stop().await;
+    if dead > 0 || !delivered {
+        bail!("dead letters or legs not delivered");
+    }
+    Ok(())
+}
+
+/// A destination down for `down` at `rate`.
+async fn outage(rate: u32, down: Duration, probe_secs: u64) -> anyhow::Result<()> {
+    let app = Sink::start(Mode::Ok).await;
+    let config = format!(
+        r#"
+[[sources]]
+name = "default"
+secrets = ["{SECRET}"]
+[[sources.destinations]]
+name = "app"
+kind = "forward"
+url = "{}"
+timeout_ms = 2000
+breaker = {{ probe_secs = {probe_secs} }}
+"#,
+        app.url()
+    );
+    let stack = Arc::new(Stack::start(&config, &[]).await?);
+    app.down().await;
+    let went_down = Instant::now();
+    let sending = tokio::spawn({
+        let stack = stack.clone();
+        async move {
+            let period = Duration::from_secs(1) / rate;
+            let total = (down.as_secs_f64() * f64::from(rate)) as usize;
+            let start = tokio::time::Instant::now();
+            let mut refused = 0usize;
+            for i in 0..total {
+                tokio::time::sleep_until(start + period * i as u32).await;
+                let hook = about("default", "push", "none", "acme/widgets", 1);
+                if stack.send(&hook).await.unwrap_or(0) != 202 {
+                    refused += 1;
+                }
+            }
+            (total, refused)
+        }
+    });
+    // While down: the breaker's state, sampled each second.
+    let mut opened_at: Option<Instant> = None;
+    while went_down.elapsed() < down {
+        let state: String = stack
+            .env
+            .db
+            .query_one("select state from destinations where name = 'app'", &[])
+            .await?
+            .get(0);
+        if opened_at.is_none() && state != "closed" {
+            opened_at = Some(Instant::now());
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let (sent, refused) = sending.await?;
+    let dead_during = stack
+        .count("select count(*) from deliveries where status = 'failed' and not retryable")
+        .await;
+    let attempts_while_down = stack
+        .count("select count(*) from destination_attempts")
+        .await;
+    let probes = stack
+        .count("select count(*) from destination_attempts where probe")
+        .await;
+    app.up().await;
+    let came_up = Instant::now();
+    let all = wait_for(Duration::from_secs(1800), || async {
+        stack
+            .count("select count(*) from deliveries where status = 'completed'")
+            .await
+            == (sent - refused) as i64
+    })
+    .await;
+    let drained = came_up.elapsed();
+    let (keys, duplicates) = app.duplicates();
+    let dead = stack
+        .count("select count(*) from deliveries where status = 'failed' and not retryable")
+        .await;
+    let open_secs = opened_at
+        .map(|t| went_down.elapsed().min(t.elapsed()))
+        .unwrap_or_default();
+    println!("| scenario | figure |\n|---|---|");
+    println!("| down for | {} s, {rate} deliveries/s |", secs(down));
+    println!("| sent, refused by ingest | {sent}, {refused} |");
+    println!(
+        "| breaker opened after | {} s |",
+        opened_at
+            .map(|t| secs(t - went_down))
+            .unwrap_or_else(|| "never".into())
+    );
+    println!(
+        "| attempts while down (the attempt log), of which probes | {attempts_while_down}, {probes} |"
+    );
+    println!(
+        "| probes allowed by probe_secs = {probe_secs} over {} s open | {} |",
+        secs(open_secs),
+        open_secs.as_secs() / probe_secs + 1
+    );
+    println!("| dead-lettered while down, in all | {dead_during}, {dead} |");
+    println!(
+        "| every leg delivered after it came back | {all}, in {} s |",
+        secs(drained)
+    );
+    println!("| keys taken (2xx), keys taken twice | {keys}, {duplicates} |");
+    let stack = Arc::try_unwrap(stack).map_err(|_| anyhow::anyhow!("stack still shared"))?;
+    stack.stop().await;
+    if dead > 0 || !all || duplicates > 0 {
+        bail!("dead letters, missing legs or duplicates");
+    }
+    Ok(())
+}
+
+/// Sends `deliveries` at `rate` to a source with destinations A, B and C,
+/// B's receiver down for the middle third of the run (or, `with_b` false,
+/// A alone), and returns A's end-to-end latency histograms (send to
+/// receipt, µs) over the sends of the first third (B up) and of the middle
+/// third (B down), and what the run saw.
+async fn mixed_run(
+    deliveries: usize,
+    rate: u32,
+    with_b: bool,
+) -> anyhow::Result<([Histogram<u64>; 2], MixedRun)> {
+    let a = Sink::start(Mode::Ok).await;
+    let b = Sink::start(Mode::Ok).await;
+    let c = Sink::start(Mode::Ok).await;
+    let mut config = format!(
+        r#"
+[[sources]]
+name = "default"
+secrets = ["{SECRET}"]
+[[sources.destinations]]
+name = "a"
+kind = "forward"
+url = "{}"
+"#,
+        a.url()
+    );
+    if with_b {
+        config.push_str(&format!(
+            r#"
+[[sources.destinations]]
+name = "b"
+kind = "forward"
+url = "{}"
+timeout_ms = 2000
+breaker = {{ probe_secs = 5 }}
+
+[[sources.destinations]]
+name = "c"
+kind = "forward"
+url = "{}"
+events = ["pull_request"]
+repositories = ["acme/widgets", "acme/gadgets"]
+"#,
+            b.url(),
+            c.url()
+        ));
+    }
+    let stack = Stack::start(&config, &[]).await?;
+    let repositories = ["acme/widgets", "acme/gadgets", "acme/other", "someone/else"];
+    let third = deliveries / 3;
+    let period = Duration::from_secs(1) / rate;
+    let start = tokio::time::Instant::now();
+    let mut sent_at: HashMap<String, Instant> = HashMap::new();
+    let mut while_up: Vec<String> = Vec::new();
+    let mut while_down: Vec<String> = Vec::new();
+    let mut c_expected = 0usize;
+    let mut accepted = 0usize;
+    for i in 0..deliveries {
+        if with_b && i == third {
+            b.down().await;
+        }
+        if with_b && i == 2 * third {
+            b.up().await;
+        }
+        tokio::time::sleep_until(start + period * i as u32).await;
+        let repository = repositories[i % repositories.len()];
+        let (event, action) = if i % 3 == 0 {
+            ("pull_request", "opened")
+        } else {
+            ("push", "none")
+        };
+        let hook = about("default", event, action, repository, 1);
+        let status = stack.send(&hook).await?;
+        if status == 202 {
+            accepted += 1;
+            if event == "pull_request"
+                && repository.starts_with("acme/")
+                && repository != "acme/other"
+            {
+                c_expected += 1;
+            }
+            if (third..2 * third).contains(&i) {
+                while_down.push(hook.id().to_owned());
+            } else if i < third {
+                while_up.push(hook.id().to_owned());
+            }
+            sent_at.insert(hook.id().to_owned(), Instant::now());
+        }
+    }
+    // Everything arrives: A and C at once, B after it came back.
+    let everything = wait_for(Duration::from_secs(600), || async {
+        a.duplicates().0 >= accepted
+            && (!with_b || (b.duplicates().0 >= accepted && c.duplicates().0 >= c_expected))
+    })
+    .await;
+    let a_seen: HashMap<String, Instant> =
+        a.seen().into_iter().map(|s| (s.delivery, s.at)).collect();
+    let mut histograms = [Histogram::<u64>::new(3)?, Histogram::<u64>::new(3)?];
+    for (histogram, ids) in histograms.iter_mut().zip([&while_up, &while_down]) {
+        for id in ids {
+            if let (Some(sent), Some(got)) = (sent_at.get(id), a_seen.get(id)) {
+                histogram.record(got.saturating_duration_since(*sent).as_micros() as u64)?;
+            }
+        }
+    }
+    let run = MixedRun {
+        accepted,
+        everything,
+        a: a.duplicates(),
+        b: b.duplicates(),
+        c: c.duplicates(),
+        c_expected,
+        dead: stack
+            .count("select count(*) from deliveries where status = 'failed' and not retryable")
+            .await,
+        c_wrong: c
+            .seen()
+            .iter()
+            .filter(|s| s.taken)
+            .count()
+            .saturating_sub(c_expected),
+    };
+    stack.stop().await;
+    Ok((histograms, run))
+}
+
+/// What a mixed run saw.
+struct MixedRun {
+    accepted: usize,
+    everything: bool,
+    a: (usize, usize),
+    b: (usize, usize),
+    c: (usize, usize),
+    c_expected: usize,
+    dead: i64,
+    c_wrong: usize,
+}
+
+async fn mixed(deliveries: usize, rate: u32) -> anyhow::Result<()> {
+    let ([_, alone], _) = mixed_run(deliveries, rate, false)
+        .await
+        .context("A alone")?;
+    let ([b_up, b_down], run) = mixed_run(deliveries, rate, true)
+        .await
+        .context("A beside B and C")?;
+    let p = |h: &Histogram<u64>, q: f64| ms(Duration::from_micros(h.value_at_quantile(q)));
+    let p99 = |h: &Histogram<u64>| h.value_at_quantile(0.99).max(1) as f64;
+    println!(
+        "| A's end-to-end (send to receipt), ms | A alone | A, B and C, B up | A, B and C, B down |\n|---|---|---|---|"
+    );
+    println!(
+        "| p50 | {} | {} | {} |",
+        p(&alone, 0.5),
+        p(&b_up, 0.5),
+        p(&b_down, 0.5)
+    );
+    println!(
+        "| p99 | {} | {} | {} |",
+        p(&alone, 0.99),
+        p(&b_up, 0.99),
+        p(&b_down, 0.99)
+    );
+    println!(
+        "| p99 against A alone | 1 | {:.2} | {:.2} |",
+        p99(&b_up) / p99(&alone),
+        p99(&b_down) / p99(&alone)
+    );
+    println!(
+        "| p99 with B down against B up | | | {:.2} |",
+        p99(&b_down) / p99(&b_up)
+    );
+    println!();
+    println!("| figure | value |\n|---|---|");
+    println!("| deliveries accepted | {} |", run.accepted);
+    println!("| everything arrived | {} |", run.everything);
+    println!("| A: keys, keys twice | {}, {} |", run.a.0, run.a.1);
+    println!(
+        "| B (down a third of the run): keys, keys twice | {}, {} |",
+        run.b.0, run.b.1
+    );
+    println!(
+        "| C: keys (expected {}), keys twice, extra | {}, {}, {} |",
+        run.c_expected, run.c.0, run.c.1, run.c_wrong
+    );
+    println!("| dead-lettered | {} |", run.dead);
+    if !run.everything || run.a.1 + run.b.1 + run.c.1 > 0 || run.c.0 != run.c_expected {
+        bail!("missing, duplicated or wrongly filtered legs");
+    }
+    Ok(())
+}
