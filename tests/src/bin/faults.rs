@@ -335,6 +335,9 @@ const STALL: Duration = Duration::from_secs(5);
 const LEASE_SECS: &str = "3";
 
 /// The token the fake GitHub takes.
+/// The relay source's one destination is its old `handler`, named after
+/// its kind; the Idempotency-Key ends with that name.
+const RELAY_KEY_SUFFIX: &str = ":forward";
 const GITHUB_TOKEN: &str = "ghp_fault_suite";
 
 impl Suite {
@@ -705,7 +708,7 @@ async fn main() -> anyhow::Result<()> {
     pool.get()
         .await?
         .batch_execute(
-            "create table hookinbox_effect_log (provider text, source text, hook_id text, delivery_id text, at timestamptz default now())",
+            "create table hookinbox_effect_log (provider text, source text, hook_id text, delivery_id text, destination text, at timestamptz default now())",
         )
         .await?;
     let receiver = Receiver::ok().await;
@@ -1000,6 +1003,7 @@ async fn main() -> anyhow::Result<()> {
         for (key, rs) in &by_key {
             let sent = key
                 .strip_prefix("github:relay:4242:")
+                .and_then(|rest| rest.strip_suffix(RELAY_KEY_SUFFIX))
                 .and_then(|id| Some((id, l.sent.get(id)?)))
                 .filter(|(_, s)| s.source == "relay");
             wrong += match sent {
@@ -1035,7 +1039,8 @@ async fn main() -> anyhow::Result<()> {
             .iter()
             .filter(|id| {
                 let done = match l.sent[id.as_str()].source {
-                    "relay" => by_key.contains_key(format!("github:relay:4242:{id}").as_str()),
+                    "relay" => by_key
+                        .contains_key(format!("github:relay:4242:{id}{RELAY_KEY_SUFFIX}").as_str()),
                     _ => effects.get(id.as_str()).copied().unwrap_or(0) == 1,
                 };
                 !done && !dead.contains(id.as_str())
