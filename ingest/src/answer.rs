@@ -55,8 +55,14 @@ pub(crate) enum Outcome {
     UnknownHook,
     /// Postgres (or Postgres and the broker) unavailable (503).
     Unavailable,
-    /// The in-flight limit was reached (429).
+    /// The in-flight limit of verified requests was reached (429).
     Overloaded,
+    /// Every receiving slot for unverified bodies was taken (503).
+    ReceivingFull,
+    /// The client already sends its share of unverified bodies or bytes (429).
+    ClientShare,
+    /// The memory budget for bodies would pass (503).
+    OverBudget,
     /// The source's rate limit was reached (429).
     RateLimited,
     /// The body was received before under another delivery id: a replayed
@@ -65,6 +71,14 @@ pub(crate) enum Outcome {
 }
 
 impl Outcome {
+    /// Shed by a limit before any work: counted, not logged.
+    pub(crate) fn is_shed(self) -> bool {
+        matches!(
+            self,
+            Self::Overloaded | Self::ReceivingFull | Self::ClientShare | Self::OverBudget
+        )
+    }
+
     /// The label.
     pub(crate) fn as_str(self) -> &'static str {
         match self {
@@ -89,6 +103,9 @@ impl Outcome {
             Self::UnknownHook => "unknown_hook",
             Self::Unavailable => "unavailable",
             Self::Overloaded => "overloaded",
+            Self::ReceivingFull => "receiving_full",
+            Self::ClientShare => "client_share",
+            Self::OverBudget => "over_budget",
             Self::RateLimited => "rate_limited",
             Self::ReplayedBody => "replayed_body",
         }
@@ -104,7 +121,7 @@ pub(crate) struct Answer {
     pub(crate) outcome: Outcome,
     /// The JSON body.
     pub(crate) body: serde_json::Value,
-    /// Seconds for `Retry-After`, on a 429.
+    /// Seconds for `Retry-After`, on a 429 or 503.
     pub(crate) retry_after: Option<u64>,
 }
 

@@ -2,17 +2,18 @@
 //! (encoding, content type, declared length), the body read bounded in size
 //! and time, and the headers a job carries along.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix_web::http::StatusCode;
 use actix_web::http::header::{self, HeaderMap};
 use actix_web::web;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures::StreamExt;
 use hookinbox::job::GITHUB_HEADER_PREFIX;
 use hookinbox::key::KeyError;
 use hookinbox::payload::ContentType;
 
+use crate::admission::Ticket;
 use crate::answer::{Outcome, Reject};
 
 /// The value of a header that must appear at most once.
@@ -99,15 +100,41 @@ fn too_large(cap: usize) -> Reject {
     )
 }
 
+/// How a body must arrive.
+pub(crate) struct BodyLimits {
+    /// The largest body.
+    pub(crate) cap: usize,
+    /// The time allowed for any body; a declared length adds its time at
+    /// `min_rate`.
+    pub(crate) timeout: Duration,
+    /// The slowest pace, in bytes per second, over every [`PACE_WINDOW`].
+    pub(crate) min_rate: u64,
+}
+
+/// The window over which a body's pace is measured once it has started.
+pub(crate) const PACE_WINDOW: Duration = Duration::from_secs(2);
+
+/// The buffer a body starts with, whatever length it declares: a declared
+/// length is a promise from an unverified client, so memory is taken only
+/// as bytes arrive.
+const FIRST_BUFFER: usize = 16 * 1024;
+
+fn slow(message: String) -> Reject {
+    Reject::new(StatusCode::REQUEST_TIMEOUT, Outcome::SlowBody, message)
+}
+
 /// Reads the body, refusing it as soon as it passes the cap (a declared
-/// `Content-Length` over the cap is refused before reading) and when it does
-/// not arrive within `timeout`.
+/// `Content-Length` over the cap is refused before reading), when it falls
+/// below the minimum pace over a window, and when it does not arrive by its
+/// deadline (`timeout` plus the declared length at the minimum pace). Every
+/// byte of buffer is taken from `ticket` before it is allocated.
 pub(crate) async fn read_body(
     mut body: web::Payload,
     headers: &HeaderMap,
-    cap: usize,
-    timeout: Duration,
+    limits: &BodyLimits,
+    ticket: &mut Ticket,
 ) -> Result<Bytes, Reject> {
+    let cap = limits.cap;
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -115,30 +142,63 @@ pub(crate) async fn read_body(
     if declared.is_some_and(|n| n > cap) {
         return Err(too_large(cap));
     }
-    let mut buf = BytesMut::with_capacity(declared.unwrap_or(8 * 1024));
-    let read = async {
-        while let Some(chunk) = body.next().await {
-            let chunk = chunk.map_err(|_| {
-                Reject::new(
+    let expected = declared.unwrap_or(cap);
+    let first = expected.clamp(1, FIRST_BUFFER);
+    ticket.reserve(first)?;
+    let mut buf: Vec<u8> = Vec::with_capacity(first);
+    let mut held = first;
+    let started = Instant::now();
+    let allowed =
+        limits.timeout + Duration::from_secs_f64(expected as f64 / limits.min_rate.max(1) as f64);
+    let deadline = started + allowed;
+    let mut window_start = started;
+    let mut window_bytes = 0u64;
+    loop {
+        let check_at = (window_start + PACE_WINDOW).min(deadline);
+        match tokio::time::timeout_at(check_at.into(), body.next()).await {
+            Ok(None) => break,
+            Ok(Some(Err(_))) => {
+                return Err(Reject::new(
                     StatusCode::BAD_REQUEST,
                     Outcome::BadBody,
                     "the body could not be read",
-                )
-            })?;
-            if buf.len() + chunk.len() > cap {
-                return Err(too_large(cap));
+                ));
             }
-            buf.extend_from_slice(&chunk);
+            Ok(Some(Ok(chunk))) => {
+                let needed = buf.len() + chunk.len();
+                if needed > cap {
+                    return Err(too_large(cap));
+                }
+                if needed > buf.capacity() {
+                    // Grow as a vector would (doubling), but never past the
+                    // declared length or the cap, and take the bytes first.
+                    let target = needed.max((buf.capacity() * 2).min(expected.max(needed)));
+                    ticket.reserve(target - held)?;
+                    held = target;
+                    buf.reserve_exact(target - buf.len());
+                }
+                buf.extend_from_slice(&chunk);
+                window_bytes += chunk.len() as u64;
+            }
+            Err(_) => {}
         }
-        Ok(())
-    };
-    match tokio::time::timeout(timeout, read).await {
-        Ok(Ok(())) => Ok(buf.freeze()),
-        Ok(Err(reject)) => Err(reject),
-        Err(_) => Err(Reject::new(
-            StatusCode::REQUEST_TIMEOUT,
-            Outcome::SlowBody,
-            format!("the body did not arrive within {timeout:?}"),
-        )),
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(slow(format!("the body did not arrive within {allowed:?}")));
+        }
+        let window = now - window_start;
+        if window >= PACE_WINDOW {
+            let required = (limits.min_rate as f64 * window.as_secs_f64()) as u64;
+            let remaining = expected.saturating_sub(buf.len()) as u64;
+            if window_bytes < required.min(remaining) {
+                return Err(slow(format!(
+                    "the body arrived slower than {} bytes per second",
+                    limits.min_rate
+                )));
+            }
+            window_start = now;
+            window_bytes = 0;
+        }
     }
+    Ok(Bytes::from(buf))
 }

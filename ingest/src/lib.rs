@@ -1,7 +1,8 @@
 //! `hookinbox-ingest`: the HTTP edge. A request goes through the steps of
 //! the design, in this order, and nothing touches Postgres before step 4:
 //!
-//! 1. Read the raw body, bounded in size while streaming and in time; refuse
+//! 1. Read the raw body, bounded in size while streaming, in pace and in
+//!    time, its bytes taken from a memory budget as they arrive; refuse
 //!    any `Content-Encoding` but identity (the signature covers the bytes on
 //!    the wire) and any content type but JSON or form (`body`).
 //! 2. Verify `X-Hub-Signature-256` over the raw bytes, in constant time.
@@ -18,6 +19,8 @@
 //!   `healthcheck`).
 //! - `startup`: [`IngestApp`]: build, bind, run until stopped; readiness.
 //! - `receive`: the request's steps, one function each, and its log line.
+//! - `admission`: what unverified bodies may take (memory budget,
+//!   receiving slots, per-client shares) before the signature is checked.
 //! - `answer`: what is answered: status, body, and the outcome label.
 //! - `body`: framing, the bounded body read, the headers a job carries.
 //! - `rotation`: [`SecretMatches`], which secret verified how often.
@@ -26,6 +29,7 @@
 //! `tests/tests/layers.rs` (CI runs it: `scripts/check-layers.sh`). It never
 //! uses `hookinbox-worker` (the compiler sees to that).
 
+mod admission;
 mod answer;
 mod body;
 mod cli;

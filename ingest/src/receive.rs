@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use actix_web::http::StatusCode;
 use actix_web::http::header::HeaderMap;
-use actix_web::{HttpRequest, HttpResponse, http::header, web};
+use actix_web::{HttpRequest, HttpResponse, web};
 use bytes::Bytes;
 use deadpool_postgres::Pool;
 use hookinbox::broker::Publisher;
@@ -28,8 +28,11 @@ use hookinbox::signature::SignatureError;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
+use crate::admission::{Admission, Ticket};
 use crate::answer::{Answer, Outcome, Reject};
-use crate::body::{check_framing, content_type_header, github_headers, read_body, single};
+use crate::body::{
+    BodyLimits, check_framing, content_type_header, github_headers, read_body, single,
+};
 use crate::limits::RateLimits;
 use crate::rotation::SecretMatches;
 
@@ -40,9 +43,11 @@ pub(crate) struct State {
     pub(crate) pool: Pool,
     pub(crate) publisher: Arc<Publisher>,
     pub(crate) secret_matches: Arc<SecretMatches>,
-    /// Bounds the requests in progress: past it, answer 429 at once
-    /// rather than queue work (and memory) without end.
+    /// Bounds the verified requests in progress: past it, answer 429 at
+    /// once rather than queue work without end.
     pub(crate) in_flight: Arc<tokio::sync::Semaphore>,
+    /// Bounds what unverified bodies take: memory, slots, per client.
+    pub(crate) admission: Arc<Admission>,
     /// Group commit of claims; `None` claims each request on its own.
     pub(crate) batcher: Option<ClaimBatcher>,
     /// The sources' token buckets.
@@ -80,9 +85,7 @@ struct Seen {
     delivery_id: Option<DeliveryId>,
 }
 
-/// Answers one request, then logs it and counts it. A request shed by the
-/// in-flight limit is counted (`overloaded`) but not logged: under a flood
-/// the log would cost more than the refusal.
+/// Answers one request, then logs it and counts it.
 async fn receive(
     req: HttpRequest,
     body: web::Payload,
@@ -91,18 +94,6 @@ async fn receive(
 ) -> HttpResponse {
     let started = std::time::Instant::now();
     let mut seen = Seen::default();
-    let Ok(_permit) = state.in_flight.clone().try_acquire_owned() else {
-        metrics::counter!(
-            hookinbox::metrics::INGEST_REQUESTS,
-            "source" => "unknown",
-            "event" => "",
-            "outcome" => Outcome::Overloaded.as_str()
-        )
-        .increment(1);
-        return HttpResponse::TooManyRequests()
-            .insert_header((header::RETRY_AFTER, "1"))
-            .json(json!({"status": "error", "error": "overloaded, retry later"}));
-    };
     let answer = match handle(&req, body, &state, source, &mut seen).await {
         Ok(answer) => answer,
         Err(reject) => {
@@ -126,6 +117,24 @@ async fn receive(
         .as_ref()
         .map_or("", |e| hookinbox::metrics::event_label(e.as_str()));
     let elapsed = started.elapsed();
+    // A request shed by a limit is counted but not logged: under a flood
+    // the log would cost more than the refusal.
+    if !answer.outcome.is_shed() {
+        log_answer(&answer, &seen, &source_label, elapsed);
+    }
+    metrics::counter!(
+        hookinbox::metrics::INGEST_REQUESTS,
+        "source" => source_label,
+        "event" => event_label,
+        "outcome" => answer.outcome.as_str()
+    )
+    .increment(1);
+    metrics::histogram!(hookinbox::metrics::INGEST_REQUEST_SECONDS).record(elapsed);
+    answer.into_response()
+}
+
+/// The request's log line.
+fn log_answer(answer: &Answer, seen: &Seen, source_label: &str, elapsed: std::time::Duration) {
     tracing::info!(
         source = %source_label,
         event = seen.event.as_ref().map_or("", |e| e.as_str()),
@@ -136,15 +145,6 @@ async fn receive(
         duration_ms = elapsed.as_secs_f64() * 1000.0,
         "webhook answered"
     );
-    metrics::counter!(
-        hookinbox::metrics::INGEST_REQUESTS,
-        "source" => source_label,
-        "event" => event_label,
-        "outcome" => answer.outcome.as_str()
-    )
-    .increment(1);
-    metrics::histogram!(hookinbox::metrics::INGEST_REQUEST_SECONDS).record(elapsed);
-    answer.into_response()
 }
 
 /// The steps, in order; each returns early with its answer or refusal.
@@ -167,7 +167,21 @@ async fn handle(
         })?;
     seen.source = Some(source.name.clone());
     let headers = req.headers();
-    let (content_type, body) = read_and_verify(state, source, headers, body).await?;
+    // An unverified body takes a receiving slot and its bytes from the
+    // budget as they arrive ([`crate::admission`]); the slot for work is
+    // taken only once the signature verified, so connections that trickle
+    // bytes cannot take it from a signed delivery.
+    let mut ticket = state.admission.enter(req)?;
+    let (content_type, body) = read_and_verify(state, source, headers, body, &mut ticket).await?;
+    ticket.verified();
+    let Ok(_permit) = state.in_flight.clone().try_acquire_owned() else {
+        return Err(Reject::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            Outcome::Overloaded,
+            "overloaded, retry later",
+        )
+        .retry_after(1));
+    };
     let delivery = match check_headers(source, headers, content_type, &body, seen)? {
         Checked::Answered(answer) => return Ok(answer),
         Checked::Delivery(delivery) => delivery,
@@ -186,10 +200,16 @@ async fn read_and_verify(
     source: &Source,
     headers: &HeaderMap,
     body: web::Payload,
+    ticket: &mut Ticket,
 ) -> Result<(ContentType, Bytes), Reject> {
     let config = &state.config;
     let content_type = check_framing(headers)?;
-    let body = read_body(body, headers, config.max_body_bytes, config.body_timeout).await?;
+    let limits = BodyLimits {
+        cap: config.max_body_bytes,
+        timeout: config.body_timeout,
+        min_rate: config.min_body_bytes_per_sec,
+    };
+    let body = read_body(body, headers, &limits, ticket).await?;
     // Exactly one `X-Hub-Signature-256`, matching one of the source's
     // secrets. `X-Hub-Signature` (SHA-1) alone is refused.
     let signature = single(headers, "x-hub-signature-256")

@@ -14,6 +14,7 @@ use hookinbox::metrics::{Readiness, Ready};
 use hookinbox::postgres::{self, BatchShape, DbError};
 use serde_json::json;
 
+use crate::admission::Admission;
 use crate::limits::RateLimits;
 use crate::receive::{State, receive_default, receive_named};
 use crate::rotation::SecretMatches;
@@ -81,7 +82,9 @@ impl IngestApp {
             };
             group_commit::claims(pool.clone(), common.policy(), shape)
         });
+        let admission = Admission::new(&config);
         let state = web::Data::new(State {
+            admission,
             rate_limits: RateLimits::new(config.sources.values()),
             batcher,
             in_flight,

@@ -58,6 +58,7 @@
 
 pub mod broker;
 pub mod cli;
+pub mod client;
 pub mod config;
 pub mod deliveries;
 pub mod failpoints;

@@ -19,6 +19,12 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 pub const INGEST_REQUESTS: &str = "hookinbox_ingest_requests_total";
 /// Ingest request duration.
 pub const INGEST_REQUEST_SECONDS: &str = "hookinbox_ingest_request_duration_seconds";
+/// Bytes of request bodies ingest holds now (bounded by
+/// `HOOKINBOX_MAX_BUFFERED_BYTES`).
+pub const INGEST_BUFFERED_BYTES: &str = "hookinbox_ingest_buffered_bytes";
+/// Bodies ingest is receiving and has not verified yet (bounded by
+/// `HOOKINBOX_MAX_RECEIVING`).
+pub const INGEST_RECEIVING: &str = "hookinbox_ingest_receiving_bodies";
 /// Rows per group-commit statement, by `statement` (claim, take,
 /// complete): whether batches form.
 pub const BATCH_ROWS: &str = "hookinbox_batch_rows";
@@ -282,6 +288,16 @@ fn describe() {
         INGEST_REQUEST_SECONDS,
         Unit::Seconds,
         "Webhook request duration"
+    );
+    describe_gauge!(
+        INGEST_BUFFERED_BYTES,
+        Unit::Bytes,
+        "Bytes of request bodies held now"
+    );
+    describe_gauge!(
+        INGEST_RECEIVING,
+        Unit::Count,
+        "Bodies being received, not yet verified"
     );
     describe_histogram!(CLAIM_SECONDS, Unit::Seconds, "Claim statement duration");
     describe_histogram!(

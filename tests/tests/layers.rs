@@ -30,6 +30,7 @@ const SHARED: Table = Table {
         ("key", &[]),
         ("signature", &[]),
         ("payload", &[]),
+        ("client", &[]),
         ("metrics", &[]),
         ("telemetry", &[]),
         ("shutdown", &[]),
@@ -51,6 +52,7 @@ const SHARED: Table = Table {
                 "key",
                 "signature",
                 "payload",
+                "client",
                 "metrics",
                 "telemetry",
                 "shutdown",
@@ -68,16 +70,20 @@ const SHARED: Table = Table {
 };
 
 /// `ingest` (crate `hookinbox-ingest`): `cli → startup → receive →
-/// {answer, body, rotation, limits}`.
+/// {admission, answer, body, rotation, limits}`.
 const INGEST: Table = Table {
     dir: "ingest",
     modules: &[
         ("cli", &["startup"]),
-        ("startup", &["receive", "rotation", "limits"]),
-        ("receive", &["answer", "body", "rotation", "limits"]),
+        ("startup", &["receive", "rotation", "limits", "admission"]),
+        (
+            "receive",
+            &["admission", "answer", "body", "rotation", "limits"],
+        ),
         ("limits", &["answer"]),
+        ("admission", &["answer"]),
         ("answer", &[]),
-        ("body", &["answer"]),
+        ("body", &["admission", "answer"]),
         ("rotation", &[]),
     ],
 };

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{CommonArgs, CommonConfig, ConfigError, SecretNeed, Source, SourcesArgs, at_least_one};
+use crate::client::TrustedProxies;
 use crate::key::SourceName;
 
 /// Settings of `hookinbox-ingest`.
@@ -74,6 +75,68 @@ pub struct IngestArgs {
         default_value_t = 10_000
     )]
     pub body_timeout_ms: u64,
+
+    /// Bytes of request bodies held in memory at once, across all
+    /// requests (verified or not); past it a request is refused with 503
+    /// and `Retry-After`, and the requests inside are unharmed. At least
+    /// `HOOKINBOX_MAX_BODY_BYTES`.
+    #[arg(
+        long,
+        env = "HOOKINBOX_MAX_BUFFERED_BYTES",
+        value_name = "HOOKINBOX_MAX_BUFFERED_BYTES",
+        value_parser = at_least_one::<usize>,
+        default_value_t = 64 * 1024 * 1024
+    )]
+    pub max_buffered_bytes: usize,
+
+    /// Bodies being received and not yet verified, at once; past it a
+    /// request is refused with 503. Separate from
+    /// `HOOKINBOX_MAX_IN_FLIGHT`, which counts verified requests only, so
+    /// connections that trickle bytes never take a signed delivery's slot.
+    #[arg(
+        long,
+        env = "HOOKINBOX_MAX_RECEIVING",
+        value_name = "HOOKINBOX_MAX_RECEIVING",
+        value_parser = at_least_one::<usize>,
+        default_value_t = 8192
+    )]
+    pub max_receiving: usize,
+
+    /// Unverified bodies one client may send at once (the peer, or the
+    /// client a trusted proxy names); past it 429. Its share of
+    /// `HOOKINBOX_MAX_BUFFERED_BYTES` is a quarter.
+    #[arg(
+        long,
+        env = "HOOKINBOX_MAX_UNVERIFIED_PER_CLIENT",
+        value_name = "HOOKINBOX_MAX_UNVERIFIED_PER_CLIENT",
+        value_parser = at_least_one::<usize>,
+        default_value_t = 64
+    )]
+    pub max_unverified_per_client: usize,
+
+    /// Slowest body accepted, in bytes per second, over every window of
+    /// two seconds once the body has started; it also stretches the body's
+    /// deadline: `HOOKINBOX_BODY_TIMEOUT_MS` plus the declared length at
+    /// this rate.
+    #[arg(
+        long,
+        env = "HOOKINBOX_MIN_BODY_BYTES_PER_SEC",
+        value_name = "HOOKINBOX_MIN_BODY_BYTES_PER_SEC",
+        value_parser = at_least_one::<u64>,
+        default_value_t = 16 * 1024
+    )]
+    pub min_body_bytes_per_sec: u64,
+
+    /// Proxies whose `X-Forwarded-For` names the client (for the
+    /// per-client share of unverified bodies): a comma list of addresses
+    /// and CIDRs. Empty: none; the client is the peer.
+    #[arg(
+        long,
+        env = "HOOKINBOX_TRUSTED_PROXIES",
+        value_name = "HOOKINBOX_TRUSTED_PROXIES",
+        default_value = ""
+    )]
+    pub trusted_proxies: String,
 }
 
 /// Validated settings of `hookinbox-ingest`.
@@ -95,6 +158,16 @@ pub struct IngestConfig {
     pub max_in_flight: usize,
     /// Claims per statement (1: no batching).
     pub claim_batch: usize,
+    /// Bytes of bodies held at once.
+    pub max_buffered_bytes: usize,
+    /// Unverified bodies at once.
+    pub max_receiving: usize,
+    /// Unverified bodies per client at once.
+    pub max_unverified_per_client: usize,
+    /// Slowest body accepted, bytes per second.
+    pub min_body_bytes_per_sec: u64,
+    /// Proxies believed about the client.
+    pub trusted_proxies: TrustedProxies,
 }
 
 impl IngestArgs {
@@ -102,6 +175,20 @@ impl IngestArgs {
     pub fn validate(self) -> Result<IngestConfig, ConfigError> {
         let common = self.common.validate()?;
         let sources = self.sources.load(SecretNeed::Required)?;
+        if self.max_buffered_bytes < self.max_body_bytes {
+            return Err(ConfigError::field(
+                "HOOKINBOX_MAX_BUFFERED_BYTES",
+                format!(
+                    "is {} bytes, less than HOOKINBOX_MAX_BODY_BYTES ({}): a body of the largest \
+                     size could never be received",
+                    self.max_buffered_bytes, self.max_body_bytes
+                ),
+            ));
+        }
+        let trusted_proxies = self
+            .trusted_proxies
+            .parse()
+            .map_err(|problem| ConfigError::field("HOOKINBOX_TRUSTED_PROXIES", problem))?;
         Ok(IngestConfig {
             common,
             listen: self.listen,
@@ -111,6 +198,11 @@ impl IngestArgs {
             body_timeout: Duration::from_millis(self.body_timeout_ms),
             max_in_flight: self.max_in_flight,
             claim_batch: self.claim_batch,
+            max_buffered_bytes: self.max_buffered_bytes,
+            max_receiving: self.max_receiving,
+            max_unverified_per_client: self.max_unverified_per_client,
+            min_body_bytes_per_sec: self.min_body_bytes_per_sec,
+            trusted_proxies,
         })
     }
 }

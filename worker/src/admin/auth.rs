@@ -2,19 +2,19 @@
 //! (`session`). A presented token is always verified first, so a valid
 //! one always passes; a bad one is counted (metric and log line, never the
 //! token) and throttled per client ([`super::throttle`], the client as
-//! [`super::client`] finds it).
+//! [`hookinbox::client`] finds it).
 
 use std::net::IpAddr;
 
 use actix_web::HttpRequest;
 use actix_web::http::header;
 
-use super::client;
 use super::config::Access;
 use super::error::AdminError;
 use super::session::{self, COOKIE, Session};
 use super::state::State;
 use super::tokens::{Identity, Role};
+use hookinbox::client;
 
 /// The operator every caller is under `--insecure-loopback`.
 fn loopback() -> Identity {

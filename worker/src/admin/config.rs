@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use hookinbox::config::{ConfigError, WorkerConfig};
 
-use super::client::TrustedProxies;
 use super::tokens::Tokens;
+use hookinbox::client::TrustedProxies;
 
 /// Where the console's metrics listener binds unless
 /// `HOOKINBOX_METRICS_LISTEN` says otherwise: loopback, like the console.

@@ -37,7 +37,6 @@ mod api;
 mod audit;
 mod auth;
 mod body;
-mod client;
 mod config;
 mod detail;
 mod error;
@@ -53,8 +52,8 @@ mod throttle;
 mod tokens;
 mod views;
 
-pub use client::TrustedProxies;
 pub use config::{Access, AdminArgs, AdminConfig, DEFAULT_METRICS_LISTEN};
+pub use hookinbox::client::TrustedProxies;
 pub use params::FILTER_FIELDS;
 pub use startup::{AdminApp, AdminHandle, AdminStartError};
 pub use tokens::{Identity, Role, Tokens};

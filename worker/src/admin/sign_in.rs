@@ -12,7 +12,8 @@ use super::error::AdminError;
 use super::pages::{Page, changing_form, form, html, see_other, split};
 use super::session::{self, COOKIE, LIFETIME};
 use super::state::State;
-use super::{client, params, views};
+use super::{params, views};
+use hookinbox::client;
 
 /// The sign-in form's own cookie: a random value the form repeats in a
 /// hidden field (the double-submit pattern), so that a sign-in can only

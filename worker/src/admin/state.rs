@@ -6,9 +6,9 @@ use std::time::Duration;
 use deadpool_postgres::Pool;
 use hookinbox::config::WorkerConfig;
 
-use super::client::TrustedProxies;
 use super::config::Access;
 use super::throttle::Throttle;
+use hookinbox::client::TrustedProxies;
 
 /// Shared by every request.
 pub(crate) struct State {

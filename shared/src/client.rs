@@ -1,6 +1,8 @@
-//! Who the client is, for the sign-in throttle and the session list: the
-//! peer's address, or, when the peer is one of the trusted proxies
-//! (`HOOKINBOX_ADMIN_TRUSTED_PROXIES`), the address it forwarded in
+//! Who the client is (for the console's sign-in throttle and session list,
+//! and for ingest's share of unverified bodies): the peer's address, or,
+//! when the peer is one of the trusted proxies
+//! (`HOOKINBOX_ADMIN_TRUSTED_PROXIES`, `HOOKINBOX_TRUSTED_PROXIES`), the
+//! address it forwarded in
 //! `X-Forwarded-For`. A header from anyone else is ignored: it could be
 //! forged to dodge the throttle or to throttle someone else.
 

@@ -1,0 +1,210 @@
+//! Admission of bodies that are not yet verified: what an unsigned client
+//! can take before its signature is checked is bounded here.
+//!
+//! - **Memory:** every byte buffered for a body, across all requests, is
+//!   taken from one budget (`HOOKINBOX_MAX_BUFFERED_BYTES`) as it arrives,
+//!   never from a declared length. Once three quarters of it are taken a
+//!   new body is refused at once (503, `Retry-After`), while the bodies
+//!   inside may grow into the last quarter; a body that would pass the
+//!   whole budget is refused as it grows. The per-client share keeps any
+//!   one client from taking that last quarter.
+//! - **Slots:** a body being received holds a *receiving* slot
+//!   (`HOOKINBOX_MAX_RECEIVING`), not one of the slots for verified work
+//!   (`HOOKINBOX_MAX_IN_FLIGHT`, taken after the signature), so
+//!   connections that trickle bytes never take a signed delivery's slot.
+//! - **Per client:** one client (the peer, or the client a trusted proxy
+//!   names) may send at most `HOOKINBOX_MAX_UNVERIFIED_PER_CLIENT`
+//!   unverified bodies at once, and hold at most a quarter of the budget.
+//!
+//! The pace of a body (a minimum rate, a deadline that grows with the
+//! declared length) is enforced where it is read, in `body`.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use actix_web::HttpRequest;
+use actix_web::http::StatusCode;
+use hookinbox::client::{self, TrustedProxies};
+use hookinbox::config::IngestConfig;
+
+use crate::answer::{Outcome, Reject};
+
+/// The budget, the slots and the clients' shares, shared by all requests.
+pub(crate) struct Admission {
+    budget: usize,
+    /// New bodies are let in only while less than this is taken.
+    admit_below: usize,
+    client_budget: usize,
+    max_receiving: usize,
+    per_client: usize,
+    trusted: TrustedProxies,
+    ledger: Mutex<Ledger>,
+}
+
+/// What is taken now.
+#[derive(Default)]
+struct Ledger {
+    buffered: usize,
+    receiving: usize,
+    clients: HashMap<IpAddr, Share>,
+}
+
+/// One client's unverified bodies and their bytes.
+#[derive(Default)]
+struct Share {
+    bodies: usize,
+    bytes: usize,
+}
+
+impl Admission {
+    /// The limits of `config`.
+    pub(crate) fn new(config: &IngestConfig) -> Arc<Self> {
+        Arc::new(Self {
+            budget: config.max_buffered_bytes,
+            admit_below: config.max_buffered_bytes / 4 * 3,
+            client_budget: (config.max_buffered_bytes / 4).max(config.max_body_bytes),
+            max_receiving: config.max_receiving,
+            per_client: config.max_unverified_per_client,
+            trusted: config.trusted_proxies.clone(),
+            ledger: Mutex::new(Ledger::default()),
+        })
+    }
+
+    fn ledger(&self) -> MutexGuard<'_, Ledger> {
+        // A panic while the lock is held leaves counts, never broken
+        // memory: keep serving with them.
+        self.ledger
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Lets a request start receiving its body, or refuses it: three
+    /// quarters of the budget are taken (503), every receiving slot is
+    /// taken (503), or its client already sends its share of unverified
+    /// bodies (429).
+    pub(crate) fn enter(self: &Arc<Self>, req: &HttpRequest) -> Result<Ticket, Reject> {
+        let client = client::bucket(client::client(req, &self.trusted));
+        let mut ledger = self.ledger();
+        if ledger.buffered >= self.admit_below {
+            return Err(over_budget());
+        }
+        if ledger.receiving >= self.max_receiving {
+            return Err(Reject::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                Outcome::ReceivingFull,
+                "too many bodies are being received, retry later",
+            )
+            .retry_after(1));
+        }
+        let share = ledger.clients.entry(client).or_default();
+        if share.bodies >= self.per_client {
+            return Err(Reject::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                Outcome::ClientShare,
+                "this client sends too many bodies at once, retry later",
+            )
+            .retry_after(1));
+        }
+        share.bodies += 1;
+        ledger.receiving += 1;
+        publish(&ledger);
+        Ok(Ticket {
+            admission: self.clone(),
+            client,
+            bytes: 0,
+            unverified_bytes: 0,
+            receiving: true,
+        })
+    }
+}
+
+fn over_budget() -> Reject {
+    Reject::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        Outcome::OverBudget,
+        "too many bytes are being received, retry later",
+    )
+    .retry_after(1)
+}
+
+fn publish(ledger: &Ledger) {
+    metrics::gauge!(hookinbox::metrics::INGEST_BUFFERED_BYTES).set(ledger.buffered as f64);
+    metrics::gauge!(hookinbox::metrics::INGEST_RECEIVING).set(ledger.receiving as f64);
+}
+
+/// One request's place: its receiving slot until its body is verified, and
+/// the bytes its body holds until the request ends (on drop).
+pub(crate) struct Ticket {
+    admission: Arc<Admission>,
+    client: IpAddr,
+    bytes: usize,
+    unverified_bytes: usize,
+    receiving: bool,
+}
+
+impl Ticket {
+    /// Takes `n` more bytes for a body that grows, before they are
+    /// allocated; refuses (503) when the budget or (429) the client's share
+    /// would pass.
+    pub(crate) fn reserve(&mut self, n: usize) -> Result<(), Reject> {
+        let admission = &self.admission;
+        let mut ledger = admission.ledger();
+        if ledger.buffered + n > admission.budget {
+            return Err(over_budget());
+        }
+        if self.receiving {
+            let share = ledger.clients.entry(self.client).or_default();
+            if share.bytes + n > admission.client_budget {
+                return Err(Reject::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    Outcome::ClientShare,
+                    "this client sends too many bytes at once, retry later",
+                )
+                .retry_after(1));
+            }
+            share.bytes += n;
+            self.unverified_bytes += n;
+        }
+        ledger.buffered += n;
+        self.bytes += n;
+        publish(&ledger);
+        Ok(())
+    }
+
+    /// The body is verified: it leaves its receiving slot and its client's
+    /// share; its bytes stay in the budget until the request ends.
+    pub(crate) fn verified(&mut self) {
+        if !self.receiving {
+            return;
+        }
+        self.receiving = false;
+        let mut ledger = self.admission.ledger();
+        ledger.receiving -= 1;
+        release_share(&mut ledger, self.client, self.unverified_bytes);
+        self.unverified_bytes = 0;
+        publish(&ledger);
+    }
+}
+
+fn release_share(ledger: &mut Ledger, client: IpAddr, bytes: usize) {
+    if let Some(share) = ledger.clients.get_mut(&client) {
+        share.bodies = share.bodies.saturating_sub(1);
+        share.bytes = share.bytes.saturating_sub(bytes);
+        if share.bodies == 0 {
+            ledger.clients.remove(&client);
+        }
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let mut ledger = self.admission.ledger();
+        ledger.buffered = ledger.buffered.saturating_sub(self.bytes);
+        if self.receiving {
+            ledger.receiving -= 1;
+            release_share(&mut ledger, self.client, self.unverified_bytes);
+        }
+        publish(&ledger);
+    }
+}
