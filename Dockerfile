@@ -21,18 +21,21 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY shared/Cargo.toml shared/Cargo.toml
 COPY ingest/Cargo.toml ingest/Cargo.toml
+COPY operator/Cargo.toml operator/Cargo.toml
 COPY worker/Cargo.toml worker/Cargo.toml
 COPY tests/Cargo.toml tests/Cargo.toml
-RUN mkdir -p shared/src ingest/src worker/src worker/examples tests/src \
+RUN mkdir -p shared/src ingest/src operator/src worker/src worker/examples tests/src \
  && echo '' > shared/src/lib.rs \
+ && echo '' > operator/src/lib.rs \
  && echo 'fn main() {}' > ingest/src/main.rs \
  && echo 'fn main() {}' > worker/src/main.rs \
  && echo 'fn main() {}' > worker/examples/custom_handler.rs \
  && echo '' > tests/src/lib.rs \
  && cargo build --release --locked -p hookinbox-ingest -p hookinbox-worker \
- && rm -rf shared/src ingest/src worker/src worker/examples tests/src \
+ && rm -rf shared/src ingest/src operator/src worker/src worker/examples tests/src \
     target/release/hookinbox-ingest target/release/hookinbox-worker \
     target/release/deps/hookinbox_ingest-* target/release/deps/hookinbox_worker-* \
+    target/release/deps/hookinbox_operator-* \
     target/release/deps/hookinbox-* target/release/deps/libhookinbox-* \
     target/release/.fingerprint/hookinbox-*
 
@@ -42,10 +45,11 @@ RUN mkdir -p shared/src ingest/src worker/src worker/examples tests/src \
 COPY shared/src shared/src
 COPY shared/migrations shared/migrations
 COPY ingest/src ingest/src
+COPY operator/src operator/src
 COPY worker/src worker/src
 COPY worker/examples worker/examples
 COPY tests/src tests/src
-RUN find shared ingest worker tests -type f -exec touch {} + \
+RUN find shared ingest operator worker tests -type f -exec touch {} + \
  && cargo build --release --locked -p hookinbox-ingest -p hookinbox-worker \
  && cp target/release/hookinbox-ingest target/release/hookinbox-worker /usr/local/bin/
 

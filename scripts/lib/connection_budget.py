@@ -19,7 +19,7 @@ budget"):
 - connections per pod: HOOKINBOX_DB_POOL_SIZE (its env, else the
   hookinbox-config ConfigMap, else the code's default, read from
   shared/src/config/mod.rs); the admin console caps its pool (read from
-  worker/src/admin/startup.rs); `hookinbox-worker migrate` opens one.
+  operator/src/console/startup.rs); `hookinbox-worker migrate` opens one.
 - the declared budget: annotations on the ConfigMap hookinbox-config,
   hookinbox.io/postgres-max-connections and
   hookinbox.io/postgres-reserved-connections (superuser_reserved_connections,
@@ -69,10 +69,10 @@ def code_leader_connections():
 
 
 def code_admin_cap():
-    src = (ROOT / "worker/src/admin/startup.rs").read_text()
+    src = (ROOT / "operator/src/console/startup.rs").read_text()
     m = re.search(r"const POOL_SIZE: usize = (\d+);", src)
     if not m or "POOL_SIZE.min(common.db_pool_size).max(2)" not in src:
-        sys.exit("FAIL: cannot find the admin console's pool cap in worker/src/admin/startup.rs")
+        sys.exit("FAIL: cannot find the admin console's pool cap in operator/src/console/startup.rs")
     return int(m.group(1))
 
 

@@ -6,7 +6,7 @@
 
 use std::sync::OnceLock;
 
-use hookinbox_worker::admin::{Access, AdminApp, AdminConfig, AdminHandle, Tokens};
+use hookinbox_operator::console::{Access, AdminApp, AdminConfig, AdminHandle, Tokens};
 use serde_json::Value;
 
 use crate::{TestEnv, free_port, wait_until};

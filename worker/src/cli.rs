@@ -15,10 +15,11 @@ use clap::{Parser, Subcommand};
 use hookinbox::config::{WorkerArgs, WorkerConfig};
 use hookinbox::telemetry::LogArgs;
 
-use crate::admin::{AdminApp, AdminArgs};
-use crate::ops::OpsCommand;
+use hookinbox_operator::cli::{self as ops, Found, OpsCommand};
+use hookinbox_operator::console::{AdminApp, AdminArgs};
+
 use crate::reconcile::{self, PassOptions};
-use crate::{Worker, handlers, ops};
+use crate::{Worker, handlers, maintenance};
 
 /// Runs hookinbox jobs (take the claim, run the effect, complete fenced),
 /// and the operator's commands.
@@ -105,6 +106,9 @@ enum Command {
     Admin(AdminArgs),
     #[command(flatten)]
     Ops(OpsCommand),
+    /// Delete completed and failed deliveries past their retention, then exit
+    /// (for a CronJob; workers also sweep on their own).
+    Sweep,
 }
 
 /// `reconcile …`
@@ -168,6 +172,7 @@ impl CliArgs {
                     .context("command failed")?;
                 Ok(found.exit_code())
             }
+            Command::Sweep => sweep(&config).await,
             Command::Admin(args) => {
                 let admin = args
                     .validate(config, metrics_listen_given)
@@ -195,6 +200,31 @@ impl CliArgs {
             }
         }
     }
+}
+
+/// `sweep`: one retention sweep, unless another sweeper holds the lock.
+async fn sweep(config: &WorkerConfig) -> anyhow::Result<u8> {
+    let pool = config.common.pool_of(2)?;
+    let swept = maintenance::sweep(&config.common.leaders(&pool)?, config)
+        .await
+        .context("command failed: sweep failed")?;
+    let mut out = std::io::stdout().lock();
+    let found = match swept {
+        Some(swept) => {
+            writeln!(
+                out,
+                "swept {} completed and {} failed deliveries, {} remembered bodies and {} \
+                 stored events",
+                swept.completed, swept.failed, swept.seen_bodies, swept.events
+            )?;
+            Found::from_count(swept.total() as usize)
+        }
+        None => {
+            writeln!(out, "another sweeper holds the lock; nothing done")?;
+            Found::Nothing
+        }
+    };
+    Ok(found.exit_code())
 }
 
 /// `reconcile`: one pass per selected source, each printed as it ends.

@@ -1,6 +1,6 @@
 //! `hookinbox-worker`: the runtime that runs each delivery's effect once,
-//! the maintenance beside it, the built-in handlers, and the operator's
-//! commands. A job goes through these steps (see `runtime::job` for why
+//! the maintenance beside it, the built-in handlers, and the command line
+//! that also wires the operator's commands (`hookinbox-operator`). A job goes through these steps (see `runtime::job` for why
 //! the order is the correctness argument):
 //!
 //! 1. **Take** the delivery with a compare-and-set that installs this
@@ -17,7 +17,8 @@
 //!
 //! # Layout
 //!
-//! - `cli`: [`Cli`], the subcommands and their exit codes.
+//! - `cli`: [`Cli`], the subcommands and their exit codes; the operator's
+//!   (`deliveries`, `dlq`, `admin`) come from `hookinbox_operator`.
 //! - `context`: what the runtime and the maintenance share.
 //! - `runtime`: [`Worker`]: the consume loop and the two-stage stop
 //!   (`mod.rs`), one job (`job`), the lease heartbeat, dead-letter copies,
@@ -26,24 +27,19 @@
 //!   sweep, and the state-gauge sampler.
 //! - `handlers`: [`Handler`], [`Effect`], [`Store`], [`Forward`], and the
 //!   per-source [`Router`].
-//! - `ops`: the operator commands (`deliveries`, `dlq`, `sweep`).
 //! - [`reconcile`]: the reconciler: GitHub's delivery log against what
 //!   hookinbox holds, and redeliveries of what it never took.
-//! - [`admin`]: the admin console (`hookinbox-worker admin`): the web page
-//!   and the JSON API over the same library calls as `ops`, its sign-in,
-//!   bulk jobs and audit log.
 //!
 //! Which of these modules may import which is the table of the test
 //! `tests/tests/layers.rs` (CI runs it: `scripts/check-layers.sh`); the
 //! command line sits on top, and `handlers` uses nothing of this crate.
-//! It never uses `hookinbox-ingest` (the compiler sees to that).
+//! It never uses `hookinbox-ingest`, and only the command line uses
+//! `hookinbox-operator` (the compiler sees to the crates).
 
-pub mod admin;
 mod cli;
 mod context;
 mod handlers;
 mod maintenance;
-pub mod ops;
 pub mod reconcile;
 mod runtime;
 

@@ -328,7 +328,7 @@ pub use overview::GAUGES as GAUGES_STATEMENT;
 pub use overview::STATEMENTS as OVERVIEW_STATEMENTS;
 pub use overview::{EXACT_COMPLETED_UP_TO, Gauges, Overview, SourceCounts, gauges, overview};
 pub use parked::{Parked, ParkedBody, Unreadable};
-pub use reconcile::{Held, held};
+pub use reconcile::{Held, ReconcilerState, held, reconciler_states};
 pub use retention::{Retention, Swept, purge, sweep};
 pub use schedule::{
     dead_letter_unreadable, exhaust_due, needing_copy, probe_due, reap, reschedule, schedule_due,

@@ -1,8 +1,11 @@
 //! What the reconciler reads: what hookinbox holds of the deliveries in
 //! GitHub's log. A delivery hookinbox holds needs no redelivery; one it
-//! cannot finish on its own (a claim with no body and no job) does.
+//! cannot finish on its own (a claim with no body and no job) does. And
+//! what operators read of the reconciler: each source's last pass.
 
 use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
 
 use crate::postgres::sql::{self, Session};
 
@@ -56,4 +59,45 @@ pub async fn held(
         held.insert(row.get(0), state);
     }
     Ok(held)
+}
+
+/// One source's reconciler state (`reconcile_state`, written by the
+/// reconciler), as operators see it.
+#[derive(Clone, Debug)]
+pub struct ReconcilerState {
+    /// The source.
+    pub source: String,
+    /// The hook.
+    pub hook: String,
+    /// Every delivery logged before this was judged.
+    pub watermark: Option<DateTime<Utc>>,
+    /// The last complete pass.
+    pub last_pass_at: Option<DateTime<Utc>>,
+    /// The last pass, complete or not.
+    pub last_attempt_at: Option<DateTime<Utc>>,
+    /// Why the last pass did not complete, if it did not.
+    pub last_error: Option<String>,
+    /// The last complete pass's counts.
+    pub last_counts: Option<serde_json::Value>,
+}
+
+const RECONCILER_STATES: &str = "
+select source, hook, watermark, last_pass_at, last_attempt_at, last_error, last_counts
+from reconcile_state order by source";
+
+/// Every source's reconciler state.
+pub async fn reconciler_states(client: &impl Session) -> Result<Vec<ReconcilerState>, DbError> {
+    Ok(sql::query(client, RECONCILER_STATES, &[])
+        .await?
+        .iter()
+        .map(|row| ReconcilerState {
+            source: row.get(0),
+            hook: row.get(1),
+            watermark: row.get(2),
+            last_pass_at: row.get(3),
+            last_attempt_at: row.get(4),
+            last_error: row.get(5),
+            last_counts: row.get(6),
+        })
+        .collect())
 }

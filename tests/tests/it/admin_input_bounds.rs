@@ -11,9 +11,9 @@
 
 use std::time::Duration;
 
+use hookinbox_operator::console::FILTER_FIELDS;
 use hookinbox_tests::admin::{OPERATOR, Seed, SpawnedAdmin, raw_status_line, seed, sign_in_at};
 use hookinbox_tests::{TestEnv, worker_command};
-use hookinbox_worker::admin::FILTER_FIELDS;
 use serde_json::{Value, json};
 
 /// Extreme values: huge, negative, overflowing, unicode, control, empty,

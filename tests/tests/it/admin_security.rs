@@ -9,11 +9,11 @@
 
 use std::time::Duration;
 
+use hookinbox_operator::console::{AdminArgs, DEFAULT_METRICS_LISTEN};
 use hookinbox_tests::admin::{OPERATOR, Seed, TestAdmin, VIEWER, csrf_of, raw_status_line, seed};
 use hookinbox_tests::handlers::Scripted;
 use hookinbox_tests::{Hook, SECRET, TestEnv, bin, defaults, settle, sign};
 use hookinbox_worker::HandlerError;
-use hookinbox_worker::admin::{AdminArgs, DEFAULT_METRICS_LISTEN};
 
 /// Every page and API answer an operator and a viewer can reach for
 /// `id`, as text.

@@ -5,11 +5,11 @@
 //! own CSRF token, and the session cookie is `Secure` by configuration,
 //! never because a client says it came over https.
 
+use hookinbox_operator::console::{Access, AdminArgs, Tokens};
 use hookinbox_tests::admin::{
     OPERATOR, Seed, TOKENS, VIEWER, csrf_of, seed, set_cookie, set_cookie_header,
 };
 use hookinbox_tests::{TestEnv, defaults};
-use hookinbox_worker::admin::{Access, AdminArgs, Tokens};
 
 #[tokio::test]
 async fn signing_out_ends_the_session_on_the_server() {

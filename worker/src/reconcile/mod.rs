@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 mod github;
 mod judge;
 mod pass;
-pub mod state;
+mod state;
 
 pub use github::ApiError;
 pub use pass::{PassOptions, Report};

@@ -8,7 +8,6 @@ use actix_web::http::header;
 use actix_web::{HttpRequest, HttpResponse, web};
 use hookinbox::deliveries::{self, Filter, Status};
 
-use crate::reconcile;
 use maud::Markup;
 
 use super::auth::{page_session, require_csrf, require_operator};
@@ -81,7 +80,7 @@ pub(crate) async fn overview(req: HttpRequest, state: web::Data<State>) -> Page 
     let session = page_session(&req, &state).await?;
     let client = state.pool.get().await?;
     let o = deliveries::overview(&client).await?;
-    let reconciler = reconcile::state::states(&client).await?;
+    let reconciler = deliveries::reconciler_states(&client).await?;
     Ok(html(views::overview(&o, &reconciler, &session)))
 }
 

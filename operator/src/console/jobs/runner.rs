@@ -16,9 +16,9 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::store::{self, Kind};
-use crate::admin::audit;
-use crate::admin::state::State;
-use crate::ops::reconcile_dead_letter_queue;
+use crate::console::audit;
+use crate::console::state::State;
+use crate::reconcile_dead_letter_queue;
 
 /// How often an idle runner looks for jobs whose runner died.
 const IDLE_POLL: Duration = Duration::from_secs(2);

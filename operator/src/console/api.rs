@@ -6,7 +6,6 @@
 use actix_web::{HttpRequest, HttpResponse, web};
 use hookinbox::deliveries::{self, Cursor};
 
-use crate::reconcile;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -68,7 +67,7 @@ pub(crate) async fn overview(req: HttpRequest, state: web::Data<State>) -> Answe
     api_identity(&req, &state)?;
     let client = state.pool.get().await?;
     let o = deliveries::overview(&client).await?;
-    let reconciler = reconcile::state::states(&client).await?;
+    let reconciler = deliveries::reconciler_states(&client).await?;
     Ok(HttpResponse::Ok().json(json!({
         "reconciler": reconciler.iter().map(|r| json!({
             "source": r.source, "hook": r.hook, "watermark": r.watermark,

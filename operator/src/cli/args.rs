@@ -6,31 +6,10 @@
 
 use std::time::Duration;
 
-use hookinbox::config::parse_duration_text;
 use hookinbox::deliveries::{ErrorClass, Filter, Order, Status};
 use hookinbox::key::{DeliveryId, EventName, SourceName};
 
-/// The longest age a filter takes (`--since`, `--older-than`, the
-/// console's `since=`): ten years, past any retention.
-pub const MAX_AGE: Duration = Duration::from_secs(3650 * 86_400);
-
-/// The longest text read as an age or a time; a longer one is refused
-/// without being echoed.
-pub const MAX_AGE_TEXT: usize = 64;
-
-/// An age: a duration like 90s, 12h or 30d, at most [`MAX_AGE`].
-pub fn parse_age(s: &str) -> Result<Duration, String> {
-    if s.len() > MAX_AGE_TEXT {
-        return Err(format!(
-            "an age is a duration like 90s, 12h or 30d (at most {MAX_AGE_TEXT} characters)"
-        ));
-    }
-    let age = parse_duration_text(s)?;
-    if age > MAX_AGE {
-        return Err(format!("'{s}' is longer than 3650d, the longest age taken"));
-    }
-    Ok(age)
-}
+pub use crate::age::{MAX_AGE, MAX_AGE_TEXT, parse_age};
 
 /// The fewest and the most replays per second `--rate` takes: a slower
 /// rate would pause longer than a timer can wait, a faster one means

@@ -4,8 +4,8 @@
 use maud::{Markup, html};
 
 use super::{page, when};
-use crate::admin::session::{Listed, Session};
-use crate::admin::tokens::Role;
+use crate::console::session::{Listed, Session};
+use crate::console::tokens::Role;
 
 /// The live sessions, newest first.
 pub(crate) fn sessions(list: &[Listed], session: &Session) -> Markup {

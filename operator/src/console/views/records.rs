@@ -3,8 +3,8 @@
 use maud::{Markup, html};
 
 use super::{number, page, when};
-use crate::admin::audit::Entry;
-use crate::admin::session::Session;
+use crate::console::audit::Entry;
+use crate::console::session::Session;
 
 /// The audit log, newest first.
 pub(crate) fn audit(entries: &[Entry], next: Option<i64>, session: &Session) -> Markup {

@@ -6,9 +6,9 @@ use hookinbox::deliveries::{Cursor, ErrorClass, Page};
 use maud::{Markup, html};
 
 use super::{badge, delivery_href, number, page, when};
-use crate::admin::detail::state;
-use crate::admin::params::{Checked, STATES};
-use crate::admin::session::Session;
+use crate::console::detail::state;
+use crate::console::params::{Checked, STATES};
+use crate::console::session::Session;
 
 /// The filter's fields, as a form whose values are the current filter.
 pub(crate) fn filter_form(

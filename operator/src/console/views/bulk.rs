@@ -7,11 +7,11 @@ use maud::{Markup, html};
 
 use super::deliveries::filter_form;
 use super::{badge, delivery_href, number, page, when};
-use crate::admin::detail::state;
-use crate::admin::jobs::{Item, Job, Kind};
-use crate::admin::params::Checked;
-use crate::admin::session::Session;
-use crate::admin::tokens::Role;
+use crate::console::detail::state;
+use crate::console::jobs::{Item, Job, Kind};
+use crate::console::params::Checked;
+use crate::console::session::Session;
+use crate::console::tokens::Role;
 
 /// The bulk page: count first; with `sample`, the dry run and the confirm
 /// button.

@@ -5,9 +5,9 @@ use hookinbox::deliveries::{ErrorClass, NO_BODY_TO_REPLAY, Status};
 use maud::{Markup, html};
 
 use super::{badge, page, stamp, when};
-use crate::admin::detail::{Detail, state};
-use crate::admin::session::Session;
-use crate::admin::tokens::Role;
+use crate::console::detail::{Detail, state};
+use crate::console::session::Session;
+use crate::console::tokens::Role;
 
 /// The delivery page.
 pub(crate) fn delivery(d: &Detail, session: &Session) -> Markup {

@@ -4,8 +4,8 @@ use hookinbox::deliveries::Overview;
 use maud::{Markup, html};
 
 use super::{age, number, page, when};
-use crate::admin::session::Session;
-use crate::reconcile::state::SourceState;
+use crate::console::session::Session;
+use hookinbox::deliveries::ReconcilerState;
 
 fn state_link(source: &str, state: &str, n: i64) -> Markup {
     html! {
@@ -34,7 +34,7 @@ fn pass_count(counts: Option<&serde_json::Value>, field: &str) -> Markup {
 }
 
 /// The reconciler's state per source that names a GitHub hook.
-fn reconciler(states: &[SourceState]) -> Markup {
+fn reconciler(states: &[ReconcilerState]) -> Markup {
     html! {
         section.card {
             h2 { "Reconciler" }
@@ -73,7 +73,7 @@ fn reconciler(states: &[SourceState]) -> Markup {
 }
 
 /// The overview page.
-pub(crate) fn overview(o: &Overview, states: &[SourceState], session: &Session) -> Markup {
+pub(crate) fn overview(o: &Overview, states: &[ReconcilerState], session: &Session) -> Markup {
     let total =
         |f: fn(&hookinbox::deliveries::SourceCounts) -> i64| o.sources.iter().map(f).sum::<i64>();
     page(

@@ -1,6 +1,6 @@
 //! The operator's commands: list, show, replay and purge deliveries and
-//! dead letters, and sweep. `hookinbox-worker` exposes them as
-//! subcommands. They read Postgres (the record) and keep the dead-letter
+//! dead letters. `hookinbox-worker` exposes them as subcommands (with
+//! `sweep`, which is the worker's own maintenance). They read Postgres (the record) and keep the dead-letter
 //! queue's copies in step with it.
 //!
 //! Exit codes: 0 done, 1 nothing matched (or, for `dlq replay`, nothing
@@ -16,8 +16,7 @@ use hookinbox::deliveries::{self, Filter, Order};
 use hookinbox::postgres::DbError;
 use serde_json::json;
 
-use crate::context::RuntimeError;
-use crate::maintenance;
+use crate::OperatorError;
 
 mod args;
 mod print;
@@ -28,7 +27,6 @@ pub use args::{
     parse_delivery_id, parse_rate, parse_repository,
 };
 use print::{print_fields, print_rows};
-pub use replay::reconcile_dead_letter_queue;
 
 /// Why an operator command failed (exit code 2).
 #[derive(Debug, thiserror::Error)]
@@ -54,9 +52,16 @@ pub enum OpsError {
         /// How many.
         failed: usize,
     },
-    /// The retention sweep failed.
-    #[error("sweep failed: {0}")]
-    Sweep(#[source] RuntimeError),
+}
+
+impl From<OperatorError> for OpsError {
+    fn from(e: OperatorError) -> Self {
+        match e {
+            OperatorError::Db(e) => Self::Db(e),
+            OperatorError::Broker(e) => Self::Broker(e),
+            OperatorError::Channel(e) => Self::Channel(e),
+        }
+    }
 }
 
 /// Whether a command found anything to act on.
@@ -69,7 +74,8 @@ pub enum Found {
 }
 
 impl Found {
-    fn from_count(n: usize) -> Self {
+    /// `Some` unless `n` is 0.
+    pub fn from_count(n: usize) -> Self {
         if n == 0 { Self::Nothing } else { Self::Some }
     }
 
@@ -91,9 +97,6 @@ pub enum OpsCommand {
     /// Inspect, replay and purge dead letters (failed, not retryable).
     #[command(subcommand)]
     Dlq(DlqCommand),
-    /// Delete completed and failed deliveries past their retention, then exit
-    /// (for a CronJob; workers also sweep on their own).
-    Sweep,
 }
 
 /// `deliveries …`
@@ -272,7 +275,7 @@ pub async fn run(
                 deliveries::count(&client, &filter).await? as u64
             } else {
                 let n = deliveries::purge_dead(&client, &filter).await?;
-                replay::reconcile_dead_letter_queue(&pool, config).await?;
+                crate::reconcile_dead_letter_queue(&pool, config).await?;
                 n
             };
             if json {
@@ -286,22 +289,5 @@ pub async fn run(
             }
             Ok(Found::from_count(purged as usize))
         }
-        OpsCommand::Sweep => match maintenance::sweep(&config.common.leaders(&pool)?, config).await
-        {
-            Ok(Some(swept)) => {
-                writeln!(
-                    out,
-                    "swept {} completed and {} failed deliveries, {} remembered bodies and {} \
-                     stored events",
-                    swept.completed, swept.failed, swept.seen_bodies, swept.events
-                )?;
-                Ok(Found::from_count(swept.total() as usize))
-            }
-            Ok(None) => {
-                writeln!(out, "another sweeper holds the lock; nothing done")?;
-                Ok(Found::Nothing)
-            }
-            Err(e) => Err(OpsError::Sweep(e)),
-        },
     }
 }

@@ -6,12 +6,9 @@ use std::io::Write;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
-use hookinbox::broker;
 use hookinbox::config::WorkerConfig;
 use hookinbox::deliveries::{self, Delivery, Filter, Replayed, Status};
 use hookinbox::postgres::DbError;
-use lapin::options::{BasicAckOptions, BasicGetOptions, QueueDeclareOptions};
-use lapin::types::FieldTable;
 use serde_json::json;
 
 use super::print::{print_table, to_json};
@@ -189,7 +186,7 @@ pub(super) async fn replay(
     }
     publisher.close().await;
     if !replayed.is_empty() {
-        reconcile_dead_letter_queue(pool, config).await?;
+        crate::dlq::reconcile_dead_letter_queue(pool, config).await?;
     }
     let unmatched = unmatched_reasons(&client, named, &[&targets, &no_body]).await?;
     if options.json {
@@ -259,64 +256,5 @@ fn print_left_alone(
     for (id, why) in unmatched {
         writeln!(out, "{not} {id}: {why}")?;
     }
-    Ok(())
-}
-
-/// Rewrites the dead-letter queue so that it holds one copy per dead
-/// letter in Postgres: copies of replayed, purged or completed deliveries
-/// are dropped, duplicates folded, unknown messages kept. Each kept copy is
-/// republished (with a confirm) before its original is acked, so a crash
-/// half way leaves a duplicate, never a loss.
-pub async fn reconcile_dead_letter_queue(
-    pool: &Pool,
-    config: &WorkerConfig,
-) -> Result<(), OpsError> {
-    let common = &config.common;
-    let topology = common.topology();
-    let (connection, channel) = broker::open_channel(
-        &common.amqp_url,
-        "hookinbox-ops",
-        common.publish_timeout,
-        &topology,
-    )
-    .await?;
-    let queue = channel
-        .queue_declare(
-            &topology.dead_letter_queue(),
-            QueueDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await?;
-    let publisher = common.publisher("hookinbox-ops");
-    let client = pool.get().await.map_err(DbError::from)?;
-    let mut seen = std::collections::HashSet::new();
-    for _ in 0..queue.message_count() {
-        let Some(message) = channel
-            .basic_get(&topology.dead_letter_queue(), BasicGetOptions::default())
-            .await?
-        else {
-            break;
-        };
-        let delivery = message.delivery;
-        let keep = match broker::decode(&delivery.properties, delivery.data.clone()) {
-            Err(_) => true,
-            Ok(job) => {
-                let row = deliveries::get(&client, &job.key).await?;
-                let dead = row.is_some_and(|r| r.is_dead());
-                dead && seen.insert(job.key)
-            }
-        };
-        if keep {
-            publisher
-                .republish_dead_letter(&delivery.data, delivery.properties.clone())
-                .await?;
-        }
-        delivery.acker.ack(BasicAckOptions::default()).await?;
-    }
-    publisher.close().await;
-    let _ = connection.close(200, "reconciled").await;
     Ok(())
 }

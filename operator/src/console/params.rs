@@ -2,7 +2,7 @@
 //! (`{"filter": {…}}`), checked field by field: a bad value is a 400 that
 //! names its field. Empty values (an HTML form's blank fields) are unset.
 //! Every value is bounded before it is used: a time between 1970 and
-//! 9999, an age of at most ten years (the CLI's own rule, `ops::parse_age`),
+//! 9999, an age of at most ten years (the CLI's own rule, `age::parse_age`),
 //! a limit from 1 to [`MAX_LIMIT`], texts by length, a cursor by
 //! `Cursor::decode`'s checks. The checked values are kept, normalized, so
 //! that a view can link to itself and a job can record what it was made
@@ -15,7 +15,7 @@ use hookinbox::deliveries::{Cursor, ErrorClass, Filter, Status};
 use hookinbox::key::{DeliveryId, SourceName};
 
 use super::error::AdminError;
-use crate::ops::{MAX_AGE_TEXT, parse_age};
+use crate::age::{MAX_AGE_TEXT, parse_age};
 
 /// The filter's fields, in the order a form shows them.
 pub const FILTER_FIELDS: [&str; 10] = [
