@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use deadpool_postgres::Pool;
 use hookinbox::broker;
 use hookinbox::config::WorkerConfig;
-use hookinbox::deliveries;
+use hookinbox::deliveries::{self, State};
 use hookinbox::postgres::DbError;
 use lapin::options::{BasicAckOptions, BasicGetOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
@@ -57,7 +57,7 @@ pub async fn reconcile_dead_letter_queue(
             Err(_) => true,
             Ok(job) => {
                 let row = deliveries::get(&client, &job.key).await?;
-                let dead = row.is_some_and(|r| r.is_dead());
+                let dead = row.is_some_and(|r| State::of(&r) == State::Dead);
                 dead && seen.insert(job.key)
             }
         };

@@ -259,6 +259,113 @@ fn bad_edges(src: &Path, table: &Table) -> Vec<String> {
     bad
 }
 
+/// The files of `shared/src/deliveries/` and the siblings each imports:
+/// through `super::file::…`, or through a name `mod.rs` re-exports from
+/// `file` (`super::Delivery` is `delivery.rs`'s).
+fn deliveries_file_edges(dir: &Path) -> Vec<(String, String)> {
+    let stem = |p: &Path| {
+        p.file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let files: Vec<PathBuf> = sources(dir)
+        .into_iter()
+        .filter(|p| p.parent() == Some(dir) && stem(p) != "mod")
+        .collect();
+    let names: BTreeSet<String> = files.iter().map(|p| stem(p)).collect();
+    // `pub use file::{A, B as C};` in mod.rs: each name to its file.
+    let map = code(&std::fs::read_to_string(dir.join("mod.rs")).expect("mod.rs"));
+    let mut exported = std::collections::BTreeMap::new();
+    for statement in map.split(';') {
+        let Some(rest) = statement.trim().strip_prefix("pub use ") else {
+            continue;
+        };
+        let Some((file, items)) = rest.split_once("::") else {
+            continue;
+        };
+        let items = items.trim().trim_start_matches('{').trim_end_matches('}');
+        for item in items.split(',') {
+            let name = item.rsplit(" as ").next().unwrap_or_default().trim();
+            if !name.is_empty() {
+                exported.insert(name.to_owned(), file.trim().to_owned());
+            }
+        }
+    }
+    let mut edges = Vec::new();
+    for path in &files {
+        let from = stem(path);
+        let text = code(&std::fs::read_to_string(path).expect("readable source"));
+        for first in first_segments(&text, "super::") {
+            let to = if names.contains(&first) {
+                Some(first)
+            } else {
+                exported.get(&first).cloned()
+            };
+            if let Some(to) = to.filter(|to| *to != from) {
+                edges.push((from.clone(), to));
+            }
+        }
+    }
+    edges.sort();
+    edges.dedup();
+    edges
+}
+
+/// A cycle among `edges`, as the files around it, if there is one.
+fn a_cycle(edges: &[(String, String)]) -> Option<Vec<String>> {
+    fn visit(
+        at: &str,
+        edges: &[(String, String)],
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(i) = path.iter().position(|p| p == at) {
+            let mut cycle = path[i..].to_vec();
+            cycle.push(at.to_owned());
+            return Some(cycle);
+        }
+        if done.contains(at) {
+            return None;
+        }
+        path.push(at.to_owned());
+        for (_, to) in edges.iter().filter(|(from, _)| from == at) {
+            if let Some(cycle) = visit(to, edges, path, done) {
+                return Some(cycle);
+            }
+        }
+        path.pop();
+        done.insert(at.to_owned());
+        None
+    }
+    let mut done = BTreeSet::new();
+    edges
+        .iter()
+        .find_map(|(from, _)| visit(from, edges, &mut Vec::new(), &mut done))
+}
+
+#[test]
+fn the_files_of_the_state_machine_import_each_other_without_a_cycle() {
+    let edges = deliveries_file_edges(&root().join("shared/src/deliveries"));
+    assert!(
+        edges
+            .iter()
+            .any(|(from, to)| from == "filter" && to == "delivery"),
+        "the edges are read: {edges:?}"
+    );
+    if let Some(cycle) = a_cycle(&edges) {
+        panic!(
+            "shared/src/deliveries/ has a file cycle: {}",
+            cycle.join(" -> ")
+        );
+    }
+    let planted = [
+        ("admin".to_owned(), "filter".to_owned()),
+        ("filter".to_owned(), "admin".to_owned()),
+    ];
+    assert!(a_cycle(&planted).is_some(), "a planted cycle is found");
+}
+
 #[test]
 fn every_import_inside_a_crate_follows_its_layering_table() {
     let root = root();

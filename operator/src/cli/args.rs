@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use hookinbox::deliveries::{ErrorClass, Filter, Order, Status};
+use hookinbox::deliveries::{ErrorClass, Filter, Order, State};
 use hookinbox::key::{DeliveryId, EventName, SourceName};
 
 pub use crate::age::{MAX_AGE, MAX_AGE_TEXT, parse_age};
@@ -39,26 +39,21 @@ pub fn parse_delivery_id(s: &str) -> Result<String, String> {
         .map_err(|_| "a delivery id is 1 to 128 visible ASCII characters".to_owned())
 }
 
-/// `--status`: a stored status, or the claims awaiting a redelivery from
-/// GitHub.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StatusFilter {
-    /// `processing`, `completed` or `failed`.
-    Is(Status),
-    /// `awaiting_redelivery`: claims with no body and no job, which only a
-    /// redelivery from GitHub finishes (the reconciler asks for it).
-    AwaitingRedelivery,
-}
+/// `--status`: a state's word ([`State`]: processing, completed,
+/// retrying, dead, awaiting_redelivery, filtered), or `failed`, which
+/// means retrying or dead. The console's `status=` takes the same words.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StatusFilter(pub Vec<State>);
 
 impl std::str::FromStr for StatusFilter {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        if s == "awaiting_redelivery" {
-            return Ok(Self::AwaitingRedelivery);
-        }
-        s.parse().map(Self::Is).map_err(|_| {
-            "status is one of processing, completed, failed, awaiting_redelivery".to_owned()
+        State::parse_filter(s).map(Self).map_err(|_| {
+            format!(
+                "status is one of {} (failed: retrying or dead)",
+                State::filter_words().join(", ")
+            )
         })
     }
 }
@@ -165,9 +160,10 @@ impl MatchArgs {
 /// Filters shared by the listing commands and `dlq replay`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct FilterArgs {
-    /// Only this status: processing, completed, failed, or
+    /// Only this state: processing, completed, retrying, dead,
     /// awaiting_redelivery (claims with no body and no job, which only a
-    /// redelivery from GitHub can finish).
+    /// redelivery from GitHub can finish), filtered; or failed (retrying or
+    /// dead).
     #[arg(long)]
     pub status: Option<StatusFilter>,
     /// What the deliveries are.
@@ -184,14 +180,20 @@ pub struct FilterArgs {
 
 impl FilterArgs {
     /// The filter: dead letters only with `dead`; only `ids` when named.
+    /// With `dead`, a `--status` other than dead matches nothing.
     pub fn filter(&self, dead: bool, ids: Option<Vec<String>>) -> Filter {
+        let mut states = self.status.clone().map(|s| s.0).unwrap_or_default();
+        let mut ids = ids;
+        if dead {
+            if !states.is_empty() && !states.contains(&State::Dead) {
+                // A dead letter in another state: no row is in two states,
+                // so no id matches.
+                ids = Some(Vec::new());
+            }
+            states = vec![State::Dead];
+        }
         self.matching.narrow(Filter {
-            status: match self.status {
-                Some(StatusFilter::Is(status)) => Some(status),
-                _ => None,
-            },
-            awaiting_redelivery: self.status == Some(StatusFilter::AwaitingRedelivery),
-            dead,
+            states,
             active_within: self.since,
             ids,
             limit: if self.limit == 0 {

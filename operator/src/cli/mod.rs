@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use hookinbox::broker::BrokerError;
 use hookinbox::config::WorkerConfig;
-use hookinbox::deliveries::{self, Filter, Order};
+use hookinbox::deliveries::{self, Filter, Order, State};
 use hookinbox::postgres::DbError;
 use serde_json::json;
 
@@ -94,7 +94,8 @@ pub enum OpsCommand {
     /// Inspect deliveries.
     #[command(subcommand)]
     Deliveries(DeliveriesCommand),
-    /// Inspect, replay and purge dead letters (failed, not retryable).
+    /// Inspect, replay and purge dead letters (state dead: failed, not
+    /// retryable).
     #[command(subcommand)]
     Dlq(DlqCommand),
 }
@@ -193,7 +194,7 @@ async fn list_rows(
     let filter = list.filter.filter(dead, None);
     let rows = deliveries::list(&client, &filter).await?;
     print_rows(out, &rows, list.json)?;
-    if filter.awaiting_redelivery && !list.json && !rows.is_empty() {
+    if filter.states == [State::AwaitingRedelivery] && !list.json && !rows.is_empty() {
         writeln!(
             out,
             "{} claim(s) with no body and no job here: awaiting redelivery from GitHub \
@@ -248,16 +249,21 @@ pub async fn run(
                 ));
             }
             let named = (!ids.is_empty()).then_some(ids);
-            let mut filter = filter.filter(true, named.clone());
+            let mut targets = filter.filter(true, named.clone());
             if all || named.is_some() {
-                filter.limit = i64::MAX;
+                targets.limit = i64::MAX;
             }
+            let no_body = replay::no_body_filter(&filter, named.clone(), targets.limit);
             let options = replay::Options {
                 dry_run,
                 rate,
                 json,
             };
-            replay::replay(&pool, config, &filter, named.as_deref(), options, out).await
+            let filters = replay::Filters {
+                targets: &targets,
+                no_body: &no_body,
+            };
+            replay::replay(&pool, config, filters, named.as_deref(), options, out).await
         }
         OpsCommand::Dlq(DlqCommand::Purge {
             older_than,
@@ -267,7 +273,7 @@ pub async fn run(
         }) => {
             let client = pool.get().await.map_err(DbError::from)?;
             let filter = matching.narrow(Filter {
-                dead: true,
+                states: vec![State::Dead],
                 failed_before: Some(older_than),
                 ..Filter::default()
             });

@@ -4,7 +4,7 @@
 use std::io::Write;
 use std::time::Duration;
 
-use hookinbox::deliveries::{Delivery, ErrorClass, Status};
+use hookinbox::deliveries::{Delivery, ErrorClass, State};
 use serde_json::json;
 
 fn age(t: Option<chrono::DateTime<chrono::Utc>>) -> String {
@@ -62,11 +62,7 @@ pub(super) fn print_table(out: &mut impl Write, rows: &[Delivery]) -> std::io::R
             d.key.source.as_str(),
             d.key.hook_id.as_str(),
             event,
-            if d.status == Status::Failed && d.retryable {
-                "retrying"
-            } else {
-                d.status.as_str()
-            },
+            State::of(d).as_str(),
             d.attempts,
             d.replays,
             d.last_error_class.map_or("-", ErrorClass::as_str),

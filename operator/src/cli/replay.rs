@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use deadpool_postgres::Pool;
 use hookinbox::config::WorkerConfig;
-use hookinbox::deliveries::{self, Delivery, Filter, Replayed, Status};
+use hookinbox::deliveries::{self, Delivery, Filter, Replayed, State, Status};
 use hookinbox::postgres::DbError;
 use serde_json::json;
 
@@ -25,14 +25,43 @@ pub(super) struct Options {
     pub json: bool,
 }
 
-/// What a delivery is, as an operator reads it: `retrying` and `dead` for
-/// failures, with the class.
+/// What `dlq replay` selects: the dead letters to replay, and the
+/// deliveries awaiting a redelivery it names or matches, to say why they
+/// are not replayed.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Filters<'a> {
+    /// Dead letters.
+    pub targets: &'a Filter,
+    /// Deliveries awaiting a redelivery.
+    pub no_body: &'a Filter,
+}
+
+/// The deliveries awaiting a redelivery that `args` (and `named`) match:
+/// those a replay would have taken had hookinbox their body. Only when the
+/// filter names no state, or awaiting_redelivery, or retrying (a claim
+/// reaped `lost` with no body was a retry before it was awaiting).
+pub(super) fn no_body_filter(
+    args: &super::FilterArgs,
+    named: Option<Vec<String>>,
+    limit: i64,
+) -> Filter {
+    let mut f = args.filter(false, named);
+    let wanted = f.states.is_empty()
+        || f.states.contains(&State::AwaitingRedelivery)
+        || f.states.contains(&State::Retrying);
+    f.states = vec![State::AwaitingRedelivery];
+    if !wanted {
+        // No row is in two states: none matches.
+        f.ids = Some(Vec::new());
+    }
+    f.limit = limit;
+    f
+}
+
+/// What a delivery is, as an operator reads it: its state, with the class
+/// of a failure.
 fn state(d: &Delivery) -> String {
-    let state = match d.status {
-        Status::Failed if d.retryable => "retrying",
-        Status::Failed => "dead",
-        other => other.as_str(),
-    };
+    let state = State::of(d).as_str();
     match d.last_error_class {
         Some(class) if d.status == Status::Failed => format!("{state} ({})", class.as_str()),
         _ => state.to_owned(),
@@ -80,7 +109,7 @@ async fn unmatched_reasons(
             continue;
         }
         for d in of_id {
-            let why = if d.is_dead() {
+            let why = if State::of(d) == State::Dead {
                 "a dead letter, but not one the filters match".to_owned()
             } else {
                 format!("{}, not a dead letter", state(d))
@@ -98,24 +127,16 @@ async fn unmatched_reasons(
 pub(super) async fn replay(
     pool: &Pool,
     config: &WorkerConfig,
-    filter: &Filter,
+    filters: Filters<'_>,
     named: Option<&[String]>,
     options: Options,
     out: &mut impl Write,
 ) -> Result<Found, OpsError> {
     let client = pool.get().await.map_err(DbError::from)?;
-    let targets = deliveries::list(&client, filter).await?;
+    let targets = deliveries::list(&client, filters.targets).await?;
     // Never dead letters, so never among the targets: only GitHub has
     // their bodies.
-    let mut no_body = deliveries::list(
-        &client,
-        &Filter {
-            dead: false,
-            awaiting_redelivery: true,
-            ..filter.clone()
-        },
-    )
-    .await?;
+    let mut no_body = deliveries::list(&client, filters.no_body).await?;
     if options.dry_run {
         let unmatched = unmatched_reasons(&client, named, &[&targets, &no_body]).await?;
         if options.json {

@@ -74,10 +74,13 @@ pub(crate) async fn overview(req: HttpRequest, state: web::Data<State>) -> Answe
             "last_pass_at": r.last_pass_at, "last_attempt_at": r.last_attempt_at,
             "last_error": r.last_error, "last_counts": r.last_counts,
         })).collect::<Vec<_>>(),
-        "sources": o.sources.iter().map(|s| json!({
-            "source": s.source, "processing": s.processing, "completed": s.completed,
-            "retrying": s.retrying, "dead": s.dead,
-        })).collect::<Vec<_>>(),
+        "sources": o.sources.iter().map(|s| {
+            let mut counts = json!({"source": s.source});
+            for (state, n) in s.by_state() {
+                counts[state.as_str()] = json!(n);
+            }
+            counts
+        }).collect::<Vec<_>>(),
         "oldest_processing_secs": o.oldest_processing_secs,
         "oldest_due_secs": o.oldest_due_secs,
         "oldest_lost_secs": o.oldest_lost_secs,

@@ -5,7 +5,9 @@
 //! its payload, pretty-printed.
 
 use chrono::{DateTime, Utc};
-use hookinbox::deliveries::{self, Delivery, ErrorClass, PayloadOrigin, Status, StoredPayload};
+use hookinbox::deliveries::{
+    self, Delivery, ErrorClass, PayloadOrigin, State, Status, StoredPayload,
+};
 use hookinbox::payload::{ContentType, json_text};
 use hookinbox::postgres::sql::Session;
 use serde_json::{Value, json};
@@ -65,15 +67,6 @@ pub fn shown_header(name: &str) -> bool {
         .any(|word| name.contains(word))
 }
 
-/// The state an operator thinks in: `retrying` and `dead` for failures.
-pub fn state(d: &Delivery) -> &'static str {
-    match d.status {
-        Status::Failed if d.retryable => "retrying",
-        Status::Failed => "dead",
-        other => other.as_str(),
-    }
-}
-
 /// A delivery as an item of a list.
 pub fn summary(d: &Delivery) -> Value {
     json!({
@@ -84,7 +77,7 @@ pub fn summary(d: &Delivery) -> Value {
         "action": d.action,
         "repository": d.repository,
         "status": d.status.as_str(),
-        "state": state(d),
+        "state": State::of(d).as_str(),
         "retryable": d.retryable,
         "attempts": d.attempts,
         "replays": d.replays,

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use actix_web::http::header;
 use actix_web::{HttpRequest, HttpResponse, web};
-use hookinbox::deliveries::{self, Filter, Status};
+use hookinbox::deliveries::{self, Filter};
 
 use maud::Markup;
 
@@ -133,8 +133,7 @@ async fn act_on_one(
         source: Some(source.clone()),
         ids: Some(vec![id.clone()]),
         hook_id: Some(hook.clone()),
-        status: (kind == Kind::Replay).then_some(Status::Failed),
-        dead: kind == Kind::Purge,
+        states: kind.states().to_vec(),
         limit: 2,
         ..Filter::default()
     };

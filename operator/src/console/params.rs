@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, NaiveDateTime, Utc};
-use hookinbox::deliveries::{Cursor, ErrorClass, Filter, Status};
+use hookinbox::deliveries::{Cursor, ErrorClass, Filter, State};
 use hookinbox::key::{DeliveryId, SourceName};
 
 use super::error::AdminError;
@@ -30,9 +30,6 @@ pub const FILTER_FIELDS: [&str; 10] = [
     "delivery_id",
     "hook_id",
 ];
-
-/// The states a filter can ask for.
-pub const STATES: [&str; 5] = ["processing", "completed", "failed", "retrying", "dead"];
 
 /// Rows per page unless asked: the default and the most.
 pub const DEFAULT_LIMIT: i64 = 50;
@@ -158,19 +155,17 @@ fn apply(out: &mut Checked, prefix: &str, name: &str, value: &str) -> Result<(),
     let field = format!("{prefix}{name}");
     let f = &mut out.filter;
     match name {
-        "status" => match value {
-            "processing" => f.status = Some(Status::Processing),
-            "completed" => f.status = Some(Status::Completed),
-            "failed" => f.status = Some(Status::Failed),
-            "retrying" => f.retrying = true,
-            "dead" => f.dead = true,
-            _ => {
-                return Err(AdminError::field(
-                    field,
-                    format!("'{value}' is not one of {}", STATES.join(", ")),
-                ));
-            }
-        },
+        "status" => {
+            f.states = State::parse_filter(value).map_err(|_| {
+                AdminError::field(
+                    &field,
+                    format!(
+                        "'{value}' is not one of {}",
+                        State::filter_words().join(", ")
+                    ),
+                )
+            })?
+        }
         "source" => f.source = Some(bounded(&field, value, 64)?),
         "event" => f.event = Some(bounded(&field, value, 100)?),
         "action" => f.action = Some(bounded(&field, value, 64)?),
@@ -312,7 +307,7 @@ mod tests {
     #[test]
     fn blank_fields_are_unset_and_the_rest_kept() {
         let c = from_query("status=dead&source=&event=push&since=2h&limit=10").expect("valid");
-        assert!(c.filter.dead);
+        assert_eq!(c.filter.states, [State::Dead]);
         assert_eq!(c.filter.source, None);
         assert_eq!(c.filter.event.as_deref(), Some("push"));
         assert!(c.filter.created_since.is_some());
@@ -325,6 +320,6 @@ mod tests {
         let e = from_json(&serde_json::json!({"status": 3})).expect_err("number");
         assert_eq!(field_of(e), "filter.status");
         let c = from_json(&serde_json::json!({"status": "dead", "source": null})).expect("ok");
-        assert!(c.filter.dead);
+        assert_eq!(c.filter.states, [State::Dead]);
     }
 }

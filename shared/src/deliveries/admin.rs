@@ -1,120 +1,18 @@
-//! What operators read and do: one delivery (by key, or by its
-//! `X-GitHub-Delivery` id), its stored payload, replay of failed deliveries
-//! (and its undo when the publish fails), and the facts a dead-letter copy
-//! carries. Lists and counts are in `filter`.
+//! What operators read and do: a delivery by its `X-GitHub-Delivery` id,
+//! its stored payload, and replay of failed deliveries (and its undo when
+//! the publish fails). One delivery by key is `delivery`; lists and counts
+//! are in `filter`.
 
 use crate::postgres::sql::Session;
-use chrono::{DateTime, Utc};
 
+use super::delivery::Delivery;
 use super::filter::{Filter, list};
 use super::parked::{Parked, Unreadable, headers_from_json};
-use super::row::{delivery, parked};
-use super::{ErrorClass, Policy, Status, execute, query_opt, redact, secs};
+use super::row::parked;
+use super::{Policy, execute, query_opt, redact, secs};
 use crate::key::{ClaimToken, LegKey};
 use crate::postgres::DbError;
 use crate::postgres::sql;
-
-/// One row of `deliveries` (one leg of a delivery), as operators and
-/// tests see it.
-#[derive(Clone, Debug)]
-pub struct Delivery {
-    /// The leg's key: the delivery's and the destination.
-    pub key: LegKey,
-    /// `X-GitHub-Event`.
-    pub event: String,
-    /// The payload's `action`.
-    pub action: Option<String>,
-    /// Current state.
-    pub status: Status,
-    /// Whether a failed delivery will be tried again.
-    pub retryable: bool,
-    /// The current fencing token.
-    pub claim_token: ClaimToken,
-    /// Takes so far.
-    pub attempts: i32,
-    /// Operator replays so far.
-    pub replays: i32,
-    /// When the current lease ends.
-    pub lease_until: Option<DateTime<Utc>>,
-    /// When a retryable failure is due.
-    pub next_attempt_at: Option<DateTime<Utc>>,
-    /// First claim.
-    pub created_at: DateTime<Utc>,
-    /// Completion time.
-    pub completed_at: Option<DateTime<Utc>>,
-    /// Last failure time.
-    pub failed_at: Option<DateTime<Utc>>,
-    /// First failure time.
-    pub first_failed_at: Option<DateTime<Utc>>,
-    /// Whether the dead-letter copy was confirmed.
-    pub dead_lettered: bool,
-    /// Class of the last failure.
-    pub last_error_class: Option<ErrorClass>,
-    /// Short, redacted text of the last failure.
-    pub last_error: Option<String>,
-    /// The payload's `repository.full_name`, when ingest found one.
-    pub repository: Option<String>,
-    /// When the current token was installed (by a claim, a take, the
-    /// scheduler or a replay).
-    pub claimed_at: DateTime<Utc>,
-    /// When the dead-letter copy was confirmed.
-    pub dead_lettered_at: Option<DateTime<Utc>>,
-    /// Why its destination's filters did not take it (`filtered` legs).
-    pub filter_reason: Option<String>,
-    /// The takes its destination allows, as its last take recorded.
-    pub max_attempts: Option<i32>,
-}
-
-/// Why and when a delivery was dead-lettered: the headers of its copy in
-/// the dead-letter queue.
-#[derive(Clone, Debug)]
-pub struct DeadLetter {
-    /// The failure's class.
-    pub class: ErrorClass,
-    /// Takes so far.
-    pub attempts: i32,
-    /// First failure of the delivery.
-    pub first_failed_at: DateTime<Utc>,
-    /// The failure that dead-lettered it.
-    pub last_failed_at: DateTime<Utc>,
-}
-
-impl Delivery {
-    /// The facts of its dead-letter copy. The one fallback rule: a class
-    /// missing from the row reads as `permanent`; a failure time missing
-    /// (a row failed before the column existed) reads as the last failure,
-    /// then as the claim.
-    pub fn dead_letter(&self) -> DeadLetter {
-        let last_failed_at = self.failed_at.unwrap_or(self.created_at);
-        DeadLetter {
-            class: self.last_error_class.unwrap_or(ErrorClass::Permanent),
-            attempts: self.attempts,
-            first_failed_at: self.first_failed_at.unwrap_or(last_failed_at),
-            last_failed_at,
-        }
-    }
-
-    /// Whether it is a dead letter: failed, and not to be retried.
-    pub fn is_dead(&self) -> bool {
-        self.status == Status::Failed && !self.retryable
-    }
-}
-
-const GET: &str = concat!(
-    "
-select ",
-    delivery_columns!(),
-    "
-from deliveries
-where ",
-    key!()
-);
-
-/// Reads one leg.
-pub async fn get(client: &impl Session, key: &LegKey) -> Result<Option<Delivery>, DbError> {
-    let row = query_opt(client, GET, key, &[]).await?;
-    row.as_ref().map(delivery).transpose()
-}
 
 const REPLAY: &str = concat!(
     "

@@ -17,8 +17,9 @@ use crate::postgres::sql::{self, Session};
 use chrono::{DateTime, Utc};
 use tokio_postgres::types::ToSql;
 
-use super::row::delivery;
-use super::{Delivery, ErrorClass, Status, secs};
+use super::delivery::{Delivery, delivery};
+use super::state::State;
+use super::{ErrorClass, Status, secs};
 use crate::key::{DeliveryId, DestinationName, HookId, SourceName};
 use crate::postgres::DbError;
 
@@ -26,15 +27,9 @@ use crate::postgres::DbError;
 /// everything.
 #[derive(Clone, Debug, Default)]
 pub struct Filter {
-    /// Only this status.
-    pub status: Option<Status>,
-    /// Only dead letters (failed and not retryable).
-    pub dead: bool,
-    /// Only failures waiting for a retry (failed and retryable).
-    pub retrying: bool,
-    /// Only claims hookinbox cannot finish on its own: no body, no job
-    /// (see [`super::Held::AwaitingRedelivery`]).
-    pub awaiting_redelivery: bool,
+    /// Only rows in one of these states (none: any state). Each state's
+    /// rule is [`State::predicate`].
+    pub states: Vec<State>,
     /// Only this source.
     pub source: Option<String>,
     /// Only legs to this destination.
@@ -265,17 +260,9 @@ fn prefix_end(prefix: &str) -> Option<String> {
 /// a literal lets the planner prove a partial index's predicate.
 fn predicates(f: &Filter, st: &mut Statement) -> String {
     let mut p: Vec<String> = Vec::new();
-    if let Some(status) = f.status {
-        p.push(format!("status = '{}'", status.as_str()));
-    }
-    if f.dead {
-        p.push("status = 'failed' and not retryable".to_owned());
-    }
-    if f.retrying {
-        p.push("status = 'failed' and retryable".to_owned());
-    }
-    if f.awaiting_redelivery {
-        p.push(awaiting_redelivery!("deliveries").to_owned());
+    if !f.states.is_empty() {
+        let states: Vec<&str> = f.states.iter().map(|s| s.predicate()).collect();
+        p.push(format!("({})", states.join(" or ")));
     }
     if let Some(v) = &f.source {
         p.push(format!("source = {}", st.bind(v.clone())));
@@ -345,11 +332,20 @@ const SETTLED: &str = "status <> 'processing'";
 /// `deliveries_status_created`), settled rows (through the console's
 /// partial indexes), or both.
 fn branches(f: &Filter) -> &'static [&'static str] {
-    match f.status {
-        Some(Status::Processing) => &[PROCESSING],
-        Some(_) => &[SETTLED],
-        None if f.dead || f.retrying || f.failed_before.is_some() => &[SETTLED],
-        None => &[PROCESSING, SETTLED],
+    let statuses = f.states.iter().flat_map(|s| s.statuses());
+    let (mut processing, mut settled) = (false, false);
+    for status in statuses {
+        if *status == Status::Processing {
+            processing = true;
+        } else {
+            settled = true;
+        }
+    }
+    match (processing, settled) {
+        _ if f.failed_before.is_some() => &[SETTLED],
+        (true, false) => &[PROCESSING],
+        (false, true) => &[SETTLED],
+        _ => &[PROCESSING, SETTLED],
     }
 }
 
@@ -464,7 +460,7 @@ pub async fn count(client: &impl Session, filter: &Filter) -> Result<i64, DbErro
 /// `dlq purge` counts with the same filter for its dry run.
 pub async fn purge_dead(client: &impl Session, filter: &Filter) -> Result<u64, DbError> {
     let dead = Filter {
-        dead: true,
+        states: vec![State::Dead],
         ..filter.clone()
     };
     let mut st = Statement::default();
@@ -555,7 +551,7 @@ mod tests {
         let (sql, _) = count_statement(&Filter::default());
         assert!(sql.contains(PROCESSING) && sql.contains(SETTLED), "{sql}");
         let dead = Filter {
-            dead: true,
+            states: vec![State::Dead],
             ..Filter::default()
         };
         let (sql, _) = count_statement(&dead);

@@ -9,7 +9,9 @@
 //! | [`complete`](self::complete) | worker | `complete`, `complete_batch`, `store_event`, `fail`, `mark_dead_lettered` |
 //! | [`schedule`](self::schedule) | scheduler, reaper | `schedule_due`, `probe_due`, `reschedule`, `exhaust_due`, `needing_copy`, `dead_letter_unreadable`, `reap` |
 //! | [`retention`](self::retention) | sweeper, operators | `sweep`, `purge` |
-//! | [`admin`](self::admin) | operators | `get`, `find`, `stored_payload`, `replay`, `unreplay`, `purge` |
+//! | [`delivery`](self::delivery) | every caller | `Delivery`, `DeadLetter`, `get` (reads only) |
+//! | [`state`](self::state) | operators, the sampler | `State`: the operator's words for a row, `of` a row and `predicate` for a statement |
+//! | [`admin`](self::admin) | operators | `find`, `stored_payload`, `replay`, `unreplay` |
 //! | [`reconcile`](self::reconcile) | the reconciler | `held` (reads only) |
 //! | [`destinations`](self::destinations) | worker, operators | the breaker: `register`, `trip`, `close`, `disable`, `disable_stale`, `set_by_operator`; the attempt log: `log_attempts`, `window`, `leg_attempts` |
 //! | [`filter`](self::filter) | operators | `list`, `list_page`, `count`, `purge_dead`: the one filter of the CLI and the console |
@@ -193,14 +195,18 @@ macro_rules! park_moved {
     };
 }
 
-/// The columns `row::delivery` reads, in its order.
+/// The columns `delivery::delivery` reads, in its order, from the table
+/// `deliveries` (unaliased).
 macro_rules! delivery_columns {
     () => {
-        "provider, source, hook_id, delivery_id, event, action, status, retryable,
+        concat!(
+            "provider, source, hook_id, delivery_id, event, action, status, retryable,
        claim_token, attempts, replays, lease_until, next_attempt_at, created_at,
        completed_at, failed_at, dead_lettered_at is not null, last_error_class, last_error,
        first_failed_at, repository, claimed_at, dead_lettered_at, destination, filter_reason,
-       max_attempts"
+       max_attempts, ",
+            awaiting_redelivery!("deliveries")
+        )
     };
 }
 
@@ -269,6 +275,52 @@ macro_rules! due_retry {
     };
 }
 
+/// The rules of the operator's states (`state::State`), each a boolean
+/// expression over the table `deliveries` (unaliased). They do not
+/// overlap: a dead letter is `dead` whatever its body; a row that only
+/// GitHub can finish and is not dead is `awaiting_redelivery`, never
+/// `processing` or `retrying`.
+macro_rules! dead_state {
+    () => {
+        "(deliveries.status = 'failed' and not deliveries.retryable)"
+    };
+}
+
+/// `processing`: claimed or taken, and not awaiting a redelivery.
+macro_rules! processing_state {
+    () => {
+        concat!(
+            "(deliveries.status = 'processing' and not ",
+            awaiting_redelivery!("deliveries"),
+            ")"
+        )
+    };
+}
+
+/// `retrying`: failed, retryable, and not awaiting a redelivery.
+macro_rules! retrying_state {
+    () => {
+        concat!(
+            "(deliveries.status = 'failed' and deliveries.retryable and not ",
+            awaiting_redelivery!("deliveries"),
+            ")"
+        )
+    };
+}
+
+/// `awaiting_redelivery`: only GitHub can finish it, and it is not dead.
+macro_rules! awaiting_redelivery_state {
+    () => {
+        concat!(
+            "(",
+            awaiting_redelivery!("deliveries"),
+            " and not ",
+            dead_state!(),
+            ")"
+        )
+    };
+}
+
 /// `FromStr` for a stored name: one of `ALL` by its `as_str`, anything
 /// else an [`UnknownName`] that lists the names.
 macro_rules! from_stored_name {
@@ -293,6 +345,7 @@ macro_rules! from_stored_name {
 mod admin;
 mod claim;
 mod complete;
+mod delivery;
 mod destinations;
 mod filter;
 pub mod group_commit;
@@ -302,11 +355,12 @@ mod reconcile;
 mod retention;
 mod row;
 mod schedule;
+mod state;
 mod take;
 
 pub use admin::{
-    DeadLetter, Delivery, NO_BODY_TO_REPLAY, PayloadOrigin, Replayed, StoredPayload, find, get,
-    replay, stored_payload, unreplay,
+    NO_BODY_TO_REPLAY, PayloadOrigin, Replayed, StoredPayload, find, replay, stored_payload,
+    unreplay,
 };
 pub use claim::{
     Claim, ClaimRequest, LegClaim, LegRequest, claim, claim_batch, park_copy, park_due,
@@ -314,6 +368,7 @@ pub use claim::{
 pub use complete::{
     Completing, StoredEvent, complete, complete_batch, fail, mark_dead_lettered, store_event,
 };
+pub use delivery::{DeadLetter, Delivery, get};
 pub use destinations::{
     AttemptLog, AttemptResult, BreakerState, DestinationRow, EXCERPT_BYTES, LoggedAttempt,
     Registration, Waiting, close, disable, disable_stale, leg_attempts, log_attempts, register,
@@ -333,6 +388,7 @@ pub use retention::{Retention, Swept, purge, sweep};
 pub use schedule::{
     dead_letter_unreadable, exhaust_due, needing_copy, probe_due, reap, reschedule, schedule_due,
 };
+pub use state::{FAILED, State};
 pub use take::{Take, Taking, fence, release_lease, renew, take, take_batch};
 
 /// The knobs every transition shares.
@@ -466,7 +522,7 @@ impl ErrorClass {
     ];
 }
 
-/// A stored name that is not a known class or status.
+/// A stored name that is not a known class, status or state.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("'{value}' is not a known {what} (one of {allowed})")]
 pub struct UnknownName {

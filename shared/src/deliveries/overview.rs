@@ -11,21 +11,37 @@
 
 use crate::postgres::sql::{self, Session};
 
+use super::state::State;
 use crate::postgres::DbError;
 
-/// Deliveries of one source, by state.
+/// Deliveries of one source, by state ([`State`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SourceCounts {
     /// The source.
     pub source: String,
-    /// Claimed or taken, not yet settled.
+    /// [`State::Processing`].
     pub processing: i64,
-    /// Completed in the last 24 hours.
+    /// [`State::Completed`] in the last 24 hours.
     pub completed: i64,
-    /// Failed, waiting for a retry.
+    /// [`State::Retrying`].
     pub retrying: i64,
-    /// Failed for good: dead letters.
+    /// [`State::Dead`]: dead letters.
     pub dead: i64,
+    /// [`State::AwaitingRedelivery`].
+    pub awaiting_redelivery: i64,
+}
+
+impl SourceCounts {
+    /// Each count with its state.
+    pub fn by_state(&self) -> [(State, i64); 5] {
+        [
+            (State::Processing, self.processing),
+            (State::Completed, self.completed),
+            (State::Retrying, self.retrying),
+            (State::Dead, self.dead),
+            (State::AwaitingRedelivery, self.awaiting_redelivery),
+        ]
+    }
 }
 
 /// What the overview shows.
@@ -53,25 +69,43 @@ pub struct Overview {
     pub failed_last_hour: i64,
 }
 
-/// Processing, retrying and dead are counted whole (they are the work to
-/// look at, and few); completed over the last day, so that the figure
-/// costs what a day's traffic does, not what the retention keeps.
-const BY_SOURCE: &str = "
+/// Each state by its rule ([`State::predicate`]): processing, retrying,
+/// dead and awaiting a redelivery counted whole (they are the work to look
+/// at, and few); completed over the last day, so that the figure costs what
+/// a day's traffic does, not what the retention keeps. The second column is
+/// the state's word.
+const BY_SOURCE: &str = concat!(
+    "
 select source, 'processing' as state, count(*) from deliveries
-where status = 'processing' group by source
+where status = 'processing' and ",
+    processing_state!(),
+    " group by source
 union all
-select source, case when retryable then 'retrying' else 'dead' end, count(*)
-from deliveries where status = 'failed'
-group by 1, 2
+select source, 'retrying', count(*) from deliveries
+where status <> 'processing' and ",
+    retrying_state!(),
+    " group by source
+union all
+select source, 'dead', count(*) from deliveries
+where status <> 'processing' and ",
+    dead_state!(),
+    " group by source
+union all
+select source, 'awaiting_redelivery', count(*) from deliveries where ",
+    awaiting_redelivery_state!(),
+    " group by source
 union all
 select source, 'completed', count(*) from deliveries
 where status = 'completed' and completed_at >= now() - interval '1 day'
-group by source";
+group by source"
+);
 
 const AGES: &str = concat!(
     "
 select (select extract(epoch from now() - min(claimed_at))::float8
-          from deliveries where status = 'processing'),
+          from deliveries where status = 'processing' and ",
+    processing_state!(),
+    "),
        (select extract(epoch from now() - min(d.next_attempt_at))::float8
           from deliveries d where ",
     due_retry!("d"),
@@ -80,10 +114,14 @@ select (select extract(epoch from now() - min(claimed_at))::float8
           from deliveries where status = 'failed' and retryable and last_error_class = 'lost')"
 );
 
-const DEAD_BY_CLASS: &str = "
+const DEAD_BY_CLASS: &str = concat!(
+    "
 select coalesce(last_error_class, 'permanent'), count(*) from deliveries
-where status = 'failed' and not retryable
-group by 1 order by 2 desc, 1";
+where status <> 'processing' and ",
+    dead_state!(),
+    "
+group by 1 order by 2 desc, 1"
+);
 
 const LAST_HOUR: &str = "
 select (select count(*) from deliveries
@@ -104,7 +142,10 @@ pub async fn overview(client: &impl Session) -> Result<Overview, DbError> {
     let mut sources: std::collections::BTreeMap<String, SourceCounts> = Default::default();
     for row in sql::query(client, BY_SOURCE, &[]).await? {
         let source: String = row.get(0);
-        let state: &str = row.get(1);
+        let state: State = row
+            .get::<_, &str>(1)
+            .parse()
+            .map_err(|_| DbError::BadRow("state"))?;
         let n: i64 = row.get(2);
         let counts = sources
             .entry(source.clone())
@@ -113,10 +154,12 @@ pub async fn overview(client: &impl Session) -> Result<Overview, DbError> {
                 ..SourceCounts::default()
             });
         match state {
-            "processing" => counts.processing += n,
-            "completed" => counts.completed += n,
-            "retrying" => counts.retrying += n,
-            _ => counts.dead += n,
+            State::Processing => counts.processing += n,
+            State::Completed => counts.completed += n,
+            State::Retrying => counts.retrying += n,
+            State::Dead => counts.dead += n,
+            State::AwaitingRedelivery => counts.awaiting_redelivery += n,
+            State::Filtered => {}
         }
     }
     out.sources = sources.into_values().collect();
@@ -136,27 +179,27 @@ pub async fn overview(client: &impl Session) -> Result<Overview, DbError> {
     Ok(out)
 }
 
-/// The state gauges: deliveries by state, the oldest processing claim, due
-/// retry and claim awaiting a redelivery.
+/// The state gauges: deliveries by state ([`State`], each by its rule),
+/// the oldest processing claim, due retry and claim awaiting a redelivery.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Gauges {
-    /// Claimed or taken, not yet settled.
+    /// [`State::Processing`].
     pub processing: i64,
-    /// Completed: exact up to [`EXACT_COMPLETED_UP_TO`], Postgres's
-    /// estimate past it.
+    /// [`State::Completed`]: exact up to [`EXACT_COMPLETED_UP_TO`],
+    /// Postgres's estimate past it.
     pub completed: i64,
-    /// Failed, waiting for a retry (claims awaiting a redelivery among
-    /// them).
+    /// [`State::Retrying`].
     pub retrying: i64,
-    /// Failed for good: dead letters.
+    /// [`State::Dead`]: dead letters.
     pub dead: i64,
-    /// Seconds since the oldest processing claim was made; 0 when none.
+    /// Seconds since the oldest [`State::Processing`] claim was made; 0
+    /// when none.
     pub oldest_processing_secs: f64,
     /// Seconds the oldest due retry the scheduler can publish has waited
     /// past its time; 0 when none.
     pub oldest_due_retry_secs: f64,
-    /// Claims only a redelivery from GitHub can finish
-    /// (`awaiting_redelivery!`: what `--status awaiting_redelivery` lists).
+    /// [`State::AwaitingRedelivery`]: claims only a redelivery from GitHub
+    /// can finish (what `--status awaiting_redelivery` lists).
     pub awaiting_redelivery: i64,
     /// Seconds since the lease of the oldest of them ran out (nothing has
     /// held it since); 0 when none.
@@ -171,32 +214,40 @@ pub struct Gauges {
 /// completed row (about a second per five million; docs/operations.md).
 pub const EXACT_COMPLETED_UP_TO: i64 = 10_000;
 
-/// Every gauge in one statement, each through an index: processing rows
-/// through theirs, failures through the failed rows' index (one scan for
-/// both states), completed rows by a bounded index-only count, and the
-/// due retries and claims awaiting a redelivery by their rules.
+/// Every gauge in one statement, each through an index and each state by
+/// its rule (`processing_state!` and its siblings, [`State::predicate`]):
+/// processing rows through theirs, failures through the failed rows' index
+/// (one scan for both states), completed rows by a bounded index-only
+/// count, and the due retries by theirs.
 pub const GAUGES: &str = concat!(
     "
 select p.n, c.n, f.retrying, f.dead, coalesce(p.oldest, 0), coalesce(due.oldest, 0),
        a.n, coalesce(a.oldest, 0)
 from (select count(*) as n, extract(epoch from now() - min(claimed_at))::float8 as oldest
-        from deliveries where status = 'processing') p,
+        from deliveries where status = 'processing' and ",
+    processing_state!(),
+    ") p,
      (select case when n <= $1::int8 then n
                   else greatest(n, (select reltuples::int8 from pg_class
                                     where oid = to_regclass('deliveries_completed')))
              end as n
         from (select count(*) as n from (select from deliveries where status = 'completed'
                                          limit $1::int8 + 1) l) l) c,
-     (select count(*) filter (where retryable) as retrying,
-             count(*) filter (where not retryable) as dead
+     (select count(*) filter (where ",
+    retrying_state!(),
+    ") as retrying,
+             count(*) filter (where ",
+    dead_state!(),
+    ") as dead
         from deliveries where status = 'failed') f,
      (select extract(epoch from now() - min(d.next_attempt_at))::float8 as oldest
         from deliveries d where ",
     due_retry!("d"),
     ") due,
-     (select count(*) as n, extract(epoch from now() - min(d.lease_until))::float8 as oldest
-        from deliveries d where ",
-    awaiting_redelivery!("d"),
+     (select count(*) as n,
+             extract(epoch from now() - min(deliveries.lease_until))::float8 as oldest
+        from deliveries where ",
+    awaiting_redelivery_state!(),
     ") a"
 );
 

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::parked::{Parked, Unreadable, headers_from_json};
-use super::{Delivery, ErrorClass, Param, Status};
+use super::{ErrorClass, Param, Status};
 use crate::job::Job;
 use crate::key::{ClaimToken, EventName, LegKey};
 use crate::postgres::DbError;
@@ -87,14 +87,14 @@ pub(super) fn status_of(stored: &str) -> Result<Status, DbError> {
 }
 
 /// A stored error class.
-fn class_of(stored: Option<&str>) -> Result<Option<ErrorClass>, DbError> {
+pub(super) fn class_of(stored: Option<&str>) -> Result<Option<ErrorClass>, DbError> {
     stored
         .map(|c| c.parse().map_err(|_| DbError::BadRow("last_error_class")))
         .transpose()
 }
 
 /// The five key columns of a row, as stored.
-fn key_parts(row: &tokio_postgres::Row) -> [String; 5] {
+pub(super) fn key_parts(row: &tokio_postgres::Row) -> [String; 5] {
     [
         row.get("provider"),
         row.get("source"),
@@ -106,7 +106,7 @@ fn key_parts(row: &tokio_postgres::Row) -> [String; 5] {
 
 /// The key of a row. Rows are written from validated keys; a row that no
 /// longer parses is reported rather than trusted.
-fn key_from_parts(parts: &[String; 5]) -> Result<LegKey, DbError> {
+pub(super) fn key_from_parts(parts: &[String; 5]) -> Result<LegKey, DbError> {
     let [provider, source, hook_id, delivery_id, destination] = parts;
     LegKey::from_parts(provider, source, hook_id, delivery_id, destination)
         .map_err(|e| DbError::BadRow(e.part()))
@@ -142,33 +142,5 @@ pub(super) fn parked(row: &tokio_postgres::Row) -> Result<Parked, Unreadable> {
             body: body.into(),
         },
         attempts,
-    })
-}
-
-/// A row of `delivery_columns!()`.
-pub(super) fn delivery(row: &tokio_postgres::Row) -> Result<Delivery, DbError> {
-    Ok(Delivery {
-        key: key_from_parts(&key_parts(row))?,
-        event: row.get(4),
-        action: row.get(5),
-        status: status_of(row.get(6))?,
-        retryable: row.get(7),
-        claim_token: ClaimToken(row.get(8)),
-        attempts: row.get(9),
-        replays: row.get(10),
-        lease_until: row.get(11),
-        next_attempt_at: row.get(12),
-        created_at: row.get(13),
-        completed_at: row.get(14),
-        failed_at: row.get(15),
-        dead_lettered: row.get(16),
-        last_error_class: class_of(row.get(17))?,
-        last_error: row.get(18),
-        first_failed_at: row.get(19),
-        repository: row.get(20),
-        claimed_at: row.get(21),
-        dead_lettered_at: row.get(22),
-        filter_reason: row.get(24),
-        max_attempts: row.get(25),
     })
 }

@@ -7,7 +7,7 @@
 
 use chrono::Utc;
 use hookinbox::deliveries::{
-    EXACT_COMPLETED_UP_TO, ErrorClass, Filter, GAUGES_STATEMENT, OVERVIEW_STATEMENTS, Status,
+    EXACT_COMPLETED_UP_TO, ErrorClass, Filter, GAUGES_STATEMENT, OVERVIEW_STATEMENTS, State,
     statements_for_explain,
 };
 use hookinbox_tests::TestEnv;
@@ -92,7 +92,7 @@ async fn every_console_list_and_count_reads_deliveries_through_an_index() {
         (
             "status",
             Filter {
-                status: Some(Status::Completed),
+                states: vec![State::Completed],
                 ..Filter::default()
             },
             None,
@@ -100,7 +100,7 @@ async fn every_console_list_and_count_reads_deliveries_through_an_index() {
         (
             "processing",
             Filter {
-                status: Some(Status::Processing),
+                states: vec![State::Processing],
                 ..Filter::default()
             },
             None,
@@ -108,7 +108,7 @@ async fn every_console_list_and_count_reads_deliveries_through_an_index() {
         (
             "dead",
             Filter {
-                dead: true,
+                states: vec![State::Dead],
                 ..Filter::default()
             },
             None,
@@ -116,7 +116,7 @@ async fn every_console_list_and_count_reads_deliveries_through_an_index() {
         (
             "retrying",
             Filter {
-                retrying: true,
+                states: vec![State::Retrying],
                 ..Filter::default()
             },
             None,
@@ -173,7 +173,7 @@ async fn every_console_list_and_count_reads_deliveries_through_an_index() {
         (
             "dead by class",
             Filter {
-                dead: true,
+                states: vec![State::Dead],
                 error_class: Some(ErrorClass::Permanent),
                 ..Filter::default()
             },
@@ -224,7 +224,7 @@ async fn every_console_list_and_count_reads_deliveries_through_an_index() {
         (
             "dead of a source since",
             Filter {
-                dead: true,
+                states: vec![State::Dead],
                 source: Some("src2".into()),
                 created_since: Some(hour_ago),
                 ..Filter::default()

@@ -611,9 +611,11 @@ async fn stuck_work_gauges_report_their_counts_and_ages_and_clear_once_resolved(
     .await;
     // Nothing changes the rows meanwhile: a later sample says the same.
     let scrape = worker.scrape("/metrics").await.1;
+    // Each row in one state: the lost claim with nothing parked is
+    // awaiting a redelivery, not retrying.
     for (state, n) in [
         ("processing", 1.0),
-        ("retrying", 2.0),
+        ("retrying", 1.0),
         ("completed", 0.0),
         ("dead", 0.0),
     ] {
@@ -803,7 +805,9 @@ async fn the_awaiting_gauge_counts_what_the_list_lists_and_a_due_retry_is_one_th
             gauges.dead,
             gauges.completed
         ),
-        (2, 3, 0, 0)
+        // Each row in one state: the two awaiting a redelivery are neither
+        // processing nor retrying.
+        (1, 2, 0, 0)
     );
 
     // The console's overview: the lost claim with nothing parked, due for

@@ -3,7 +3,7 @@
 //! worker at a time. What each figure counts is `deliveries::gauges`; this
 //! keeps the leader lock and writes the metrics.
 
-use hookinbox::deliveries;
+use hookinbox::deliveries::{self, State};
 use hookinbox::postgres::{DbError, advisory};
 
 use crate::context::{Context, RuntimeError};
@@ -47,12 +47,13 @@ impl Sampler {
         };
         metrics::gauge!(hookinbox::metrics::SAMPLER_LEADER).set(1.0);
         for (state, n) in [
-            ("processing", gauges.processing),
-            ("completed", gauges.completed),
-            ("retrying", gauges.retrying),
-            ("dead", gauges.dead),
+            (State::Processing, gauges.processing),
+            (State::Completed, gauges.completed),
+            (State::Retrying, gauges.retrying),
+            (State::Dead, gauges.dead),
         ] {
-            metrics::gauge!(hookinbox::metrics::DELIVERIES, "state" => state).set(n as f64);
+            metrics::gauge!(hookinbox::metrics::DELIVERIES, "state" => state.as_str())
+                .set(n as f64);
         }
         metrics::gauge!(hookinbox::metrics::OLDEST_PROCESSING_SECONDS)
             .set(gauges.oldest_processing_secs);

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use hookinbox::deliveries::{self, ErrorClass};
+use hookinbox::deliveries::{self, ErrorClass, State};
 use hookinbox::job::Job;
 use hookinbox::postgres::DbError;
 
@@ -36,7 +36,7 @@ impl Worker {
             };
             let dead = row.dead_letter();
             let class = dead.class;
-            if !row.is_dead() || row.dead_lettered {
+            if State::of(&row) != State::Dead || row.dead_lettered {
                 return if class == ErrorClass::Poison {
                     JobOutcome::Poisoned
                 } else {

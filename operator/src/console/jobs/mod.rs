@@ -9,7 +9,7 @@
 //! never done twice), in the transaction that records its result.
 
 use hookinbox::LegKey;
-use hookinbox::deliveries::{self, Filter, Status};
+use hookinbox::deliveries::{self, Filter, State};
 
 use super::error::AdminError;
 use super::params::Checked;
@@ -30,31 +30,29 @@ pub const DEFAULT_PER_SECOND: f64 = 10.0;
 /// The most items per second a job may ask for.
 pub const MAX_PER_SECOND: f64 = 1000.0;
 
-/// What a job would act on: `kind`'s own condition added to the filter.
-/// A replay takes failed deliveries (dead letters and pending retries); a
-/// purge, dead letters only. A filter naming another state is refused,
-/// naming the field.
+/// What a job would act on: `kind`'s own states ([`Kind::states`]), or
+/// those of them the filter names. A filter naming another state is
+/// refused, naming the field.
 pub fn selection(kind: Kind, checked: &Checked, field: &str) -> Result<Filter, AdminError> {
     let mut f = checked.filter.clone();
-    let refused = |what: &str| {
-        AdminError::field(
+    let own = kind.states();
+    if f.states.is_empty() {
+        f.states = own.to_vec();
+    }
+    // A purge takes dead letters only: `failed` (retrying or dead) names
+    // them among others.
+    if kind == Kind::Purge && f.states.contains(&State::Dead) {
+        f.states = vec![State::Dead];
+    }
+    if f.states.iter().any(|s| !own.contains(s)) {
+        let what = match kind {
+            Kind::Replay => "failed deliveries (retrying, dead or awaiting_redelivery)",
+            Kind::Purge => "dead letters",
+        };
+        return Err(AdminError::field(
             format!("{field}status"),
             format!("a {} applies to {what} only", kind.as_str()),
-        )
-    };
-    match kind {
-        Kind::Replay => match f.status {
-            None if !f.dead && !f.retrying => f.status = Some(Status::Failed),
-            None | Some(Status::Failed) => {}
-            Some(_) => return Err(refused("failed deliveries")),
-        },
-        Kind::Purge => match f.status {
-            None | Some(Status::Failed) if !f.retrying => {
-                f.status = None;
-                f.dead = true;
-            }
-            _ => return Err(refused("dead letters")),
-        },
+        ));
     }
     f.limit = MAX_SELECTION + 1;
     Ok(f)
@@ -80,8 +78,7 @@ pub fn by_ids(kind: Kind, ids: &[String]) -> Result<Filter, AdminError> {
     }
     Ok(Filter {
         ids: Some(ids.to_vec()),
-        status: (kind == Kind::Replay).then_some(Status::Failed),
-        dead: kind == Kind::Purge,
+        states: kind.states().to_vec(),
         limit: MAX_SELECTION + 1,
         ..Filter::default()
     })

@@ -3,6 +3,7 @@
 
 use chrono::{DateTime, Utc};
 use hookinbox::LegKey;
+use hookinbox::deliveries::State;
 use hookinbox::postgres::DbError;
 use hookinbox::postgres::sql::{self, Session};
 use uuid::Uuid;
@@ -22,6 +23,16 @@ impl Kind {
         match self {
             Self::Replay => "replay",
             Self::Purge => "purge",
+        }
+    }
+
+    /// The states of the deliveries it acts on: a replay takes failed
+    /// ones (retrying or dead) and those awaiting a redelivery (whose item
+    /// then says that only GitHub has the body), a purge dead letters.
+    pub fn states(self) -> &'static [State] {
+        match self {
+            Self::Replay => &[State::Retrying, State::Dead, State::AwaitingRedelivery],
+            Self::Purge => &[State::Dead],
         }
     }
 

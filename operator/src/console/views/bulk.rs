@@ -7,11 +7,11 @@ use maud::{Markup, html};
 
 use super::deliveries::filter_form;
 use super::{badge, delivery_href, number, page, when};
-use crate::console::detail::state;
 use crate::console::jobs::{Item, Job, Kind};
 use crate::console::params::Checked;
 use crate::console::session::Session;
 use crate::console::tokens::Role;
+use hookinbox::deliveries::State;
 
 /// The bulk page: count first; with `sample`, the dry run and the confirm
 /// button.
@@ -66,7 +66,7 @@ pub(crate) fn bulk(
                             td.mono { a href=(delivery_href(d.key.source.as_str(), d.key.hook_id.as_str(), d.key.delivery_id.as_str())) { (d.key.delivery_id.as_str()) } }
                             td { (d.key.source.as_str()) }
                             td { (d.event) @if let Some(a) = &d.action { span.muted { "." (a) } } }
-                            td { (badge(state(d))) }
+                            td { (badge(State::of(d).as_str())) }
                             td.error { @if let Some(c) = d.last_error_class { code { (c.as_str()) } " " } (d.last_error.as_deref().unwrap_or("")) }
                             td { (when(Some(d.created_at))) }
                         } } }

@@ -6,9 +6,9 @@ use hookinbox::deliveries::{Cursor, ErrorClass, Page};
 use maud::{Markup, html};
 
 use super::{badge, delivery_href, number, page, when};
-use crate::console::detail::state;
-use crate::console::params::{Checked, STATES};
+use crate::console::params::Checked;
 use crate::console::session::Session;
+use hookinbox::deliveries::State;
 
 /// The filter's fields, as a form whose values are the current filter.
 pub(crate) fn filter_form(
@@ -24,7 +24,7 @@ pub(crate) fn filter_form(
             label { "State"
                 select name="status" {
                     option value="" { "any" }
-                    @for s in STATES { option value=(s) selected[v("status") == s] { (s) } }
+                    @for s in State::filter_words() { option value=(s) selected[v("status") == s] { (s) } }
                 }
             }
             label { "Source" input name="source" value=(v("source")) placeholder="default"; }
@@ -80,7 +80,7 @@ pub(crate) fn deliveries(checked: &Checked, p: &Page, count: i64, session: &Sess
                             td { (d.key.source.as_str()) }
                             td { (d.event) @if let Some(a) = &d.action { span.muted { "." (a) } } }
                             td { (d.repository.as_deref().unwrap_or("")) }
-                            td { (badge(state(d))) }
+                            td { (badge(State::of(d).as_str())) }
                             td.num { (d.attempts) }
                             td.num { (d.replays) }
                             // A settled delivery's old error is history, not its state.

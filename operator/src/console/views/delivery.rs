@@ -5,9 +5,10 @@ use hookinbox::deliveries::{ErrorClass, NO_BODY_TO_REPLAY, Status};
 use maud::{Markup, html};
 
 use super::{badge, page, stamp, when};
-use crate::console::detail::{Detail, state};
+use crate::console::detail::Detail;
 use crate::console::session::Session;
 use crate::console::tokens::Role;
+use hookinbox::deliveries::State;
 
 /// The delivery page.
 pub(crate) fn delivery(d: &Detail, session: &Session) -> Markup {
@@ -28,7 +29,7 @@ pub(crate) fn delivery(d: &Detail, session: &Session) -> Markup {
         html! {
             section.card {
                 div.bar {
-                    (badge(state(row)))
+                    (badge(State::of(row).as_str()))
                     @if let (Status::Failed, Some(c)) = (row.status, row.last_error_class) { code { (c.as_str()) } }
                     span.muted { (row.attempts) " attempt(s), " (row.replays) " replay(s)" }
                 }

@@ -1,13 +1,14 @@
 //! The overview: where work is stuck and what is dead.
 
-use hookinbox::deliveries::Overview;
+use hookinbox::deliveries::{Overview, State};
 use maud::{Markup, html};
 
 use super::{age, number, page, when};
 use crate::console::session::Session;
 use hookinbox::deliveries::ReconcilerState;
 
-fn state_link(source: &str, state: &str, n: i64) -> Markup {
+fn state_link(source: &str, state: State, n: i64) -> Markup {
+    let state = state.as_str();
     html! {
         @if n == 0 { span.muted { "0" } }
         // The completed column counts the last day: its link shows that day.
@@ -92,18 +93,19 @@ pub(crate) fn overview(o: &Overview, states: &[ReconcilerState], session: &Sessi
             section.card {
                 h2 { "Deliveries by source and state" }
                 table {
-                    thead { tr { th { "Source" } th.num { "Processing" } th.num title="completed in the last 24 hours" { "Completed, 24 h" } th.num { "Retrying" } th.num { "Dead" } } }
+                    thead { tr { th { "Source" } th.num { "Processing" } th.num title="completed in the last 24 hours" { "Completed, 24 h" } th.num { "Retrying" } th.num { "Dead" } th.num title="only a redelivery from GitHub can finish these" { "Awaiting redelivery" } } }
                     tbody {
                         @for s in &o.sources {
                             tr {
                                 td { a href={"/deliveries?source=" (s.source)} { (s.source) } }
-                                td.num { (state_link(&s.source, "processing", s.processing)) }
-                                td.num { (state_link(&s.source, "completed", s.completed)) }
-                                td.num { (state_link(&s.source, "retrying", s.retrying)) }
-                                td.num.dead { (state_link(&s.source, "dead", s.dead)) }
+                                td.num { (state_link(&s.source, State::Processing, s.processing)) }
+                                td.num { (state_link(&s.source, State::Completed, s.completed)) }
+                                td.num { (state_link(&s.source, State::Retrying, s.retrying)) }
+                                td.num.dead { (state_link(&s.source, State::Dead, s.dead)) }
+                                td.num { (state_link(&s.source, State::AwaitingRedelivery, s.awaiting_redelivery)) }
                             }
                         }
-                        @if o.sources.is_empty() { tr { td colspan="5" .muted { "No deliveries yet." } } }
+                        @if o.sources.is_empty() { tr { td colspan="6" .muted { "No deliveries yet." } } }
                     }
                     @if o.sources.len() > 1 {
                         tfoot { tr {
@@ -112,6 +114,7 @@ pub(crate) fn overview(o: &Overview, states: &[ReconcilerState], session: &Sessi
                             th.num { (number(total(|s| s.completed))) }
                             th.num { (number(total(|s| s.retrying))) }
                             th.num { (number(total(|s| s.dead))) }
+                            th.num { (number(total(|s| s.awaiting_redelivery))) }
                         } }
                     }
                 }
