@@ -10,6 +10,14 @@
 //! - `dlq`: the dead-letter queue kept in step with Postgres after a
 //!   replay or a purge.
 //! - `age`: ages as operators give them, bounded.
+//! - `view`: [`DeliveryView`], the one JSON of a delivery.
+//! - [`replay`]: one delivery's replay (compare-and-set, publish, undo on
+//!   a failed publish) with its typed [`replay::Outcome`].
+//! - [`jobs`]: bulk replays and purges as jobs (a frozen selection, paced,
+//!   cancellable, their items each delivery's lineage) and their runner,
+//!   in the background for the console or in the foreground for the CLI;
+//!   purge is a job's kind.
+//! - [`audit`]: the audit log both faces write; `actor`: who acts.
 //!
 //! The faces:
 //! - [`cli`]: the operator commands (`deliveries`, `dlq`).
@@ -20,12 +28,19 @@
 //! `tests/tests/layers.rs` (CI runs it: `scripts/check-layers.sh`): the
 //! faces use the core, never each other.
 
+mod actor;
 mod age;
+pub mod audit;
 pub mod cli;
 pub mod console;
 mod dlq;
+pub mod jobs;
+pub mod replay;
+mod view;
 
+pub use actor::{Identity, Role};
 pub use dlq::reconcile_dead_letter_queue;
+pub use view::DeliveryView;
 
 use hookinbox::broker::BrokerError;
 use hookinbox::postgres::DbError;

@@ -93,8 +93,13 @@ const INGEST: Table = Table {
 const OPERATOR: Table = Table {
     dir: "operator",
     modules: &[
-        ("cli", &["age", "dlq"]),
-        ("console", &["age", "dlq"]),
+        ("cli", &["age", "dlq", "view", "actor", "jobs"]),
+        ("console", &["age", "dlq", "view", "actor", "jobs", "audit"]),
+        ("jobs", &["actor", "audit", "replay", "dlq"]),
+        ("audit", &["actor"]),
+        ("replay", &[]),
+        ("view", &[]),
+        ("actor", &[]),
         ("age", &[]),
         ("dlq", &[]),
     ],

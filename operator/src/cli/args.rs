@@ -4,11 +4,14 @@
 //! [`MAX_AGE`] would put `now() - age` outside the times Postgres (and
 //! `chrono`) can hold, and a rate near 0 a pause no timer can wait.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use hookinbox::deliveries::{ErrorClass, Filter, Order, State};
 use hookinbox::key::{DeliveryId, EventName, SourceName};
 
+use super::OpsError;
+use crate::actor::Identity;
 pub use crate::age::{MAX_AGE, MAX_AGE_TEXT, parse_age};
 
 /// The fewest and the most replays per second `--rate` takes: a slower
@@ -43,18 +46,76 @@ pub fn parse_delivery_id(s: &str) -> Result<String, String> {
 /// retrying, dead, awaiting_redelivery, filtered), or `failed`, which
 /// means retrying or dead. The console's `status=` takes the same words.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StatusFilter(pub Vec<State>);
+pub struct StatusFilter {
+    /// The states it names.
+    pub states: Vec<State>,
+    /// The word, as given.
+    pub word: String,
+}
 
 impl std::str::FromStr for StatusFilter {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        State::parse_filter(s).map(Self).map_err(|_| {
-            format!(
-                "status is one of {} (failed: retrying or dead)",
-                State::filter_words().join(", ")
-            )
-        })
+        let word = s.to_owned();
+        State::parse_filter(s)
+            .map(|states| Self { states, word })
+            .map_err(|_| {
+                format!(
+                    "status is one of {} (failed: retrying or dead)",
+                    State::filter_words().join(", ")
+                )
+            })
+    }
+}
+
+/// The longest name `--as` takes.
+const MAX_ACTOR: usize = 64;
+
+/// `--as`: who acts, 1 to 64 visible characters (no spaces).
+pub fn parse_actor(s: &str) -> Result<String, String> {
+    if s.is_empty()
+        || s.len() > MAX_ACTOR
+        || !s
+            .chars()
+            .all(|c| c.is_alphanumeric() || c.is_ascii_punctuation())
+    {
+        return Err(format!(
+            "a name is 1 to {MAX_ACTOR} letters, digits or punctuation (no spaces), e.g. alice"
+        ));
+    }
+    Ok(s.to_owned())
+}
+
+/// Who acts: the audit log and each job's lineage name them, as the
+/// console names its tokens.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct ActorArgs {
+    /// Who acts, for the audit log and the jobs' lineage (default: the OS
+    /// user: $USER, else `whoami`).
+    #[arg(long = "as", value_name = "NAME", value_parser = parse_actor)]
+    pub actor: Option<String>,
+}
+
+impl ActorArgs {
+    /// The operator acting: `--as`, else the OS user. A usage error when
+    /// neither gives a name.
+    pub fn identity(&self) -> Result<Identity, OpsError> {
+        let os_user = || {
+            std::env::var("USER")
+                .ok()
+                .filter(|u| !u.is_empty())
+                .or_else(|| {
+                    let out = std::process::Command::new("whoami").output().ok()?;
+                    let name = String::from_utf8(out.stdout).ok()?;
+                    Some(name.trim().to_owned()).filter(|n| !n.is_empty())
+                })
+        };
+        let name = self.actor.clone().or_else(os_user).ok_or_else(|| {
+            OpsError::Usage("no OS user to name in the audit log: pass --as NAME".to_owned())
+        })?;
+        let name = parse_actor(&name).map_err(|e| OpsError::Usage(format!("--as: {e}")))?;
+        Ok(Identity::operator(name))
     }
 }
 
@@ -147,6 +208,27 @@ impl MatchArgs {
         }
     }
 
+    /// The given ones by the console's names, for a job's audit row.
+    pub fn given(&self) -> BTreeMap<String, String> {
+        let mut given = BTreeMap::new();
+        let fields = [
+            ("source", self.source.clone()),
+            ("event", self.event.clone()),
+            ("action", self.action.clone()),
+            ("repository", self.repository.clone()),
+            (
+                "error_class",
+                self.error_class.map(|c| c.as_str().to_owned()),
+            ),
+        ];
+        for (name, value) in fields {
+            if let Some(value) = value {
+                given.insert(name.to_owned(), value);
+            }
+        }
+        given
+    }
+
     /// Whether any is given.
     pub fn is_set(&self) -> bool {
         self.source.is_some()
@@ -182,7 +264,7 @@ impl FilterArgs {
     /// The filter: dead letters only with `dead`; only `ids` when named.
     /// With `dead`, a `--status` other than dead matches nothing.
     pub fn filter(&self, dead: bool, ids: Option<Vec<String>>) -> Filter {
-        let mut states = self.status.clone().map(|s| s.0).unwrap_or_default();
+        let mut states = self.status.clone().map(|s| s.states).unwrap_or_default();
         let mut ids = ids;
         if dead {
             if !states.is_empty() && !states.contains(&State::Dead) {
@@ -209,6 +291,33 @@ impl FilterArgs {
     /// Whether any filter is given.
     pub fn is_set(&self) -> bool {
         self.status.is_some() || self.matching.is_set() || self.since.is_some()
+    }
+
+    /// The given filters by the console's names, for a job's audit row:
+    /// the state (`dead` with `dead`, as [`FilterArgs::filter`] makes it),
+    /// `active_within` for `--since`, and the limit unless `all`.
+    pub fn given(&self, dead: bool, all: bool) -> BTreeMap<String, String> {
+        let mut given = self.matching.given();
+        let word = self.status.as_ref().map(|s| s.word.clone());
+        let status = match (word, dead) {
+            (Some(word), false) => Some(word),
+            (Some(word), true) if word != "dead" && word != "failed" => Some(word),
+            (_, true) => Some("dead".to_owned()),
+            (None, false) => None,
+        };
+        if let Some(status) = status {
+            given.insert("status".to_owned(), status);
+        }
+        if let Some(since) = self.since {
+            given.insert(
+                "active_within".to_owned(),
+                humantime::format_duration(since).to_string(),
+            );
+        }
+        if !all && self.limit != 0 {
+            given.insert("limit".to_owned(), self.limit.to_string());
+        }
+        given
     }
 }
 

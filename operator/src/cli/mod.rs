@@ -17,15 +17,19 @@ use hookinbox::postgres::DbError;
 use serde_json::json;
 
 use crate::OperatorError;
+use crate::jobs::Kind;
 
 mod args;
+mod job;
+mod jobs_cmd;
 mod print;
 mod replay;
 
 pub use args::{
-    FilterArgs, ListArgs, MAX_AGE, MAX_AGE_TEXT, MatchArgs, StatusFilter, parse_action, parse_age,
-    parse_delivery_id, parse_rate, parse_repository,
+    ActorArgs, FilterArgs, ListArgs, MAX_AGE, MAX_AGE_TEXT, MatchArgs, StatusFilter, parse_action,
+    parse_age, parse_delivery_id, parse_rate, parse_repository,
 };
+pub use jobs_cmd::JobsCommand;
 use print::{print_fields, print_rows};
 
 /// Why an operator command failed (exit code 2).
@@ -98,6 +102,10 @@ pub enum OpsCommand {
     /// retryable).
     #[command(subcommand)]
     Dlq(DlqCommand),
+    /// List and cancel bulk replays and purges: the console's and the
+    /// CLI's, one kind of job.
+    #[command(subcommand)]
+    Jobs(JobsCommand),
 }
 
 /// `deliveries …`
@@ -134,6 +142,8 @@ pub enum DlqCommand {
     List(ListArgs),
     /// Replay dead letters from their parked bodies: attempts back to 0,
     /// replays + 1. Atomic and idempotent: replaying one twice starts one job.
+    /// Runs as a bulk job in the foreground (audited, shown by the console
+    /// and `jobs list`); Ctrl-C cancels it.
     /// A delivery hookinbox holds no body of (awaiting redelivery) is not
     /// replayed: the output names it and says what brings it back. Exits 0
     /// when something was (or, with --dry-run, would be) replayed, 1 when
@@ -161,9 +171,13 @@ pub enum DlqCommand {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// Who replays.
+        #[command(flatten)]
+        actor: ActorArgs,
     },
     /// Delete dead letters older than a duration, with their parked bodies;
-    /// the filters narrow them. Exits 1 when none matches.
+    /// the filters narrow them. Runs as a bulk job in the foreground
+    /// (audited); Ctrl-C cancels it. Exits 1 when none matches.
     #[command(
         after_help = "Examples:\n  hookinbox-worker dlq purge --older-than 14d\n  hookinbox-worker dlq purge --older-than 2d --repository octo-org/octo-repo --error-class permanent --dry-run"
     )]
@@ -180,6 +194,9 @@ pub enum DlqCommand {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// Who purges.
+        #[command(flatten)]
+        actor: ActorArgs,
     },
 }
 
@@ -211,7 +228,9 @@ pub async fn run(
     config: &WorkerConfig,
     out: &mut impl Write,
 ) -> Result<Found, OpsError> {
-    let pool = config.common.pool_of(2)?;
+    // The command's reads, a job's item, its publish's undo and the
+    // dead-letter queue's reconciliation at once.
+    let pool = config.common.pool_of(4)?;
     match command {
         OpsCommand::Deliveries(DeliveriesCommand::List(list)) => {
             list_rows(&pool, &list, false, out).await
@@ -242,19 +261,27 @@ pub async fn run(
             dry_run,
             rate,
             json,
+            actor,
         }) => {
             if ids.is_empty() && !all && !filter.is_set() {
                 return Err(OpsError::Usage(
                     "name delivery ids, or pass --all or a filter".to_owned(),
                 ));
             }
+            let who = actor.identity()?;
             let named = (!ids.is_empty()).then_some(ids);
             let mut targets = filter.filter(true, named.clone());
             if all || named.is_some() {
                 targets.limit = i64::MAX;
             }
             let no_body = replay::no_body_filter(&filter, named.clone(), targets.limit);
+            let target = match &named {
+                Some(ids) => json!({"ids": ids}),
+                None => json!({"filter": filter.given(true, all)}),
+            };
             let options = replay::Options {
+                who: &who,
+                target: &target,
                 dry_run,
                 rate,
                 json,
@@ -270,19 +297,39 @@ pub async fn run(
             matching,
             dry_run,
             json,
+            actor,
         }) => {
             let client = pool.get().await.map_err(DbError::from)?;
             let filter = matching.narrow(Filter {
                 states: vec![State::Dead],
                 failed_before: Some(older_than),
+                limit: i64::MAX,
                 ..Filter::default()
             });
             let purged = if dry_run {
                 deliveries::count(&client, &filter).await? as u64
             } else {
-                let n = deliveries::purge_dead(&client, &filter).await?;
-                crate::reconcile_dead_letter_queue(&pool, config).await?;
-                n
+                let who = actor.identity()?;
+                let mut given = matching.given();
+                given.insert("status".to_owned(), "dead".to_owned());
+                given.insert(
+                    "older_than".to_owned(),
+                    humantime::format_duration(older_than).to_string(),
+                );
+                let target = json!({ "filter": given });
+                // As fast as it goes: a purge publishes nothing.
+                let per_second = *args::RATE_RANGE.end();
+                let ran = job::run(
+                    &pool,
+                    config,
+                    &who,
+                    Kind::Purge,
+                    &filter,
+                    &target,
+                    per_second,
+                )
+                .await?;
+                ran.map_or(0, |r| r.job.purged as u64)
             };
             if json {
                 writeln!(out, "{}", json!({"purged": purged, "dry_run": dry_run}))?;
@@ -295,5 +342,6 @@ pub async fn run(
             }
             Ok(Found::from_count(purged as usize))
         }
+        OpsCommand::Jobs(command) => jobs_cmd::run(command, &pool, out).await,
     }
 }

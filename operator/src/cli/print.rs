@@ -5,7 +5,8 @@ use std::io::Write;
 use std::time::Duration;
 
 use hookinbox::deliveries::{Delivery, ErrorClass, State};
-use serde_json::json;
+
+use crate::view::DeliveryView;
 
 fn age(t: Option<chrono::DateTime<chrono::Utc>>) -> String {
     let Some(t) = t else { return "-".to_owned() };
@@ -18,29 +19,9 @@ fn age(t: Option<chrono::DateTime<chrono::Utc>>) -> String {
         .join(" ")
 }
 
+/// The one JSON of a delivery ([`DeliveryView`]).
 pub(super) fn to_json(d: &Delivery) -> serde_json::Value {
-    json!({
-        "provider": d.key.provider,
-        "source": d.key.source.as_str(),
-        "hook_id": d.key.hook_id.as_str(),
-        "delivery_id": d.key.delivery_id.as_str(),
-        "event": d.event,
-        "action": d.action,
-        "repository": d.repository,
-        "status": d.status.as_str(),
-        "retryable": d.retryable,
-        "attempts": d.attempts,
-        "replays": d.replays,
-        "lease_until": d.lease_until,
-        "next_attempt_at": d.next_attempt_at,
-        "created_at": d.created_at,
-        "completed_at": d.completed_at,
-        "first_failed_at": d.first_failed_at,
-        "failed_at": d.failed_at,
-        "dead_lettered": d.dead_lettered,
-        "error_class": d.last_error_class.map(ErrorClass::as_str),
-        "error": d.last_error,
-    })
+    DeliveryView::json(d)
 }
 
 pub(super) fn print_table(out: &mut impl Write, rows: &[Delivery]) -> std::io::Result<()> {

@@ -3,20 +3,26 @@
 
 use std::collections::HashSet;
 use std::io::Write;
-use std::time::Duration;
 
 use deadpool_postgres::Pool;
 use hookinbox::config::WorkerConfig;
-use hookinbox::deliveries::{self, Delivery, Filter, Replayed, State, Status};
+use hookinbox::deliveries::{self, Delivery, Filter, State, Status};
 use hookinbox::postgres::DbError;
 use serde_json::json;
 
+use super::args::RATE_RANGE;
 use super::print::{print_table, to_json};
-use super::{Found, OpsError};
+use super::{Found, OpsError, job};
+use crate::actor::Identity;
+use crate::jobs::Kind;
 
 /// How `dlq replay` runs.
 #[derive(Clone, Copy, Debug)]
-pub(super) struct Options {
+pub(super) struct Options<'a> {
+    /// Who replays (`--as`).
+    pub who: &'a Identity,
+    /// What the audit row names: the ids or the filter.
+    pub target: &'a serde_json::Value,
     /// Show what would be replayed; change nothing.
     pub dry_run: bool,
     /// At most this many replays per second.
@@ -129,7 +135,7 @@ pub(super) async fn replay(
     config: &WorkerConfig,
     filters: Filters<'_>,
     named: Option<&[String]>,
-    options: Options,
+    options: Options<'_>,
     out: &mut impl Write,
 ) -> Result<Found, OpsError> {
     let client = pool.get().await.map_err(DbError::from)?;
@@ -157,57 +163,43 @@ pub(super) async fn replay(
         }
         return Ok(Found::from_count(targets.len()));
     }
-    let publisher = config.common.publisher("hookinbox-ops");
-    if !targets.is_empty() {
-        publisher.connect().await?;
-    }
-    let policy = config.common.policy();
-    let mut ticker = options.rate.map(|r| {
-        let mut t = tokio::time::interval(Duration::from_secs_f64(1.0 / r));
-        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        t
-    });
+    // One job over the dead letters selected: its audit row, its items the
+    // lineage of each delivery, paced at --rate (or as fast as it goes).
+    let per_second = options.rate.unwrap_or(*RATE_RANGE.end());
+    let ran = if targets.is_empty() {
+        None
+    } else {
+        job::run(
+            pool,
+            config,
+            options.who,
+            Kind::Replay,
+            filters.targets,
+            options.target,
+            per_second,
+        )
+        .await?
+    };
     let (mut replayed, mut skipped, mut failed) = (Vec::new(), 0usize, 0usize);
-    for target in &targets {
-        if let Some(t) = ticker.as_mut() {
-            t.tick().await;
+    for item in ran.iter().flat_map(|r| r.items.iter()) {
+        let [_, source, hook_id, delivery_id, destination] = &item.key;
+        let target = targets.iter().find(|d| {
+            d.key.source.as_str() == source
+                && d.key.hook_id.as_str() == hook_id
+                && d.key.delivery_id.as_str() == delivery_id
+                && d.key.destination.as_str() == destination
+        });
+        match (item.result.as_deref(), item.error.as_deref()) {
+            (Some("replayed"), _) => replayed.push(delivery_id.clone()),
+            (Some("skipped"), _) => skipped += 1,
+            // Only GitHub has its body: listed below with what to do.
+            (Some("failed"), Some(deliveries::NO_BODY_TO_REPLAY)) => {
+                no_body.extend(target.cloned());
+            }
+            (Some("failed"), _) => failed += 1,
+            // Not done: the job was cancelled.
+            _ => {}
         }
-        // The compare-and-set decides: a delivery replayed meanwhile (or by
-        // a second run of this command) is skipped, never started twice.
-        let parked = match deliveries::replay(&client, &policy, &target.key).await? {
-            Replayed::Started(parked) => parked,
-            Replayed::NotFailed => {
-                skipped += 1;
-                continue;
-            }
-            Replayed::NoBody => {
-                no_body.push(target.clone());
-                continue;
-            }
-            Replayed::Unreadable(unreadable) => {
-                // Its parked body cannot become a job: back among the dead
-                // letters, with the reason.
-                deliveries::dead_letter_unreadable(&client, &unreadable).await?;
-                failed += 1;
-                continue;
-            }
-        };
-        let token = parked.job.token;
-        let published = publisher
-            .publish(&parked.job)
-            .await
-            .map_err(|e| e.to_string());
-        match published {
-            Ok(()) => replayed.push(target.key.delivery_id.as_str().to_owned()),
-            Err(error) => {
-                deliveries::unreplay(&client, &target.key, token, &error).await?;
-                failed += 1;
-            }
-        }
-    }
-    publisher.close().await;
-    if !replayed.is_empty() {
-        crate::dlq::reconcile_dead_letter_queue(pool, config).await?;
     }
     let unmatched = unmatched_reasons(&client, named, &[&targets, &no_body]).await?;
     if options.json {

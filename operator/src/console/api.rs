@@ -150,8 +150,7 @@ async fn bulk(
     }
     require_operator(&who)?;
     drop(client);
-    let started = jobs::start(&state.pool, &who, kind, &filter, &target, per_second).await?;
-    state.wake_runner.notify_waiters();
+    let started = jobs::start(&state, &who, kind, &filter, &target, per_second).await?;
     Ok(HttpResponse::Accepted().json(json!({"count": started.count, "job": started.job})))
 }
 
@@ -173,41 +172,6 @@ pub(crate) async fn purge(
     bulk(req, state, payload, Kind::Purge).await
 }
 
-/// A job as the API answers it.
-pub(crate) fn job_json(job: &jobs::Job, items: &[jobs::Item]) -> Value {
-    let key_field = match job.kind {
-        Kind::Replay => "replay_of",
-        Kind::Purge => "delivery",
-    };
-    json!({
-        "id": job.id,
-        "kind": job.kind.as_str(),
-        "status": job.status,
-        "actor": job.actor,
-        "filter": job.filter,
-        "per_second": job.per_second,
-        "total": job.total,
-        "done": job.done,
-        "replayed": job.replayed,
-        "purged": job.purged,
-        "skipped": job.skipped,
-        "failed": job.failed,
-        "created_at": job.created_at,
-        "finished_at": job.finished_at,
-        "cancelled_by": job.cancelled_by,
-        "items": items.iter().map(|i| {
-            let [_, source, hook_id, delivery_id, _] = &i.key;
-            json!({
-                "position": i.position,
-                key_field: {"source": source, "hook_id": hook_id, "delivery_id": delivery_id},
-                "result": i.result,
-                "error": i.error,
-                "done_at": i.done_at,
-            })
-        }).collect::<Vec<_>>(),
-    })
-}
-
 /// Items a job's answer lists.
 const ITEMS_SHOWN: i64 = 100;
 
@@ -224,17 +188,16 @@ async fn show_job(req: HttpRequest, state: web::Data<State>, id: i64, kind: Kind
     let job = job_of(&state, id, kind).await?;
     let client = state.pool.get().await?;
     let items = jobs::store::items(&client, id, ITEMS_SHOWN).await?;
-    Ok(HttpResponse::Ok().json(job_json(&job, &items)))
+    Ok(HttpResponse::Ok().json(crate::jobs::to_json(&job, &items)))
 }
 
 async fn cancel_job(req: HttpRequest, state: web::Data<State>, id: i64, kind: Kind) -> Answer {
     let who = api_identity(&req, &state)?;
     require_operator(&who)?;
     job_of(&state, id, kind).await?;
-    jobs::cancel(&state.pool, &who, id).await?;
-    state.wake_runner.notify_waiters();
+    jobs::cancel(&state, &who, id).await?;
     let job = job_of(&state, id, kind).await?;
-    Ok(HttpResponse::Ok().json(job_json(&job, &[])))
+    Ok(HttpResponse::Ok().json(crate::jobs::to_json(&job, &[])))
 }
 
 /// `GET /api/v1/replays/{job}`.
@@ -279,7 +242,7 @@ pub(crate) async fn jobs_list(req: HttpRequest, state: web::Data<State>) -> Answ
     let client = state.pool.get().await?;
     let list = jobs::store::recent(&client, 50).await?;
     Ok(HttpResponse::Ok().json(json!({
-        "items": list.iter().map(|j| job_json(j, &[])).collect::<Vec<_>>(),
+        "items": list.iter().map(|j| crate::jobs::to_json(j, &[])).collect::<Vec<_>>(),
     })))
 }
 
@@ -315,7 +278,7 @@ pub(crate) async fn audit(req: HttpRequest, state: web::Data<State>) -> Answer {
         }
     }
     let client = state.pool.get().await?;
-    let mut rows = super::audit::list(&client, cursor, limit + 1).await?;
+    let mut rows = crate::audit::list(&client, cursor, limit + 1).await?;
     let next = (rows.len() as i64 > limit).then(|| {
         rows.truncate(limit as usize);
         rows.last().map(|r| r.id)

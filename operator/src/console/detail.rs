@@ -5,9 +5,7 @@
 //! its payload, pretty-printed.
 
 use chrono::{DateTime, Utc};
-use hookinbox::deliveries::{
-    self, Delivery, ErrorClass, PayloadOrigin, State, Status, StoredPayload,
-};
+use hookinbox::deliveries::{self, Delivery, ErrorClass, PayloadOrigin, Status, StoredPayload};
 use hookinbox::payload::{ContentType, json_text};
 use hookinbox::postgres::sql::Session;
 use serde_json::{Value, json};
@@ -15,6 +13,7 @@ use serde_json::{Value, json};
 use super::error::AdminError;
 use super::jobs::{Kind, Lineage, store};
 use super::tokens::{Identity, Role};
+use crate::view::DeliveryView;
 
 /// One step of a delivery's life.
 #[derive(Clone, Debug)]
@@ -67,27 +66,9 @@ pub fn shown_header(name: &str) -> bool {
         .any(|word| name.contains(word))
 }
 
-/// A delivery as an item of a list.
+/// A delivery as an item of a list: the one JSON of a delivery.
 pub fn summary(d: &Delivery) -> Value {
-    json!({
-        "source": d.key.source.as_str(),
-        "hook_id": d.key.hook_id.as_str(),
-        "delivery_id": d.key.delivery_id.as_str(),
-        "event": d.event,
-        "action": d.action,
-        "repository": d.repository,
-        "status": d.status.as_str(),
-        "state": State::of(d).as_str(),
-        "retryable": d.retryable,
-        "attempts": d.attempts,
-        "replays": d.replays,
-        "error_class": d.last_error_class.map(ErrorClass::as_str),
-        "error": d.last_error,
-        "created_at": d.created_at,
-        "completed_at": d.completed_at,
-        "failed_at": d.failed_at,
-        "next_attempt_at": d.next_attempt_at,
-    })
+    DeliveryView::json(d)
 }
 
 fn timeline(d: &Delivery, lineage: &[Lineage]) -> Vec<Step> {

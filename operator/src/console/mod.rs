@@ -27,14 +27,12 @@
 //!   sign-in form, sign-out and the sessions page); `views`: the
 //!   HTML (maud) and the stylesheet; `detail`: one delivery, its headers,
 //!   timeline and payload, for both.
-//! - `jobs`: bulk replays and purges: the frozen selection (`mod.rs`),
-//!   their tables (`store`) and the background runner (`runner`).
-//! - `audit`: the audit log.
+//! - `jobs`: the console's side of bulk jobs (`crate::jobs`, shared with
+//!   the CLI): selections by filter or ids, rates, the limit.
 //! - `state`, `error`, `startup`: what requests share, the error type and
 //!   its statuses, and [`AdminApp`] (build, port, run until stopped).
 
 mod api;
-mod audit;
 mod auth;
 mod body;
 mod config;

@@ -17,7 +17,8 @@ use super::jobs::{self, Kind};
 use super::params::{self, Checked};
 use super::session::Session;
 use super::state::State;
-use super::{audit, detail, views};
+use super::{detail, views};
+use crate::audit;
 
 pub(super) type Page = Result<HttpResponse, PageError>;
 
@@ -140,7 +141,7 @@ async fn act_on_one(
     let target =
         serde_json::json!({"delivery": {"source": source, "hook_id": hook, "delivery_id": id}});
     jobs::start(
-        &state.pool,
+        &state,
         &session.identity,
         kind,
         &filter,
@@ -148,7 +149,6 @@ async fn act_on_one(
         jobs::MAX_PER_SECOND,
     )
     .await?;
-    state.wake_runner.notify_waiters();
     let back = match kind {
         Kind::Replay => views::delivery_href(&source, &hook, &id),
         Kind::Purge => "/deliveries?status=dead".to_owned(),
@@ -253,8 +253,7 @@ pub(crate) async fn bulk_start(
     let checked = params::from_query(&rest)?;
     let filter = jobs::selection(kind, &checked, "")?;
     let target = serde_json::json!({"filter": checked.json()});
-    let started = jobs::start(&state.pool, &session.identity, kind, &filter, &target, rate).await?;
-    state.wake_runner.notify_waiters();
+    let started = jobs::start(&state, &session.identity, kind, &filter, &target, rate).await?;
     Ok(see_other(&format!("/jobs/{}", started.job)))
 }
 
@@ -292,8 +291,7 @@ pub(crate) async fn job_cancel(
     let (session, _, _) = changing_form(&req, &state, payload, &[]).await?;
     require_operator(&session.identity)?;
     let id = params::id("job", &id)?;
-    jobs::cancel(&state.pool, &session.identity, id).await?;
-    state.wake_runner.notify_waiters();
+    jobs::cancel(&state, &session.identity, id).await?;
     Ok(see_other(&format!("/jobs/{id}")))
 }
 

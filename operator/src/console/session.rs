@@ -245,7 +245,7 @@ pub async fn revoke(
     let Some(name) = end(&tx, id, Ended::Revoked, Some(&who.name)).await? else {
         return Err(AdminError::NotFound(format!("no live session {id}")));
     };
-    super::audit::record(
+    crate::audit::record(
         &tx,
         who,
         "revoke_session",

@@ -14,7 +14,8 @@ use tokio_util::sync::CancellationToken;
 use super::config::{Access, AdminConfig};
 use super::state::State;
 use super::throttle::Throttle;
-use super::{api, headers, jobs, pages, session, sign_in};
+use super::{api, headers, pages, session, sign_in};
+use crate::jobs::{self, Runner};
 
 /// Stops a running console (see [`AdminApp::handle`]).
 pub use actix_web::dev::ServerHandle as AdminHandle;
@@ -61,7 +62,6 @@ impl AdminApp {
         tokio::spawn(metrics_server);
         let state = web::Data::new(State {
             pool: pool.clone(),
-            worker: config.worker.clone(),
             access: config.access.clone(),
             throttle: Throttle::default(),
             trusted_proxies: config.trusted_proxies.clone(),
@@ -71,7 +71,8 @@ impl AdminApp {
             wake_runner: Arc::new(tokio::sync::Notify::new()),
         });
         let stop_runner = CancellationToken::new();
-        jobs::spawn(state.clone(), stop_runner.clone());
+        let runner = Runner::new(pool.clone(), config.worker.clone());
+        jobs::spawn(runner, state.wake_runner.clone(), stop_runner.clone());
         let ready = web::Data::new(readiness(pool));
         let server = HttpServer::new(move || {
             // Registered last, run first: the host check before anything,

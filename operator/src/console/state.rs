@@ -4,7 +4,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
-use hookinbox::config::WorkerConfig;
 
 use super::config::Access;
 use super::throttle::Throttle;
@@ -14,8 +13,6 @@ use hookinbox::client::TrustedProxies;
 pub(crate) struct State {
     /// The console's Postgres pool.
     pub(crate) pool: Pool,
-    /// The worker's settings: the broker, the queue prefix, the policy.
-    pub(crate) worker: WorkerConfig,
     /// Who may sign in.
     pub(crate) access: Access,
     /// Failed sign-ins by client.

@@ -16,33 +16,7 @@ const SETTING: &str = "HOOKINBOX_ADMIN_TOKENS_FILE";
 /// The shortest secret accepted: 16 characters.
 pub const MIN_SECRET_LEN: usize = 16;
 
-/// What a token may do.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Role {
-    /// Reads everything but payload bodies; changes nothing.
-    Viewer,
-    /// Reads everything, payloads included, and replays and purges.
-    Operator,
-}
-
-impl Role {
-    /// The name in the tokens file and the audit log.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Viewer => "viewer",
-            Self::Operator => "operator",
-        }
-    }
-}
-
-/// Who is calling.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Identity {
-    /// The token's name.
-    pub name: String,
-    /// Its role.
-    pub role: Role,
-}
+pub use crate::actor::{Identity, Role};
 
 /// One token. `Debug` never shows the secret.
 #[derive(Clone)]

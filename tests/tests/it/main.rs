@@ -23,6 +23,7 @@ mod ingest_routes;
 mod ingest_shutdown;
 mod local_setup;
 mod observability;
+mod operator_audit;
 mod operator_cli;
 mod outages;
 mod plans;

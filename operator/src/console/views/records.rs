@@ -3,7 +3,7 @@
 use maud::{Markup, html};
 
 use super::{number, page, when};
-use crate::console::audit::Entry;
+use crate::audit::Entry;
 use crate::console::session::Session;
 
 /// The audit log, newest first.

@@ -1,42 +1,69 @@
-//! Runs bulk jobs in the background, one item at a time at the job's
-//! rate. Each item is one transaction: hold the job (renew the runner's
-//! lease and lock the job's row, so a cancel waits for this item and no
-//! item starts after it), apply the item's compare-and-set, record its
-//! result. A replay is published after that commit; if the publish fails
-//! the delivery goes back among the dead letters (token-guarded) and the
-//! item says `failed`. A runner that dies leaves its job to another once
-//! its lease expires.
+//! Runs bulk jobs, one item at a time at the job's rate: in the background
+//! for the console ([`spawn`]), in the foreground for the CLI
+//! ([`run_held`]). Each item is one transaction: hold the job (renew the
+//! runner's lease and lock the job's row, so a cancel waits for this item
+//! and no item starts after it), apply the item's compare-and-set, record
+//! its result. A replay is published after that commit
+//! ([`crate::replay`]); if the publish fails the delivery goes back among
+//! the dead letters (token-guarded) and the item says `failed`. A runner
+//! that dies leaves its job to another once its lease expires.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use actix_web::web;
+use deadpool_postgres::Pool;
 use hookinbox::LegKey;
-use hookinbox::deliveries::{self, Replayed};
+use hookinbox::config::WorkerConfig;
+use hookinbox::deliveries::{self, Parked};
+use hookinbox::postgres::DbError;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::store::{self, Kind};
-use crate::console::audit;
-use crate::console::state::State;
+use crate::audit;
 use crate::reconcile_dead_letter_queue;
+use crate::replay::{self, Begun};
 
 /// How often an idle runner looks for jobs whose runner died.
 const IDLE_POLL: Duration = Duration::from_secs(2);
 
-/// Starts the runner: it takes every running job nobody holds and runs
-/// each in a task of its own (a long, slow job never holds back a replay of
-/// one); it stops when `stop` is cancelled.
-pub(crate) fn spawn(state: web::Data<State>, stop: CancellationToken) {
+/// What a runner needs: the pool it records items in, and the settings it
+/// publishes replays with (the broker, the queue prefix, the policy).
+#[derive(Clone)]
+pub struct Runner {
+    /// Postgres.
+    pub pool: Pool,
+    /// The worker's settings.
+    pub config: WorkerConfig,
+    /// This runner: it holds the jobs it runs.
+    pub id: Uuid,
+}
+
+impl Runner {
+    /// A runner of its own id.
+    pub fn new(pool: Pool, config: WorkerConfig) -> Self {
+        Self {
+            pool,
+            config,
+            id: Uuid::new_v4(),
+        }
+    }
+}
+
+/// Starts the background runner: it takes every running job nobody holds
+/// and runs each in a task of its own (a long, slow job never holds back a
+/// replay of one), woken by `wake` or every two seconds; it stops when
+/// `stop` is cancelled.
+pub fn spawn(runner: Runner, wake: Arc<tokio::sync::Notify>, stop: CancellationToken) {
     tokio::spawn(async move {
-        let runner = Uuid::new_v4();
         loop {
-            let woken = state.wake_runner.notified();
+            let woken = wake.notified();
             loop {
-                match take(&state, runner).await {
+                match take(&runner).await {
                     Ok(Some((id, kind, per_second))) => {
-                        let (state, stop) = (state.clone(), stop.clone());
+                        let (runner, stop) = (runner.clone(), stop.clone());
                         tokio::spawn(async move {
-                            run(&state, runner, id, kind, per_second, &stop).await;
+                            run(&runner, id, kind, per_second, &stop).await;
                         });
                     }
                     Ok(None) => break,
@@ -55,19 +82,17 @@ pub(crate) fn spawn(state: web::Data<State>, stop: CancellationToken) {
     });
 }
 
-async fn take(
-    state: &State,
-    runner: Uuid,
-) -> Result<Option<(i64, Kind, f64)>, hookinbox::postgres::DbError> {
-    let client = state.pool.get().await?;
-    store::take(&client, runner).await
+async fn take(runner: &Runner) -> Result<Option<(i64, Kind, f64)>, DbError> {
+    let client = runner.pool.get().await?;
+    store::take(&client, runner.id).await
 }
 
 /// Why a job stopped before its end.
 #[derive(Debug, thiserror::Error)]
-enum RunError {
+pub enum RunError {
+    /// Postgres failed.
     #[error(transparent)]
-    Db(#[from] hookinbox::postgres::DbError),
+    Db(#[from] DbError),
 }
 
 impl From<tokio_postgres::Error> for RunError {
@@ -85,17 +110,17 @@ impl From<deadpool_postgres::PoolError> for RunError {
 /// What one item came to.
 enum Step {
     /// Done; a replay's job to publish, if any.
-    Did(Option<Box<deliveries::Parked>>, i32),
+    Did(Option<Box<Parked>>, i32),
     /// No item left: the job is finished.
     Finished,
     /// The job was cancelled or taken over.
     Stopped,
 }
 
-async fn step(state: &State, runner: Uuid, id: i64, kind: Kind) -> Result<Step, RunError> {
-    let mut client = state.pool.get().await?;
+async fn step(runner: &Runner, id: i64, kind: Kind) -> Result<Step, RunError> {
+    let mut client = runner.pool.get().await?;
     let tx = client.transaction().await?;
-    if !store::hold(&tx, id, runner).await? {
+    if !store::hold(&tx, id, runner.id).await? {
         return Ok(Step::Stopped);
     }
     let Some((position, parts)) = store::next_item(&tx, id).await? else {
@@ -129,31 +154,12 @@ async fn step(state: &State, runner: Uuid, id: i64, kind: Kind) -> Result<Step, 
             .await?;
             None
         }
-        // The compare-and-set decides: a delivery replayed meanwhile (or
-        // no longer failed) is skipped, never started twice.
-        Kind::Replay => match deliveries::replay(&tx, &state.worker.common.policy(), &key).await? {
-            Replayed::NotFailed => {
-                store::done(&tx, id, position, "skipped", None).await?;
+        Kind::Replay => match replay::begin(&tx, &runner.config.common.policy(), &key).await? {
+            Begun::Done(outcome) => {
+                store::done(&tx, id, position, outcome.result(), outcome.error()).await?;
                 None
             }
-            // Only GitHub has its body: the item says so, and what to do.
-            Replayed::NoBody => {
-                store::done(
-                    &tx,
-                    id,
-                    position,
-                    "failed",
-                    Some(deliveries::NO_BODY_TO_REPLAY),
-                )
-                .await?;
-                None
-            }
-            Replayed::Unreadable(unreadable) => {
-                deliveries::dead_letter_unreadable(&tx, &unreadable).await?;
-                store::done(&tx, id, position, "failed", Some(&unreadable.reason)).await?;
-                None
-            }
-            Replayed::Started(parked) => {
+            Begun::Publish(parked) => {
                 store::done(&tx, id, position, "replayed", None).await?;
                 Some(parked)
             }
@@ -163,23 +169,20 @@ async fn step(state: &State, runner: Uuid, id: i64, kind: Kind) -> Result<Step, 
     Ok(Step::Did(published, position))
 }
 
-async fn run(
-    state: &State,
-    runner: Uuid,
-    id: i64,
-    kind: Kind,
-    per_second: f64,
-    stop: &CancellationToken,
-) {
-    if let Err(e) = run_items(state, runner, id, kind, per_second, stop).await {
+async fn run(runner: &Runner, id: i64, kind: Kind, per_second: f64, stop: &CancellationToken) {
+    if let Err(e) = run_held(runner, id, kind, per_second, stop).await {
         // Its hold lapses; this runner (or another) takes it up again.
         tracing::warn!(job_id = id, error = %e, "admin job interrupted; it resumes once its hold lapses");
     }
 }
 
-async fn run_items(
-    state: &State,
-    runner: Uuid,
+/// Runs the job `id`, which this runner holds, item by item at
+/// `per_second`, until it finishes, is cancelled, or `stop` is cancelled
+/// (the job then stays running, and resumes once its hold lapses). Once
+/// it has ended: the dead-letter queue is brought in step, and the job's
+/// audit row says what came of it.
+pub async fn run_held(
+    runner: &Runner,
     id: i64,
     kind: Kind,
     per_second: f64,
@@ -191,16 +194,16 @@ async fn run_items(
         per_second,
         "admin job running"
     );
-    let publisher = state.worker.common.publisher("hookinbox-admin");
+    let publisher = runner.config.common.publisher("hookinbox-admin");
     let mut ticker = tokio::time::interval(Duration::from_secs_f64(1.0 / per_second));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut changed = false;
-    let ended = loop {
+    loop {
         tokio::select! {
-            _ = stop.cancelled() => break None,
+            _ = stop.cancelled() => break,
             _ = ticker.tick() => {}
         }
-        let stepped = match step(state, runner, id, kind).await {
+        let stepped = match step(runner, id, kind).await {
             Ok(stepped) => stepped,
             Err(e) => {
                 // A blip (Postgres restarting): the item's transaction rolled
@@ -210,33 +213,31 @@ async fn run_items(
             }
         };
         match stepped {
-            Step::Stopped | Step::Finished => break Some(()),
+            Step::Stopped | Step::Finished => break,
             Step::Did(None, _) => changed |= kind == Kind::Purge,
             Step::Did(Some(parked), position) => {
                 changed = true;
-                let token = parked.job.token;
-                if let Err(e) = publisher.publish(&parked.job).await {
-                    let error = e.to_string();
-                    let client = state.pool.get().await?;
-                    deliveries::unreplay(&client, &parked.job.key, token, &error).await?;
-                    store::done(&client, id, position, "failed", Some(&error)).await?;
+                let outcome = replay::publish(&runner.pool, &publisher, &parked).await?;
+                if outcome != replay::Outcome::Started {
+                    let client = runner.pool.get().await?;
+                    store::done(&client, id, position, outcome.result(), outcome.error()).await?;
                 }
             }
         }
-    };
+    }
     publisher.close().await;
-    let client = state.pool.get().await?;
-    let Some(job) = store::get(&client, id).await? else {
+    let job = store::get(&runner.pool.get().await?, id).await?;
+    let Some(job) = job else {
         return Ok(());
     };
     // Still running: another runner took it over (this one's lease ran
     // out), or this process is stopping.
-    if ended.is_none() || job.status == "running" {
+    if job.status == "running" {
         return Ok(());
     }
-    if changed && let Err(e) = reconcile_dead_letter_queue(&state.pool, &state.worker).await {
+    if changed && let Err(e) = reconcile_dead_letter_queue(&runner.pool, &runner.config).await {
         tracing::warn!(job_id = id, error = %e, "could not bring the dead-letter queue in step");
     }
-    audit::job_ended(&client, id, &super::summary(&job)).await?;
+    audit::job_ended(&runner.pool.get().await?, id, &super::summary(&job)).await?;
     Ok(())
 }

@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use hookinbox::postgres::DbError;
 use hookinbox::postgres::sql::{self, Session};
 
-use super::tokens::Identity;
+use crate::actor::Identity;
 
 /// One audit row.
 #[derive(Clone, Debug)]

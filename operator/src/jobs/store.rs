@@ -329,6 +329,22 @@ pub async fn take(
     .map(|r| (r.get(0), Kind::parse(r.get(1)), r.get(2))))
 }
 
+/// Holds a new job for `runner` (in the transaction that created it), so
+/// that no other runner takes it while `runner` runs it.
+pub async fn hold_new(client: &impl Session, id: i64, runner: Uuid) -> Result<(), DbError> {
+    sql::execute(
+        client,
+        concat!(
+            "update admin_jobs set runner = $2, lease_until = ",
+            job_lease!(),
+            " where id = $1"
+        ),
+        &[&id, &runner],
+    )
+    .await?;
+    Ok(())
+}
+
 /// Renews the runner's hold on a running job and locks its row for this
 /// transaction, so that a cancel waits for the item in progress. False
 /// when the job was cancelled or taken over.
