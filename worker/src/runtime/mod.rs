@@ -38,6 +38,39 @@ mod lanes;
 pub use drain::DrainReport;
 use heartbeat::reconnect_backoff;
 
+/// Each connection's channels (one per lane) and their ack collectors:
+/// the acks of jobs still running go through those channels, and dropping
+/// a channel closes it.
+type Lanes = Vec<(lapin::Channel, tokio::task::JoinHandle<()>)>;
+
+/// The work beside the jobs, and what stops it.
+struct Background {
+    stop: CancellationToken,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Background {
+    /// Stops it and waits for each task.
+    async fn stop(self) {
+        self.stop.cancel();
+        for task in self.tasks {
+            let _ = task.await;
+        }
+    }
+}
+
+/// Every job is done, so every collector has all its acks: lets them go
+/// out, then closes. Closing a connection returns every unacked message to
+/// the queue.
+async fn close(connections: Vec<(lapin::Connection, Lanes)>) {
+    for (connection, lanes) in connections {
+        for (_channel, collector) in lanes {
+            let _ = collector.await;
+        }
+        let _ = connection.close(200, "shutdown").await;
+    }
+}
+
 /// How one message ended. Every variant but `Left` and `Requeued` acked it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum JobOutcome {
@@ -213,21 +246,40 @@ impl Worker {
     /// grace period, then cancels the rest: they release their leases and
     /// stay unacked, so the broker hands them to another worker at once.
     pub async fn run(&self, shutdown: CancellationToken) -> Result<(), RuntimeError> {
+        let metrics = self.serve_metrics()?;
+        let stop = Stop::default();
+        let mut jobs = JoinSet::new();
+        let background = self.start_background();
+        let connections = self.consume_until(&shutdown, &stop, &mut jobs).await;
+        self.finish_jobs(&stop, &mut jobs).await;
+        background.stop().await;
+        close(connections).await;
+        self.inner.publisher.close().await;
+        metrics.await;
+        Ok(())
+    }
+
+    /// Starts the metrics listener, and sets the lease gauge. Returns what
+    /// stops the listener, to await at the end.
+    fn serve_metrics(&self) -> Result<impl std::future::Future<Output = ()> + use<>, RuntimeError> {
         let (port, metrics_server) =
             hookinbox::metrics::serve(self.inner.config.metrics_listen, self.readiness())
                 .map_err(RuntimeError::MetricsListener)?;
-        let metrics_handle = metrics_server.handle();
+        let handle = metrics_server.handle();
         tokio::spawn(metrics_server);
         tracing::info!(port, "metrics listening");
         metrics::gauge!(hookinbox::metrics::LEASE_SECONDS)
             .set(self.inner.policy.lease.as_secs_f64());
-        let stop = Stop::default();
-        let mut jobs = JoinSet::new();
-        let mut delays = reconnect_backoff();
-        let maintenance_stop = CancellationToken::new();
+        Ok(async move { handle.stop(false).await })
+    }
+
+    /// Starts the work beside the jobs: maintenance, the reconciler, and
+    /// the destinations' states read every second.
+    fn start_background(&self) -> Background {
+        let stop = CancellationToken::new();
         let maintenance = tokio::spawn({
             let worker = self.clone();
-            let stop = maintenance_stop.clone();
+            let stop = stop.clone();
             async move { maintenance::maintain(&worker.inner, stop).await }
         });
         // GitHub's delivery logs, read beside the jobs (nothing to do when
@@ -236,13 +288,13 @@ impl Worker {
             self.inner.pool.clone(),
             self.inner.leaders.clone(),
             self.inner.config.clone(),
-            maintenance_stop.clone(),
+            stop.clone(),
         ));
         // The destinations' states, read every second: a hint for closing
         // a breaker after a success, and the state gauge.
         let breakers = tokio::spawn({
             let worker = self.clone();
-            let stop = maintenance_stop.clone();
+            let stop = stop.clone();
             async move {
                 loop {
                     if let Err(e) = worker.read_breakers().await {
@@ -255,10 +307,23 @@ impl Worker {
                 }
             }
         });
-        // Each connection with its channels (one per lane) and their ack
-        // collectors: the acks of jobs still running go through those
-        // channels, and dropping a channel closes it.
-        type Lanes = Vec<(lapin::Channel, tokio::task::JoinHandle<()>)>;
+        Background {
+            stop,
+            tasks: vec![maintenance, reconciler, breakers],
+        }
+    }
+
+    /// Consumes until `shutdown`: connects (with backoff while it cannot),
+    /// runs each message's job in `jobs`, and reconnects when a consumer
+    /// ends. Returns every connection still open, with its lanes: the acks
+    /// of jobs still running go through them.
+    async fn consume_until(
+        &self,
+        shutdown: &CancellationToken,
+        stop: &Stop,
+        jobs: &mut JoinSet<JobOutcome>,
+    ) -> Vec<(lapin::Connection, Lanes)> {
+        let mut delays = reconnect_backoff();
         let mut connections: Vec<(lapin::Connection, Lanes)> = Vec::new();
         while !shutdown.is_cancelled() {
             let (connection, consumers) = match self.consume().await {
@@ -275,81 +340,99 @@ impl Worker {
                     }
                 }
             };
-            tracing::info!(queues = consumers.len(), "consuming");
-            self.inner.consuming.store(true, Ordering::Relaxed);
-            let mut acks = Vec::with_capacity(consumers.len());
-            let mut collectors = Vec::with_capacity(consumers.len());
-            let mut cancels = Vec::with_capacity(consumers.len());
-            let mut streams = Vec::with_capacity(consumers.len());
-            for (i, (channel, consumer)) in consumers.into_iter().enumerate() {
-                let (lane_acks, collector) = acks::Acks::start();
-                acks.push(lane_acks);
-                collectors.push(collector);
-                cancels.push((channel, consumer.tag()));
-                // A lane whose consumer ends ends the loop too: every lane
-                // reconnects together.
-                streams.push(
-                    consumer
-                        .map(move |d| (i, Some(d)))
-                        .chain(futures::stream::once(async move { (i, None) }))
-                        .boxed(),
-                );
-            }
-            let mut deliveries = futures::stream::select_all(streams);
-            loop {
-                tokio::select! {
-                    _ = shutdown.cancelled() => {
-                        // Stop taking new messages; in-flight ones go on.
-                        for (channel, tag) in &cancels {
-                            let _ = channel.basic_cancel(tag.as_str(), BasicCancelOptions::default()).await;
-                        }
-                        break;
-                    }
-                    next = deliveries.next() => match next {
-                        Some((i, Some(Ok(delivery)))) => {
-                            let worker = self.clone();
-                            let stop = stop.clone();
-                            // Known unsettled before its job can start, so
-                            // no later tag's `multiple` ack covers it.
-                            acks[i].received(delivery.delivery_tag);
-                            let settle = acks::Settle::Collected {
-                                tag: delivery.delivery_tag,
-                                acker: delivery.acker,
-                                acks: acks[i].clone(),
-                            };
-                            jobs.spawn(async move {
-                                worker.process(delivery.properties, delivery.data, delivery.redelivered, settle, &stop).await
-                            });
-                        }
-                        Some((_, Some(Err(e)))) => {
-                            tracing::warn!(error = %e, "consumer failed; reconnecting");
-                            break;
-                        }
-                        Some((_, None)) | None => {
-                            tracing::warn!("consumer closed; reconnecting");
-                            break;
-                        }
-                    },
-                    Some(_) = jobs.join_next(), if !jobs.is_empty() => {}
-                }
-            }
-            self.inner.consuming.store(false, Ordering::Relaxed);
-            // Jobs of a lost channel go on: their acks fail harmlessly and
-            // the broker redelivers those messages, whose takes then find
-            // the deliveries resolved. A collector ends once its jobs have
-            // dropped their handles too, which is why the shutdown below
-            // can await it.
-            drop(acks);
-            drop(deliveries);
-            let lanes = cancels
-                .into_iter()
-                .map(|(channel, _)| channel)
-                .zip(collectors)
-                .collect();
+            let lanes = self.dispatch(consumers, shutdown, stop, jobs).await;
             connections.push((connection, lanes));
             connections.retain(|(c, _)| c.status().connected());
         }
+        connections
+    }
 
+    /// Runs the jobs of one connection's consumers until `shutdown` (then
+    /// cancels the consumers: in-flight jobs go on) or until a consumer
+    /// ends. Returns the lanes: each channel and its ack collector.
+    async fn dispatch(
+        &self,
+        consumers: Vec<(lapin::Channel, lapin::Consumer)>,
+        shutdown: &CancellationToken,
+        stop: &Stop,
+        jobs: &mut JoinSet<JobOutcome>,
+    ) -> Lanes {
+        tracing::info!(queues = consumers.len(), "consuming");
+        self.inner.consuming.store(true, Ordering::Relaxed);
+        let mut acks = Vec::with_capacity(consumers.len());
+        let mut collectors = Vec::with_capacity(consumers.len());
+        let mut cancels = Vec::with_capacity(consumers.len());
+        let mut streams = Vec::with_capacity(consumers.len());
+        for (i, (channel, consumer)) in consumers.into_iter().enumerate() {
+            let (lane_acks, collector) = acks::Acks::start();
+            acks.push(lane_acks);
+            collectors.push(collector);
+            cancels.push((channel, consumer.tag()));
+            // A lane whose consumer ends ends the loop too: every lane
+            // reconnects together.
+            streams.push(
+                consumer
+                    .map(move |d| (i, Some(d)))
+                    .chain(futures::stream::once(async move { (i, None) }))
+                    .boxed(),
+            );
+        }
+        let mut deliveries = futures::stream::select_all(streams);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => {
+                    // Stop taking new messages; in-flight ones go on.
+                    for (channel, tag) in &cancels {
+                        let _ = channel.basic_cancel(tag.as_str(), BasicCancelOptions::default()).await;
+                    }
+                    break;
+                }
+                next = deliveries.next() => match next {
+                    Some((i, Some(Ok(delivery)))) => {
+                        let worker = self.clone();
+                        let stop = stop.clone();
+                        // Known unsettled before its job can start, so
+                        // no later tag's `multiple` ack covers it.
+                        acks[i].received(delivery.delivery_tag);
+                        let settle = acks::Settle::Collected {
+                            tag: delivery.delivery_tag,
+                            acker: delivery.acker,
+                            acks: acks[i].clone(),
+                        };
+                        jobs.spawn(async move {
+                            worker.process(delivery.properties, delivery.data, delivery.redelivered, settle, &stop).await
+                        });
+                    }
+                    Some((_, Some(Err(e)))) => {
+                        tracing::warn!(error = %e, "consumer failed; reconnecting");
+                        break;
+                    }
+                    Some((_, None)) | None => {
+                        tracing::warn!("consumer closed; reconnecting");
+                        break;
+                    }
+                },
+                Some(_) = jobs.join_next(), if !jobs.is_empty() => {}
+            }
+        }
+        self.inner.consuming.store(false, Ordering::Relaxed);
+        // Jobs of a lost channel go on: their acks fail harmlessly and
+        // the broker redelivers those messages, whose takes then find
+        // the deliveries resolved. A collector ends once its jobs have
+        // dropped their handles too, which is why the shutdown can await
+        // it.
+        drop(acks);
+        drop(deliveries);
+        cancels
+            .into_iter()
+            .map(|(channel, _)| channel)
+            .zip(collectors)
+            .collect()
+    }
+
+    /// Lets the jobs in flight finish within the shutdown grace, then
+    /// releases the rest (the second stage of the stop).
+    async fn finish_jobs(&self, stop: &Stop, jobs: &mut JoinSet<JobOutcome>) {
         let grace = self.inner.config.shutdown_grace;
         let drained =
             tokio::time::timeout(grace, async { while jobs.join_next().await.is_some() {} }).await;
@@ -361,22 +444,6 @@ impl Worker {
             stop.hard.cancel();
             while jobs.join_next().await.is_some() {}
         }
-        maintenance_stop.cancel();
-        let _ = maintenance.await;
-        let _ = reconciler.await;
-        let _ = breakers.await;
-        // Every job is done, so every collector has all its acks: let them
-        // go out, then close. Closing the connection returns every unacked
-        // message to the queue.
-        for (connection, lanes) in connections {
-            for (_channel, collector) in lanes {
-                let _ = collector.await;
-            }
-            let _ = connection.close(200, "shutdown").await;
-        }
-        self.inner.publisher.close().await;
-        metrics_handle.stop(false).await;
-        Ok(())
     }
 
     /// Connects and attaches a consumer to each lane's queue, each on a
