@@ -28,7 +28,7 @@ pub(super) struct Ran {
 impl From<JobError> for OpsError {
     fn from(e: JobError) -> Self {
         match e {
-            JobError::Db(e) => Self::Db(e),
+            JobError::Db(e) => e.into(),
             other => Self::Usage(other.to_string()),
         }
     }
@@ -65,7 +65,7 @@ pub(super) async fn run(
     let ran = jobs::run_held(&runner, id, kind, per_second, &stop);
     tokio::pin!(ran);
     tokio::select! {
-        done = &mut ran => done.map_err(|jobs::RunError::Db(e)| OpsError::Db(e))?,
+        done = &mut ran => done?,
         _ = tokio::signal::ctrl_c() => {
             // Cancel while the runner goes on: the cancel waits for the item
             // in flight, which needs the runner polled to commit.
@@ -75,7 +75,7 @@ pub(super) async fn run(
                 left
             };
             let (left, done) = tokio::join!(cancel, &mut ran);
-            done.map_err(|jobs::RunError::Db(e)| OpsError::Db(e))?;
+            done?;
             let left = match left {
                 Ok(left) => left,
                 // It ended on its own meanwhile.

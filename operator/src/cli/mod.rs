@@ -10,7 +10,6 @@
 use std::io::Write;
 use std::time::Duration;
 
-use hookinbox::broker::BrokerError;
 use hookinbox::config::WorkerConfig;
 use hookinbox::deliveries::{self, Filter, Order, State};
 use hookinbox::postgres::DbError;
@@ -35,15 +34,9 @@ use print::{print_fields, print_rows};
 /// Why an operator command failed (exit code 2).
 #[derive(Debug, thiserror::Error)]
 pub enum OpsError {
-    /// Postgres failed.
+    /// Postgres or RabbitMQ failed.
     #[error(transparent)]
-    Db(#[from] DbError),
-    /// RabbitMQ failed.
-    #[error(transparent)]
-    Broker(#[from] BrokerError),
-    /// A channel operation failed.
-    #[error("RabbitMQ: {0}")]
-    Channel(#[from] lapin::Error),
+    Operator(#[from] OperatorError),
     /// Writing the output failed.
     #[error("output: {0}")]
     Io(#[from] std::io::Error),
@@ -58,13 +51,9 @@ pub enum OpsError {
     },
 }
 
-impl From<OperatorError> for OpsError {
-    fn from(e: OperatorError) -> Self {
-        match e {
-            OperatorError::Db(e) => Self::Db(e),
-            OperatorError::Broker(e) => Self::Broker(e),
-            OperatorError::Channel(e) => Self::Channel(e),
-        }
+impl From<DbError> for OpsError {
+    fn from(e: DbError) -> Self {
+        Self::Operator(e.into())
     }
 }
 

@@ -20,10 +20,10 @@ use crate::audit;
 pub mod runner;
 pub mod store;
 
-pub use runner::{RunError, Runner, run_held, spawn};
+pub use runner::{Runner, run_held, spawn};
 pub use store::{Cancelled, Item, Job, Kind, Lineage};
 
-/// Why a job could not be started or cancelled.
+/// Why a job could not be started, run or cancelled.
 #[derive(Debug, thiserror::Error)]
 pub enum JobError {
     /// More deliveries match than a job may take.

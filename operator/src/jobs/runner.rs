@@ -19,6 +19,7 @@ use hookinbox::postgres::DbError;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use super::JobError;
 use super::store::{self, Kind};
 use crate::audit;
 use crate::reconcile_dead_letter_queue;
@@ -87,26 +88,6 @@ async fn take(runner: &Runner) -> Result<Option<(i64, Kind, f64)>, DbError> {
     store::take(&client, runner.id).await
 }
 
-/// Why a job stopped before its end.
-#[derive(Debug, thiserror::Error)]
-pub enum RunError {
-    /// Postgres failed.
-    #[error(transparent)]
-    Db(#[from] DbError),
-}
-
-impl From<tokio_postgres::Error> for RunError {
-    fn from(e: tokio_postgres::Error) -> Self {
-        Self::Db(e.into())
-    }
-}
-
-impl From<deadpool_postgres::PoolError> for RunError {
-    fn from(e: deadpool_postgres::PoolError) -> Self {
-        Self::Db(e.into())
-    }
-}
-
 /// What one item came to.
 enum Step {
     /// Done; a replay's job to publish, if any.
@@ -117,7 +98,7 @@ enum Step {
     Stopped,
 }
 
-async fn step(runner: &Runner, id: i64, kind: Kind) -> Result<Step, RunError> {
+async fn step(runner: &Runner, id: i64, kind: Kind) -> Result<Step, JobError> {
     let mut client = runner.pool.get().await?;
     let tx = client.transaction().await?;
     if !store::hold(&tx, id, runner.id).await? {
@@ -187,7 +168,7 @@ pub async fn run_held(
     kind: Kind,
     per_second: f64,
     stop: &CancellationToken,
-) -> Result<(), RunError> {
+) -> Result<(), JobError> {
     tracing::info!(
         job_id = id,
         kind = kind.as_str(),
