@@ -100,6 +100,14 @@ fn too_large(cap: usize) -> Reject {
     )
 }
 
+/// The `Content-Length` the client declared, if any.
+pub(crate) fn declared_length(headers: &HeaderMap) -> Option<usize> {
+    headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok())
+}
+
 /// How a body must arrive.
 pub(crate) struct BodyLimits {
     /// The largest body.
@@ -119,6 +127,19 @@ pub(crate) const PACE_WINDOW: Duration = Duration::from_secs(2);
 /// as bytes arrive.
 const FIRST_BUFFER: usize = 16 * 1024;
 
+/// The next size of a body's buffer: at least double (so copies stay
+/// linear in the body) and at least `needed`, chosen among the expected
+/// length halved again and again, so the last growth copies half the body
+/// into the whole and never holds more than one and a half bodies.
+fn grow_to(needed: usize, capacity: usize, expected: usize) -> usize {
+    let floor = needed.max(capacity.saturating_mul(2));
+    let mut target = expected.max(needed);
+    while target / 2 >= floor {
+        target /= 2;
+    }
+    target
+}
+
 fn slow(message: String) -> Reject {
     Reject::new(StatusCode::REQUEST_TIMEOUT, Outcome::SlowBody, message)
 }
@@ -135,10 +156,7 @@ pub(crate) async fn read_body(
     ticket: &mut Ticket,
 ) -> Result<Bytes, Reject> {
     let cap = limits.cap;
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok());
+    let declared = declared_length(headers);
     if declared.is_some_and(|n| n > cap) {
         return Err(too_large(cap));
     }
@@ -170,12 +188,14 @@ pub(crate) async fn read_body(
                     return Err(too_large(cap));
                 }
                 if needed > buf.capacity() {
-                    // Grow as a vector would (doubling), but never past the
-                    // declared length or the cap, and take the bytes first.
-                    let target = needed.max((buf.capacity() * 2).min(expected.max(needed)));
-                    ticket.reserve(target - held)?;
-                    held = target;
+                    // The new buffer is taken before it is allocated and
+                    // the old one given back after the copy: both are held
+                    // meanwhile.
+                    let target = grow_to(needed, buf.capacity(), expected);
+                    ticket.reserve(target)?;
                     buf.reserve_exact(target - buf.len());
+                    ticket.release(held);
+                    held = target;
                 }
                 buf.extend_from_slice(&chunk);
                 window_bytes += chunk.len() as u64;
@@ -201,4 +221,33 @@ pub(crate) async fn read_body(
         }
     }
     Ok(Bytes::from(buf))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::grow_to;
+
+    #[test]
+    fn a_buffer_doubles_towards_its_length_and_holds_at_most_one_and_a_half_bodies() {
+        for expected in [1, 100, 16_384, 40_000, 1 << 20, 25_000_000, 26_214_400] {
+            let mut capacity = expected.clamp(1, 16_384);
+            let mut len = 0;
+            let mut peak = capacity;
+            while len < expected {
+                let needed = (len + 16_384).min(expected);
+                if needed > capacity {
+                    let target = grow_to(needed, capacity, expected);
+                    assert!(target >= needed && target >= capacity * 2 || target == expected);
+                    assert!(target <= expected.max(needed));
+                    peak = peak.max(capacity + target);
+                    capacity = target;
+                }
+                len = needed;
+            }
+            assert!(
+                peak <= expected + expected / 2 + 16_384,
+                "{expected}: peak {peak}"
+            );
+        }
+    }
 }

@@ -31,7 +31,8 @@ use sha2::{Digest, Sha256};
 use crate::admission::{Admission, Ticket};
 use crate::answer::{Answer, Outcome, Reject};
 use crate::body::{
-    BodyLimits, check_framing, content_type_header, github_headers, read_body, single,
+    BodyLimits, check_framing, content_type_header, declared_length, github_headers, read_body,
+    single,
 };
 use crate::limits::RateLimits;
 use crate::rotation::SecretMatches;
@@ -171,7 +172,7 @@ async fn handle(
     // budget as they arrive ([`crate::admission`]); the slot for work is
     // taken only once the signature verified, so connections that trickle
     // bytes cannot take it from a signed delivery.
-    let mut ticket = state.admission.enter(req)?;
+    let mut ticket = state.admission.enter(req, declared_length(headers))?;
     let (content_type, body) = read_and_verify(state, source, headers, body, &mut ticket).await?;
     ticket.verified();
     let Ok(_permit) = state.in_flight.clone().try_acquire_owned() else {
