@@ -6,9 +6,9 @@
 //!   never from a declared length. Once three quarters of it are taken a
 //!   new body is refused at once (503, `Retry-After`), while the bodies
 //!   inside may grow into the last quarter; a body that would pass the
-//!   whole budget is refused as it grows. A buffer that grows is counted
-//!   twice while it is copied (old and new), so the budget bounds the
-//!   real peak. Bodies that declare more than [`LARGE_BODY`] (or no
+//!   whole budget is refused as it grows. Bodies are kept as the chunks
+//!   that arrived (`body`), never in a buffer that grows by copying, so
+//!   what is counted is what is held. Bodies that declare more than [`LARGE_BODY`] (or no
 //!   length) share at most half the budget, so the small bodies GitHub
 //!   mostly sends still find room while large ones are flooded in; and
 //!   one client holds at most a quarter (each at least one largest body
@@ -74,7 +74,7 @@ impl Admission {
     /// The limits of `config`.
     pub(crate) fn new(config: &IngestConfig) -> Arc<Self> {
         let budget = config.max_buffered_bytes;
-        let one_body = IngestConfig::growing_body_bytes(config.max_body_bytes);
+        let one_body = IngestConfig::held_body_bytes(config.max_body_bytes);
         Arc::new(Self {
             budget,
             large_budget: (budget / 2).max(one_body),
@@ -203,7 +203,16 @@ impl Ticket {
         Ok(())
     }
 
-    /// Gives back `n` bytes (a buffer's old allocation, once copied).
+    /// Takes `n` bytes without refusing: for a verified body being
+    /// assembled, which must not be lost for want of room.
+    pub(crate) fn force(&mut self, n: usize) {
+        let mut ledger = self.admission.ledger();
+        ledger.buffered += n;
+        self.bytes += n;
+        publish(&ledger);
+    }
+
+    /// Gives back `n` bytes (parts once copied into one body).
     pub(crate) fn release(&mut self, n: usize) {
         let n = n.min(self.bytes);
         let mut ledger = self.admission.ledger();

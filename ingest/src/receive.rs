@@ -216,9 +216,9 @@ async fn read_and_verify(
     let signature = single(headers, "x-hub-signature-256")
         .map_err(|_| SignatureError::Duplicated)?
         .ok_or(SignatureError::Missing)?;
-    let position = source.secrets.verify(&body, signature)?;
+    let position = source.secrets.verify_parts(body.parts(), signature)?;
     state.secret_matches.record(&source.name, position);
-    Ok((content_type, body))
+    Ok((content_type, body.assemble(ticket)))
 }
 
 /// A verified request that carries a delivery to claim.

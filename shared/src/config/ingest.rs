@@ -78,9 +78,8 @@ pub struct IngestArgs {
 
     /// Bytes of request bodies held in memory at once, across all
     /// requests (verified or not); past three quarters a new request is
-    /// refused with 503 and `Retry-After`. At least one and a half
-    /// `HOOKINBOX_MAX_BODY_BYTES` (what the largest body holds while its
-    /// buffer grows).
+    /// refused with 503 and `Retry-After`. At least what the largest body
+    /// takes (`HOOKINBOX_MAX_BODY_BYTES` and about 2 %).
     #[arg(
         long,
         env = "HOOKINBOX_MAX_BUFFERED_BYTES",
@@ -172,14 +171,13 @@ pub struct IngestConfig {
 }
 
 impl IngestConfig {
-    /// The most a body of `max_body_bytes` holds while it is received: its
-    /// buffer doubles as bytes arrive, and while the last growth copies,
-    /// the old half and the new whole are both held (plus the first
-    /// buffer's 16 KiB).
-    pub fn growing_body_bytes(max_body_bytes: usize) -> usize {
+    /// The most a body of `max_body_bytes` takes from the budget while it
+    /// is received: its bytes, the handles of its parts (at most one per
+    /// 4 KiB) and one 16 KiB buffer for its small chunks.
+    pub fn held_body_bytes(max_body_bytes: usize) -> usize {
         max_body_bytes
-            .saturating_add(max_body_bytes / 2)
-            .saturating_add(16 * 1024)
+            .saturating_add(max_body_bytes / 64)
+            .saturating_add(17 * 1024)
     }
 }
 
@@ -188,13 +186,13 @@ impl IngestArgs {
     pub fn validate(self) -> Result<IngestConfig, ConfigError> {
         let common = self.common.validate()?;
         let sources = self.sources.load(SecretNeed::Required)?;
-        let one_body = IngestConfig::growing_body_bytes(self.max_body_bytes);
+        let one_body = IngestConfig::held_body_bytes(self.max_body_bytes);
         if self.max_buffered_bytes < one_body {
             return Err(ConfigError::field(
                 "HOOKINBOX_MAX_BUFFERED_BYTES",
                 format!(
                     "is {} bytes, less than one body of HOOKINBOX_MAX_BODY_BYTES ({}) takes while \
-                     its buffer grows ({one_body}): such a body could never be received",
+                     it is received ({one_body}): such a body could never be received",
                     self.max_buffered_bytes, self.max_body_bytes
                 ),
             ));
