@@ -178,20 +178,6 @@ async fn run(
     per_second: f64,
     stop: &CancellationToken,
 ) {
-    if let Err(e) = run_items(state, runner, id, kind, per_second, stop).await {
-        // Its hold lapses; this runner (or another) takes it up again.
-        tracing::warn!(job_id = id, error = %e, "admin job interrupted; it resumes once its hold lapses");
-    }
-}
-
-async fn run_items(
-    state: &State,
-    runner: Uuid,
-    id: i64,
-    kind: Kind,
-    per_second: f64,
-    stop: &CancellationToken,
-) -> Result<(), RunError> {
     tracing::info!(
         job_id = id,
         kind = kind.as_str(),
@@ -199,13 +185,16 @@ async fn run_items(
         "admin job running"
     );
     let publisher = state.worker.common.publisher("hookinbox-admin");
-    let ran = work_through(state, runner, id, kind, per_second, stop, &publisher).await;
+    let ran = run_items(state, runner, id, kind, per_second, stop, &publisher).await;
     // Closed however the job stopped (see `broker::close`).
     publisher.close().await;
-    ran
+    if let Err(e) = ran {
+        // Its hold lapses; this runner (or another) takes it up again.
+        tracing::warn!(job_id = id, error = %e, "admin job interrupted; it resumes once its hold lapses");
+    }
 }
 
-async fn work_through(
+async fn run_items(
     state: &State,
     runner: Uuid,
     id: i64,
