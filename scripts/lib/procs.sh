@@ -27,11 +27,14 @@ descendants() {
     }'
 }
 
-# True while PID runs (a zombie, dead but not yet reaped, does not).
-running() {
-  local state
-  state=$(ps -o stat= -p "$1" 2>/dev/null) || return 1
-  [ -n "$state" ] && [ "${state#Z}" = "$state" ]
+# True while PID is there: running, or a daemon's zombie that init has not
+# reaped yet (pgrep still lists it). A zombie of this shell's own, reaped
+# only by its `wait`, counts as gone.
+present() {
+  local state ppid
+  read -r state ppid < <(ps -o stat=,ppid= -p "$1" 2>/dev/null) || return 1
+  [ -n "$state" ] || return 1
+  [ "${state#Z}" = "$state" ] || [ "$ppid" = 1 ]
 }
 
 stop_pids() {
@@ -40,7 +43,7 @@ stop_pids() {
   local left=("$@") still _
   for _ in $(seq 1 50); do
     still=()
-    for pid in "${left[@]}"; do running "$pid" && still+=("$pid"); done
+    for pid in "${left[@]}"; do present "$pid" && still+=("$pid"); done
     [ "${#still[@]}" -eq 0 ] && return 0
     left=("${still[@]}")
     sleep 0.1
