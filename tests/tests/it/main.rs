@@ -10,6 +10,7 @@ mod admin_security;
 mod admin_sessions;
 mod admin_sign_in_throttle;
 mod broker_restart_serial;
+mod clean_stops;
 mod custom_handler_example;
 mod destinations;
 mod github_corpus;
