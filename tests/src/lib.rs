@@ -98,6 +98,11 @@ pub fn one_leg(claim: &hookinbox::deliveries::Claim) -> OneLeg {
     }
 }
 
+/// The networks the tests' `forward` destinations may reach
+/// (`HOOKINBOX_FORWARD_ALLOW_NETWORKS`): their receivers listen on
+/// loopback, which the egress policy refuses by default.
+pub const LOOPBACK_NETWORKS: &str = "127.0.0.0/8";
+
 /// The secret most tests sign with.
 pub const SECRET: &str = "It's a Secret to Everybody";
 
@@ -268,6 +273,9 @@ impl TestEnv {
         args.retry_base_ms = Some(100);
         args.retry_max_ms = Some(2000);
         args.scheduler_interval_ms = 50;
+        // The tests' receivers listen on loopback, which the egress policy
+        // refuses by default: named here, as local development names it.
+        args.forward_allow_networks = Some(LOOPBACK_NETWORKS.to_owned());
         args
     }
 
@@ -888,7 +896,10 @@ impl TestEnv {
                 "HOOKINBOX_METRICS_LISTEN",
                 format!("127.0.0.1:{metrics_port}"),
             )
-            .env("HOOKINBOX_LOG_FORMAT", "json");
+            .env("HOOKINBOX_LOG_FORMAT", "json")
+            // The receivers are local (see [`LOOPBACK_NETWORKS`]); `extra`
+            // may say otherwise.
+            .env("HOOKINBOX_FORWARD_ALLOW_NETWORKS", LOOPBACK_NETWORKS);
         for (k, v) in extra {
             cmd.env(k, v);
         }

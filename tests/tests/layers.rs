@@ -35,6 +35,7 @@ const SHARED: Table = Table {
         ("telemetry", &[]),
         ("shutdown", &[]),
         ("failpoints", &[]),
+        ("egress", &[]),
         // 1 message.
         ("job", &["key"]),
         // 1 adapter.
@@ -57,6 +58,7 @@ const SHARED: Table = Table {
                 "telemetry",
                 "shutdown",
                 "failpoints",
+                "egress",
                 "job",
                 "postgres",
                 "deliveries",
