@@ -13,6 +13,7 @@ pub mod github;
 pub mod handlers;
 pub mod proxy;
 pub mod receiver;
+pub mod tls_receiver;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -130,6 +131,21 @@ where
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// A counter's value in a scrape: the series of `name` whose labels
+/// include every one of `labels`.
+pub fn counter(scrape: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    scrape
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .find(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .and_then(|l| l.rsplit_once(' '))
+        .and_then(|(_, v)| v.parse().ok())
 }
 
 /// Creates a database named `<prefix>_<uuid>` and migrates it; returns its

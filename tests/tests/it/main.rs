@@ -12,6 +12,7 @@ mod admin_sign_in_throttle;
 mod broker_restart_serial;
 mod custom_handler_example;
 mod destinations;
+mod egress;
 mod github_corpus;
 mod ingest_admission;
 mod ingest_dedup;
