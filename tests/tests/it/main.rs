@@ -13,6 +13,8 @@ mod broker_restart_serial;
 mod custom_handler_example;
 mod destinations;
 mod egress;
+mod forward_secrets;
+mod forward_tls;
 mod github_corpus;
 mod ingest_admission;
 mod ingest_dedup;
