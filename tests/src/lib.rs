@@ -11,6 +11,7 @@ pub mod browser;
 pub mod fixtures;
 pub mod github;
 pub mod handlers;
+pub mod octokit;
 pub mod proxy;
 pub mod receiver;
 pub mod tls_receiver;

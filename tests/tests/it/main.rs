@@ -26,6 +26,7 @@ mod ingest_routes;
 mod ingest_shutdown;
 mod local_setup;
 mod observability;
+mod octokit_front;
 mod operator_cli;
 mod outages;
 mod plans;
