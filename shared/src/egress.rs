@@ -21,6 +21,8 @@ use std::str::FromStr;
 
 use ipnet::IpNet;
 
+use crate::client::parse_networks;
+
 /// Why an address is refused; also the `reason` label of
 /// `hookinbox_destination_blocked_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -109,17 +111,7 @@ impl FromStr for AllowNetworks {
 impl AllowNetworks {
     /// Parses each item as a CIDR or an address; the error names the item.
     pub fn parse<'a>(items: impl IntoIterator<Item = &'a str>) -> Result<Self, String> {
-        let mut nets = Vec::new();
-        for item in items.into_iter().map(str::trim).filter(|i| !i.is_empty()) {
-            let net = item
-                .parse::<IpNet>()
-                .or_else(|_| item.parse::<IpAddr>().map(IpNet::from))
-                .map_err(|_| {
-                    format!("'{item}' is neither an address nor a CIDR such as 10.0.0.0/8")
-                })?;
-            nets.push(net.trunc());
-        }
-        Ok(Self(nets))
+        parse_networks(items).map(Self)
     }
 
     /// Both lists.

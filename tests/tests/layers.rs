@@ -35,9 +35,11 @@ const SHARED: Table = Table {
         ("telemetry", &[]),
         ("shutdown", &[]),
         ("failpoints", &[]),
-        ("egress", &[]),
         // 1 message.
         ("job", &["key"]),
+        // 1 policy: the egress policy reads CIDR lists as the trusted
+        // proxies do.
+        ("egress", &["client"]),
         // 1 adapter.
         ("postgres", &[]),
         // 2 state machine.

@@ -39,6 +39,9 @@ pub const DEFAULT_FORWARD_SCHEDULE: [Duration; 8] = [
 pub const DEFAULT_DISABLE_AFTER: Duration = Duration::from_secs(72 * 3600);
 
 /// What a destination does with a leg.
+// Built once at start, a few per source: the size of a forward's settings
+// costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub enum DestinationKind {
     /// Write the event into `github_events`.

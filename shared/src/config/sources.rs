@@ -212,6 +212,8 @@ enum HookIdValue {
     Text(String),
 }
 
+// Read once at start.
+#[allow(clippy::large_enum_variant)]
 #[derive(Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
 enum FileHandler {

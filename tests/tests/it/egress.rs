@@ -28,6 +28,14 @@ fn hosts_file(env: &TestEnv, text: &str) -> std::path::PathBuf {
     path
 }
 
+/// The port of a local receiver's URL (`http://127.0.0.1:<port>/hook`).
+fn port_of(url: &str) -> &str {
+    url.rsplit(':')
+        .next()
+        .and_then(|p| p.split('/').next())
+        .expect("a port")
+}
+
 /// A worker on `config` with no network allowed but the destinations'
 /// own, resolving through `hosts`.
 async fn guarded_worker(env: &TestEnv, config: &Path, hosts: &Path) -> Worker {
@@ -46,12 +54,7 @@ async fn hostile_destination_urls_are_refused_before_anything_is_sent_and_counte
     let env = TestEnv::new().await;
     // Every loopback disguise points here: a leak would land in its log.
     let trap = Receiver::ok().await;
-    let port = trap
-        .url
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.split('/').next())
-        .expect("port");
+    let port = port_of(&trap.url);
     // A destination that is allowed, and answers with a redirect to the
     // metadata endpoint: not followed.
     let redirecting = Receiver::start(|_, _| Reply {
@@ -225,12 +228,7 @@ async fn hostile_destination_urls_are_refused_before_anything_is_sent_and_counte
 async fn an_allow_listed_loopback_destination_is_delivered_in_any_spelling() {
     let env = TestEnv::new().await;
     let receiver = Receiver::ok().await;
-    let port = receiver
-        .url
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.split('/').next())
-        .expect("port");
+    let port = port_of(&receiver.url);
     let hosts = hosts_file(&env, "127.0.0.1 app.test\n");
     let urls = [
         receiver.url.clone(),
@@ -291,12 +289,7 @@ async fn a_name_that_changes_what_it_resolves_to_is_checked_again_at_each_attemp
         }
     })
     .await;
-    let port = receiver
-        .url
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.split('/').next())
-        .expect("port");
+    let port = port_of(&receiver.url);
     let hosts = hosts_file(&env, "127.0.0.1 rebind.test\n");
     let config = env.config_file(&format!(
         r#"

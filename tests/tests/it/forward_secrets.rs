@@ -122,42 +122,38 @@ headers = {{ X-Api-Key = {{ file = "{api_key}" }} }}
     let mut places: Vec<(String, String)> = Vec::new();
     let detail = format!("/deliveries/default/{}", hook.id());
     let relay_detail = format!("/deliveries/relay/{}", relayed_hook.id());
-    for page in [
-        "/",
-        "/deliveries",
-        detail.as_str(),
-        relay_detail.as_str(),
-        "/audit",
-        "/jobs",
+    // Each page of the console (signed in), then each API answer (a
+    // bearer token), for the same paths.
+    for (path, api) in [
+        ("/", false),
+        ("/overview", true),
+        ("/deliveries", false),
+        ("/deliveries", true),
+        (detail.as_str(), false),
+        (detail.as_str(), true),
+        (relay_detail.as_str(), false),
+        (relay_detail.as_str(), true),
+        ("/audit", false),
+        ("/audit", true),
+        ("/jobs", false),
+        ("/jobs", true),
     ] {
-        let answer = http
-            .get(format!("{}{page}", console.base))
-            .header("cookie", &cookie)
-            .send()
-            .await
-            .expect("the page");
-        assert_eq!(answer.status(), 200, "{page}");
-        let text = answer.text().await.unwrap_or_default();
-        places.push((format!("console {page}"), text));
-    }
-    for api in [
-        "/overview",
-        "/deliveries",
-        detail.as_str(),
-        relay_detail.as_str(),
-        "/audit",
-        "/jobs",
-    ] {
-        let answer = http
-            .get(format!("{}/api/v1{api}", console.base))
-            .bearer_auth(OPERATOR)
-            .send()
-            .await
-            .expect("the API");
+        let (place, request) = if api {
+            let place = format!("API /api/v1{path}");
+            let url = format!("{}/api/v1{path}", console.base);
+            (place, http.get(url).bearer_auth(OPERATOR))
+        } else {
+            let url = format!("{}{path}", console.base);
+            (
+                format!("console {path}"),
+                http.get(url).header("cookie", &cookie),
+            )
+        };
+        let answer = request.send().await.expect("answers");
         let status = answer.status();
         let text = answer.text().await.unwrap_or_default();
-        assert_eq!(status, 200, "{api}: {text}");
-        places.push((format!("API /api/v1{api}"), text));
+        assert_eq!(status, 200, "{place}: {text}");
+        places.push((place, text));
     }
     places.push(("ingest /metrics".into(), ingest.scrape("/metrics").await.1));
     places.push(("worker /metrics".into(), worker.scrape("/metrics").await.1));
