@@ -23,6 +23,7 @@ cd "$(dirname "$0")/.."
 services_up
 ensure_nextest
 ensure_chromium
+ensure_node
 if [ -z "${HOOKINBOX_GITHUB_FIXTURES:-}" ] && [ -d ../shared/fixtures/github-payloads ]; then
   HOOKINBOX_GITHUB_FIXTURES="$(cd ../shared/fixtures/github-payloads && pwd)"
   export HOOKINBOX_GITHUB_FIXTURES

@@ -9,7 +9,7 @@ use actix_web::http::header::{self, HeaderMap};
 use actix_web::web;
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
-use hookinbox::job::GITHUB_HEADER_PREFIX;
+use hookinbox::job::is_carried_header;
 use hookinbox::key::KeyError;
 use hookinbox::payload::ContentType;
 
@@ -37,12 +37,12 @@ pub(crate) fn content_type_header(headers: &HeaderMap) -> String {
         .unwrap_or_default()
 }
 
-/// The original `X-GitHub-*` headers, carried with the job so a handler can
-/// pass them on.
+/// The original `X-GitHub-*` headers and `User-Agent`, carried with the
+/// job so a handler can pass them on (see `hookinbox::job::is_carried_header`).
 pub(crate) fn github_headers(headers: &HeaderMap) -> Vec<(String, String)> {
     headers
         .iter()
-        .filter(|(name, _)| name.as_str().starts_with(GITHUB_HEADER_PREFIX))
+        .filter(|(name, _)| is_carried_header(name.as_str()))
         .filter_map(|(name, value)| {
             value
                 .to_str()

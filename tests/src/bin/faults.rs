@@ -420,6 +420,8 @@ impl Suite {
             .env("HOOKINBOX_MAX_ATTEMPTS", "50")
             .env("HOOKINBOX_PUBLISH_TIMEOUT_MS", "2000")
             .env("HOOKINBOX_CONCURRENCY", "4")
+            // The relay's receiver is local: let forward reach loopback.
+            .env("HOOKINBOX_FORWARD_ALLOW_NETWORKS", "127.0.0.0/8")
             .env("HOOKINBOX_METRICS_LISTEN", "127.0.0.1:0")
             .env("HOOKINBOX_LOG_FORMAT", "json")
             .env("HOOKINBOX_QUEUE_PREFIX", "faults");
