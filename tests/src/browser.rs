@@ -110,9 +110,7 @@ impl Drop for Browser {
         let pids = std::fs::read_dir("/proc").into_iter().flatten().flatten();
         for entry in pids {
             let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-            let ours = cmdline
-                .split(|b| *b == 0)
-                .any(|arg| arg == flag.as_bytes());
+            let ours = cmdline.split(|b| *b == 0).any(|arg| arg == flag.as_bytes());
             if ours {
                 let _ = Command::new("kill")
                     .arg("-9")
