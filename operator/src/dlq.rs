@@ -32,6 +32,23 @@ pub async fn reconcile_dead_letter_queue(
         &topology,
     )
     .await?;
+    let publisher = common.publisher("hookinbox-ops");
+    let rewritten = rewrite_dead_letters(pool, &topology, &channel, &publisher).await;
+    // However the rewrite ended: the publisher, then this connection, its
+    // channel after it (see `broker::close`).
+    publisher.close().await;
+    broker::close(connection, channel, "reconciled").await;
+    rewritten
+}
+
+/// Takes each message of the dead-letter queue once, republishing the
+/// copies to keep before acking their originals.
+async fn rewrite_dead_letters(
+    pool: &Pool,
+    topology: &broker::Topology,
+    channel: &lapin::Channel,
+    publisher: &broker::Publisher,
+) -> Result<(), OperatorError> {
     let queue = channel
         .queue_declare(
             &topology.dead_letter_queue(),
@@ -42,7 +59,6 @@ pub async fn reconcile_dead_letter_queue(
             FieldTable::default(),
         )
         .await?;
-    let publisher = common.publisher("hookinbox-ops");
     let client = pool.get().await.map_err(DbError::from)?;
     let mut seen = HashSet::new();
     for _ in 0..queue.message_count() {
@@ -68,7 +84,5 @@ pub async fn reconcile_dead_letter_queue(
         }
         delivery.acker.ack(BasicAckOptions::default()).await?;
     }
-    publisher.close().await;
-    let _ = connection.close(200, "reconciled").await;
     Ok(())
 }

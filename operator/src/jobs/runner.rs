@@ -13,9 +13,11 @@ use std::time::Duration;
 
 use deadpool_postgres::Pool;
 use hookinbox::LegKey;
+use hookinbox::broker::Publisher;
 use hookinbox::config::WorkerConfig;
 use hookinbox::deliveries::{self, Parked};
 use hookinbox::postgres::DbError;
+use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -54,16 +56,22 @@ impl Runner {
 /// Starts the background runner: it takes every running job nobody holds
 /// and runs each in a task of its own (a long, slow job never holds back a
 /// replay of one), woken by `wake` or every two seconds; it stops when
-/// `stop` is cancelled.
-pub fn spawn(runner: Runner, wake: Arc<tokio::sync::Notify>, stop: CancellationToken) {
+/// `stop` is cancelled. The task it returns ends once every job's task has
+/// stopped and closed its broker connection.
+pub fn spawn(
+    runner: Runner,
+    wake: Arc<tokio::sync::Notify>,
+    stop: CancellationToken,
+) -> JoinHandle<()> {
     tokio::spawn(async move {
+        let mut jobs = JoinSet::new();
         loop {
             let woken = wake.notified();
             loop {
                 match take(&runner).await {
                     Ok(Some((id, kind, per_second))) => {
                         let (runner, stop) = (runner.clone(), stop.clone());
-                        tokio::spawn(async move {
+                        jobs.spawn(async move {
                             run(&runner, id, kind, per_second, &stop).await;
                         });
                     }
@@ -75,12 +83,15 @@ pub fn spawn(runner: Runner, wake: Arc<tokio::sync::Notify>, stop: CancellationT
                 }
             }
             tokio::select! {
-                _ = stop.cancelled() => return,
+                _ = stop.cancelled() => break,
                 _ = woken => {}
                 _ = tokio::time::sleep(IDLE_POLL) => {}
             }
+            // Reap the jobs that ended.
+            while jobs.try_join_next().is_some() {}
         }
-    });
+        while jobs.join_next().await.is_some() {}
+    })
 }
 
 async fn take(runner: &Runner) -> Result<Option<(i64, Kind, f64)>, DbError> {
@@ -176,6 +187,36 @@ pub async fn run_held(
         "admin job running"
     );
     let publisher = runner.config.common.publisher("hookinbox-admin");
+    let ran = run_items(runner, id, kind, per_second, stop, &publisher).await;
+    // Closed however the job stopped (see `broker::close`).
+    publisher.close().await;
+    let changed = ran?;
+    let job = store::get(&runner.pool.get().await?, id).await?;
+    let Some(job) = job else {
+        return Ok(());
+    };
+    // Still running: another runner took it over (this one's lease ran
+    // out), or this process is stopping.
+    if job.status == "running" {
+        return Ok(());
+    }
+    if changed && let Err(e) = reconcile_dead_letter_queue(&runner.pool, &runner.config).await {
+        tracing::warn!(job_id = id, error = %e, "could not bring the dead-letter queue in step");
+    }
+    audit::job_ended(&runner.pool.get().await?, id, &super::summary(&job)).await?;
+    Ok(())
+}
+
+/// The items of the job, one a tick, until it ends or `stop`; whether any
+/// changed a delivery (so that the dead-letter queue is brought in step).
+async fn run_items(
+    runner: &Runner,
+    id: i64,
+    kind: Kind,
+    per_second: f64,
+    stop: &CancellationToken,
+    publisher: &Publisher,
+) -> Result<bool, JobError> {
     let mut ticker = tokio::time::interval(Duration::from_secs_f64(1.0 / per_second));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut changed = false;
@@ -198,7 +239,7 @@ pub async fn run_held(
             Step::Did(None, _) => changed |= kind == Kind::Purge,
             Step::Did(Some(parked), position) => {
                 changed = true;
-                let outcome = replay::publish(&runner.pool, &publisher, &parked).await?;
+                let outcome = replay::publish(&runner.pool, publisher, &parked).await?;
                 if outcome != replay::Outcome::Started {
                     let client = runner.pool.get().await?;
                     store::done(&client, id, position, outcome.result(), outcome.error()).await?;
@@ -206,19 +247,5 @@ pub async fn run_held(
             }
         }
     }
-    publisher.close().await;
-    let job = store::get(&runner.pool.get().await?, id).await?;
-    let Some(job) = job else {
-        return Ok(());
-    };
-    // Still running: another runner took it over (this one's lease ran
-    // out), or this process is stopping.
-    if job.status == "running" {
-        return Ok(());
-    }
-    if changed && let Err(e) = reconcile_dead_letter_queue(&runner.pool, &runner.config).await {
-        tracing::warn!(job_id = id, error = %e, "could not bring the dead-letter queue in step");
-    }
-    audit::job_ended(&runner.pool.get().await?, id, &super::summary(&job)).await?;
-    Ok(())
+    Ok(changed)
 }
