@@ -11,6 +11,7 @@ pub mod browser;
 pub mod fixtures;
 pub mod github;
 pub mod handlers;
+pub mod otlp;
 pub mod proxy;
 pub mod receiver;
 
@@ -502,6 +503,7 @@ impl TestEnv {
             &client,
             &policy,
             &ClaimRequest {
+                origin: Default::default(),
                 key: hook.key(),
                 event: hook.event.clone().expect("an event"),
                 action: None,

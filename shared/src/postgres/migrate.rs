@@ -68,6 +68,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "0010_repository_nocase.sql",
         sql: include_str!("../../migrations/0010_repository_nocase.sql"),
     },
+    Migration {
+        version: 11,
+        name: "0011_traceparent.sql",
+        sql: include_str!("../../migrations/0011_traceparent.sql"),
+    },
 ];
 
 /// Applies every pending migration and returns how many it applied.

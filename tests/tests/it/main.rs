@@ -31,6 +31,7 @@ mod reconciler;
 mod retention;
 mod settings;
 mod sources;
+mod traces;
 mod worker_acks;
 mod worker_bad_bodies;
 mod worker_failures;

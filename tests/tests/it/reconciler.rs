@@ -287,6 +287,7 @@ async fn a_claim_whose_ingest_died_before_publishing_is_listed_then_redelivered_
         &client,
         &policy,
         &ClaimRequest {
+            origin: Default::default(),
             key: hook.key(),
             event: "push".into(),
             action: None,

@@ -18,6 +18,9 @@
 //! ([`HandlerError::Destination`]); any other answer (400, 422, …) is
 //! permanent for this leg. At most the first 4 KiB of the answer's body
 //! are read, for the attempt log.
+//!
+//! With traces on, each attempt is a span and the request carries its W3C
+//! `traceparent`, so the receiver's own spans join the delivery's trace.
 
 use std::time::{Duration, SystemTime};
 
@@ -29,6 +32,9 @@ use hookinbox::config::ForwardConfig;
 use hookinbox::deliveries::EXCERPT_BYTES;
 use hookinbox::job::Job;
 use hookinbox::signature::Secret;
+use hookinbox::telemetry::SpanTrace;
+use hookinbox::telemetry::context::TRACEPARENT;
+use tracing::Instrument;
 
 use super::{Effect, Handler, HandlerError};
 
@@ -81,10 +87,22 @@ impl Handler for Forward {
         if let Some(secret) = &self.secret {
             request = request.header(SIGNATURE_HEADER, secret.sign(&job.body));
         }
+        // The attempt's span, when traces are on; its `traceparent` goes
+        // with the request so the receiver continues the delivery's trace.
+        let span = attempt_span();
+        if let Some(traceparent) = span.traceparent() {
+            request = request.header(TRACEPARENT, traceparent);
+        }
         // `Bytes` clones share the buffer: the body is not copied.
-        match request.body(job.body.clone()).send().await {
+        let sent = request
+            .body(job.body.clone())
+            .send()
+            .instrument(span.clone())
+            .await;
+        match sent {
             Ok(mut response) => {
                 let status = response.status();
+                span.record("http.response.status_code", status.as_u16());
                 let answer = classify(status, response.headers(), SystemTime::now());
                 effect.note_answer(Some(status.as_u16()), excerpt(&mut response).await);
                 // The receiver has the delivery; the completion has not
@@ -102,6 +120,26 @@ impl Handler for Forward {
             Err(e) => Err(unreachable(&e)),
         }
     }
+}
+
+/// One attempt's span (a child of the worker's handler span), or a
+/// disabled span when traces are off. Never the URL (it may carry a
+/// token), the body or a signature.
+fn attempt_span() -> tracing::Span {
+    if !hookinbox::telemetry::enabled() {
+        return tracing::Span::none();
+    }
+    let span = tracing::info_span!(
+        "forward",
+        otel.name = "forward.attempt",
+        otel.kind = "client",
+        http.request.method = "POST",
+        http.response.status_code = tracing::field::Empty,
+        trace_id = tracing::field::Empty,
+        span_id = tracing::field::Empty,
+    );
+    span.record_ids();
+    span
 }
 
 /// At most the first [`EXCERPT_BYTES`] of an answer's body, for the attempt
