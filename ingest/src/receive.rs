@@ -272,6 +272,8 @@ struct Delivery {
     action: Option<String>,
     /// `repository.full_name`, stored with the claim for operators' filters.
     repository: Option<String>,
+    /// `X-GitHub-Tenant` (GHE.com), kept with the claim.
+    github_tenant: Option<String>,
 }
 
 /// What step 3 found.
@@ -319,6 +321,7 @@ fn check_headers(
     };
     seen.delivery_id = Some(delivery_id.clone());
     let hook_id = HookId::parse(single(headers, "x-github-hook-id")?)?;
+    let github_tenant = github_tenant(single(headers, "x-github-tenant")?)?;
     if !source.accepts_hook(&hook_id) {
         // The hook id is not covered by the signature: without this pin a
         // captured request could be replayed under another hook id.
@@ -355,7 +358,27 @@ fn check_headers(
         event,
         action,
         repository,
+        github_tenant,
     }))
+}
+
+/// `X-GitHub-Tenant`, sent by GitHub Enterprise Cloud with data residency
+/// (GHE.com): the enterprise's subdomain, 1 to 63 letters, digits and
+/// hyphens; anything else is a bad header (400).
+fn github_tenant(raw: Option<&[u8]>) -> Result<Option<String>, Reject> {
+    let Some(raw) = raw else {
+        return Ok(None);
+    };
+    let valid = (1..=63).contains(&raw.len())
+        && raw.iter().all(|b| b.is_ascii_alphanumeric() || *b == b'-');
+    if !valid {
+        return Err(Reject::new(
+            StatusCode::BAD_REQUEST,
+            Outcome::BadHeader,
+            "X-GitHub-Tenant must be 1 to 63 letters, digits and hyphens",
+        ));
+    }
+    Ok(Some(String::from_utf8_lossy(raw).into_owned()))
 }
 
 /// Step 4: the claim of the delivery's legs, one statement (batched with
@@ -385,7 +408,10 @@ async fn claim(
         })
         .collect();
     let request = ClaimRequest {
-        origin: Origin { traceparent },
+        origin: Origin {
+            traceparent,
+            github_tenant: delivery.github_tenant.clone(),
+        },
         key: delivery.key.clone(),
         event: delivery.event.as_str().to_owned(),
         action: delivery.action.clone(),

@@ -13,6 +13,7 @@ mod broker_restart_serial;
 mod custom_handler_example;
 mod destinations;
 mod github_corpus;
+mod github_platform;
 mod ingest_admission;
 mod ingest_dedup;
 mod ingest_large_body;
