@@ -192,6 +192,12 @@ async fn handle(
     source_name: &str,
     seen: &mut Seen,
 ) -> Result<Answer, Reject> {
+    // First: a client the allow-list refuses gets nothing read.
+    crate::allow::check(
+        req,
+        state.config.github_hooks.as_ref(),
+        &state.config.trusted_proxies,
+    )?;
     let source = SourceName::parse(source_name)
         .ok()
         .and_then(|name| state.config.sources.get(&name))

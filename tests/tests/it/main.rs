@@ -15,6 +15,7 @@ mod destinations;
 mod github_corpus;
 mod github_platform;
 mod ingest_admission;
+mod ingest_allow_list;
 mod ingest_dedup;
 mod ingest_large_body;
 mod ingest_rate_limits;
