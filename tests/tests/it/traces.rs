@@ -75,6 +75,20 @@ fn descends(spans: &[Span], child: &Span, ancestor: &Span) -> bool {
     false
 }
 
+/// [`spawn_pair`], once ingest is ready and the worker consumes; and
+/// ingest's base URL.
+async fn start_pair(
+    env: &TestEnv,
+    receiver: &Receiver,
+    collector: Option<&Collector>,
+) -> (Spawned, Spawned, String) {
+    let (ingest, worker) = spawn_pair(env, receiver, collector);
+    ingest.wait_ready().await;
+    consuming(&worker).await;
+    let base = format!("http://127.0.0.1:{}", ingest.port);
+    (ingest, worker, base)
+}
+
 /// Waits until a spawned worker consumes.
 async fn consuming(worker: &Spawned) {
     wait_until("the worker to consume", Duration::from_secs(30), || async {
@@ -99,10 +113,7 @@ async fn one_trace_per_delivery_spans_ingest_worker_and_destination() {
     let env = TestEnv::new().await;
     let collector = Collector::start().await;
     let receiver = Receiver::ok().await;
-    let (ingest, worker) = spawn_pair(&env, &receiver, Some(&collector));
-    ingest.wait_ready().await;
-    consuming(&worker).await;
-    let base = format!("http://127.0.0.1:{}", ingest.port);
+    let (ingest, worker, base) = start_pair(&env, &receiver, Some(&collector)).await;
     let hook = Hook::fixture("push");
     assert_eq!(hook.post(&reqwest::Client::new(), &base).await.status, 202);
     wait_until("the forward", Duration::from_secs(30), || async {
@@ -248,10 +259,7 @@ async fn a_retry_and_a_replayed_dead_letter_link_back_to_the_first_trace() {
         _ => Reply::status(200),
     })
     .await;
-    let (ingest, worker) = spawn_pair(&env, &receiver, Some(&collector));
-    ingest.wait_ready().await;
-    consuming(&worker).await;
-    let base = format!("http://127.0.0.1:{}", ingest.port);
+    let (_ingest, _worker, base) = start_pair(&env, &receiver, Some(&collector)).await;
     let hook = Hook::fixture("push");
     assert_eq!(hook.post(&reqwest::Client::new(), &base).await.status, 202);
     wait_until("the dead letter", Duration::from_secs(30), || async {
@@ -308,10 +316,7 @@ async fn a_retry_and_a_replayed_dead_letter_link_back_to_the_first_trace() {
 async fn with_no_endpoint_nothing_carries_a_trace() {
     let env = TestEnv::new().await;
     let receiver = Receiver::ok().await;
-    let (ingest, worker) = spawn_pair(&env, &receiver, None);
-    ingest.wait_ready().await;
-    consuming(&worker).await;
-    let base = format!("http://127.0.0.1:{}", ingest.port);
+    let (ingest, worker, base) = start_pair(&env, &receiver, None).await;
     assert_eq!(
         Hook::fixture("push")
             .post(&reqwest::Client::new(), &base)
