@@ -347,23 +347,23 @@ rev_bins() { # REV
   echo "$out"
 }
 
-# The OTLP sink for the traced variants, started on first use; prints its
-# endpoint. Its own CPU is not the stack's (a collector runs elsewhere).
+# The OTLP sink for the traced variants, started on first use (not in a
+# subshell: it sets $otlp_sink, its endpoint). Its own CPU is not the
+# stack's (a collector runs elsewhere).
 otlp_sink=""
-otlp_sink_url() {
+otlp_sink_start() {
   if [ -z "$otlp_sink" ]; then
     local port; port=$(free_port)
     "$bin/otlpsink" --port "$port" >/dev/null 2>&1 & pids+=($!)
     otlp_sink="http://127.0.0.1:$port"
     for _ in $(seq 1 100); do curl -fsS "$otlp_sink/count" >/dev/null 2>&1 && break; sleep 0.1; done
   fi
-  echo "$otlp_sink"
 }
 
 # Runs "$@" with one variant's settings (LABEL:VAR=VALUE,VAR=VALUE; see
 # --cost) in force, then takes them back. STACK_BINS=DIR runs the
 # binaries in DIR, STACK_REV=REV those built from git revision REV;
-# OTEL_EXPORTER_OTLP_ENDPOINT=sink the local OTLP sink (otlp_sink_url),
+# OTEL_EXPORTER_OTLP_ENDPOINT=sink the local OTLP sink (otlp_sink_start),
 # whose spans received during the run are reported on standard error.
 with_variant() { # VARIANT COMMAND...
   local variant="$1"; shift
@@ -375,7 +375,7 @@ with_variant() { # VARIANT COMMAND...
     [ -n "$pair" ] || continue
     if [ "${pair%%=*}" = STACK_BINS ]; then stack_bin="${pair#*=}"; continue; fi
     if [ "${pair%%=*}" = STACK_REV ]; then stack_bin=$(rev_bins "${pair#*=}"); continue; fi
-    if [ "$pair" = OTEL_EXPORTER_OTLP_ENDPOINT=sink ]; then pair="OTEL_EXPORTER_OTLP_ENDPOINT=$(otlp_sink_url)"; fi
+    if [ "$pair" = OTEL_EXPORTER_OTLP_ENDPOINT=sink ]; then otlp_sink_start; pair="OTEL_EXPORTER_OTLP_ENDPOINT=$otlp_sink"; fi
     export "${pair?}"; names+=("${pair%%=*}")
   done
   local spans0=""
