@@ -4,7 +4,7 @@
 # pgbouncer package; it refuses to run as root, so it runs as `postgres`).
 #
 #   scripts/pgbouncer.sh start [PORT] [PG_PORT]   # default 6543 in front of 5432
-#   scripts/pgbouncer.sh stop [PORT]
+#   scripts/pgbouncer.sh stop [PORT]              # returns once it has exited
 #
 # Every database name is passed through (`*`), each server connection gets
 # the session settings hookinbox cannot send through the pooler
@@ -63,7 +63,9 @@ INI
     ;;
   stop)
     if [ -f "$dir/pgbouncer.pid" ]; then
-      kill "$(cat "$dir/pgbouncer.pid")" 2>/dev/null || true
+      . "$(dirname "$0")/lib/procs.sh"
+      stop_pids "$(cat "$dir/pgbouncer.pid")"
+      rm -f "$dir/pgbouncer.pid"
     fi
     ;;
   *)

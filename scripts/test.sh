@@ -15,12 +15,15 @@
 # process reaching Postgres through a private PgBouncer in transaction
 # mode (scripts/pgbouncer.sh, port 6543), as HOOKINBOX_DB_POOLER=transaction
 # deployments do. The tests' own assertions still read Postgres directly.
+# That PgBouncer is stopped when the run ends, passed, failed or
+# interrupted (one that was already running is left as it was).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib/services.sh
 services_up
 ensure_nextest
 ensure_chromium
+ensure_node
 if [ -z "${HOOKINBOX_GITHUB_FIXTURES:-}" ] && [ -d ../shared/fixtures/github-payloads ]; then
   HOOKINBOX_GITHUB_FIXTURES="$(cd ../shared/fixtures/github-payloads && pwd)"
   export HOOKINBOX_GITHUB_FIXTURES
@@ -29,6 +32,10 @@ cargo build --workspace --bins --examples
 if [ "${1:-}" = "--through-pgbouncer" ]; then
   shift
   ensure_pgbouncer
+  pidfile=/tmp/hookinbox-pgbouncer-6543/pgbouncer.pid
+  if ! { [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; }; then
+    trap 'scripts/pgbouncer.sh stop 6543' EXIT
+  fi
   scripts/pgbouncer.sh start 6543 5432
   export HOOKINBOX_TEST_PGBOUNCER=127.0.0.1:6543
   core='ingest_dedup|github_corpus|ingest_replay_guard|ingest_rate_limits|worker_retries'
@@ -36,8 +43,10 @@ if [ "${1:-}" = "--through-pgbouncer" ]; then
   core+='|operator_cli|retention|reconciler|sources|admin_api'
   # Not the tests that put a proxy of their own in front of Postgres.
   direct='worker_holds_messages_while_postgres_is_unreachable'
-  exec cargo nextest run --workspace --no-fail-fast \
+  # Not `exec`: the trap stops PgBouncer after the run.
+  cargo nextest run --workspace --no-fail-fast \
     -E "binary(it) & test(/^($core)::/) & !test(/$direct/)" "$@"
+  exit
 fi
 cargo nextest run --workspace --no-fail-fast "$@"
 # Tests that restart the shared RabbitMQ run alone, after the suite.

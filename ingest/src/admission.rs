@@ -6,8 +6,13 @@
 //!   never from a declared length. Once three quarters of it are taken a
 //!   new body is refused at once (503, `Retry-After`), while the bodies
 //!   inside may grow into the last quarter; a body that would pass the
-//!   whole budget is refused as it grows. The per-client share keeps any
-//!   one client from taking that last quarter.
+//!   whole budget is refused as it grows. Bodies are kept as the chunks
+//!   that arrived (`body`), never in a buffer that grows by copying, so
+//!   what is counted is what is held. Bodies that declare more than [`LARGE_BODY`] (or no
+//!   length) share at most half the budget, so the small bodies GitHub
+//!   mostly sends still find room while large ones are flooded in; and
+//!   one client holds at most a quarter (each at least one largest body
+//!   while it grows).
 //! - **Slots:** a body being received holds a *receiving* slot
 //!   (`HOOKINBOX_MAX_RECEIVING`), not one of the slots for verified work
 //!   (`HOOKINBOX_MAX_IN_FLIGHT`, taken after the signature), so
@@ -30,9 +35,15 @@ use hookinbox::config::IngestConfig;
 
 use crate::answer::{Outcome, Reject};
 
+/// A body that declares more than this (or no length) is large: all
+/// unverified large bodies together hold at most half the budget.
+pub(crate) const LARGE_BODY: usize = 1024 * 1024;
+
 /// The budget, the slots and the clients' shares, shared by all requests.
 pub(crate) struct Admission {
     budget: usize,
+    /// What unverified large bodies may hold together.
+    large_budget: usize,
     /// New bodies are let in only while less than this is taken.
     admit_below: usize,
     client_budget: usize,
@@ -46,6 +57,8 @@ pub(crate) struct Admission {
 #[derive(Default)]
 struct Ledger {
     buffered: usize,
+    /// Bytes of unverified large bodies.
+    large: usize,
     receiving: usize,
     clients: HashMap<IpAddr, Share>,
 }
@@ -60,10 +73,13 @@ struct Share {
 impl Admission {
     /// The limits of `config`.
     pub(crate) fn new(config: &IngestConfig) -> Arc<Self> {
+        let budget = config.max_buffered_bytes;
+        let one_body = IngestConfig::held_body_bytes(config.max_body_bytes);
         Arc::new(Self {
-            budget: config.max_buffered_bytes,
-            admit_below: config.max_buffered_bytes / 4 * 3,
-            client_budget: (config.max_buffered_bytes / 4).max(config.max_body_bytes),
+            budget,
+            large_budget: (budget / 2).max(one_body),
+            admit_below: budget / 4 * 3,
+            client_budget: (budget / 4).max(one_body),
             max_receiving: config.max_receiving,
             per_client: config.max_unverified_per_client,
             trusted: config.trusted_proxies.clone(),
@@ -83,10 +99,17 @@ impl Admission {
     /// quarters of the budget are taken (503), every receiving slot is
     /// taken (503), or its client already sends its share of unverified
     /// bodies (429).
-    pub(crate) fn enter(self: &Arc<Self>, req: &HttpRequest) -> Result<Ticket, Reject> {
+    pub(crate) fn enter(
+        self: &Arc<Self>,
+        req: &HttpRequest,
+        declared: Option<usize>,
+    ) -> Result<Ticket, Reject> {
+        let large = declared.is_none_or(|n| n > LARGE_BODY);
         let client = client::bucket(client::client(req, &self.trusted));
         let mut ledger = self.ledger();
-        if ledger.buffered >= self.admit_below {
+        if ledger.buffered >= self.admit_below
+            || (large && ledger.large >= self.large_budget / 4 * 3)
+        {
             return Err(over_budget());
         }
         if ledger.receiving >= self.max_receiving {
@@ -115,6 +138,7 @@ impl Admission {
             bytes: 0,
             unverified_bytes: 0,
             receiving: true,
+            large,
         })
     }
 }
@@ -141,6 +165,7 @@ pub(crate) struct Ticket {
     bytes: usize,
     unverified_bytes: usize,
     receiving: bool,
+    large: bool,
 }
 
 impl Ticket {
@@ -154,6 +179,9 @@ impl Ticket {
             return Err(over_budget());
         }
         if self.receiving {
+            if self.large && ledger.large + n > admission.large_budget {
+                return Err(over_budget());
+            }
             let share = ledger.clients.entry(self.client).or_default();
             if share.bytes + n > admission.client_budget {
                 return Err(Reject::new(
@@ -165,11 +193,42 @@ impl Ticket {
             }
             share.bytes += n;
             self.unverified_bytes += n;
+            if self.large {
+                ledger.large += n;
+            }
         }
         ledger.buffered += n;
         self.bytes += n;
         publish(&ledger);
         Ok(())
+    }
+
+    /// Takes `n` bytes without refusing: for a verified body being
+    /// assembled, which must not be lost for want of room.
+    pub(crate) fn force(&mut self, n: usize) {
+        let mut ledger = self.admission.ledger();
+        ledger.buffered += n;
+        self.bytes += n;
+        publish(&ledger);
+    }
+
+    /// Gives back `n` bytes (parts once copied into one body).
+    pub(crate) fn release(&mut self, n: usize) {
+        let n = n.min(self.bytes);
+        let mut ledger = self.admission.ledger();
+        ledger.buffered -= n;
+        self.bytes -= n;
+        if self.receiving {
+            let n = n.min(self.unverified_bytes);
+            self.unverified_bytes -= n;
+            if let Some(share) = ledger.clients.get_mut(&self.client) {
+                share.bytes = share.bytes.saturating_sub(n);
+            }
+            if self.large {
+                ledger.large = ledger.large.saturating_sub(n);
+            }
+        }
+        publish(&ledger);
     }
 
     /// The body is verified: it leaves its receiving slot and its client's
@@ -182,6 +241,9 @@ impl Ticket {
         let mut ledger = self.admission.ledger();
         ledger.receiving -= 1;
         release_share(&mut ledger, self.client, self.unverified_bytes);
+        if self.large {
+            ledger.large = ledger.large.saturating_sub(self.unverified_bytes);
+        }
         self.unverified_bytes = 0;
         publish(&ledger);
     }
@@ -204,6 +266,9 @@ impl Drop for Ticket {
         if self.receiving {
             ledger.receiving -= 1;
             release_share(&mut ledger, self.client, self.unverified_bytes);
+            if self.large {
+                ledger.large = ledger.large.saturating_sub(self.unverified_bytes);
+            }
         }
         publish(&ledger);
     }

@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 use actix_web::http::StatusCode;
 use actix_web::http::header::{self, HeaderMap};
 use actix_web::web;
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
-use hookinbox::job::GITHUB_HEADER_PREFIX;
+use hookinbox::job::is_carried_header;
 use hookinbox::key::KeyError;
 use hookinbox::payload::ContentType;
 
@@ -37,12 +37,12 @@ pub(crate) fn content_type_header(headers: &HeaderMap) -> String {
         .unwrap_or_default()
 }
 
-/// The original `X-GitHub-*` headers, carried with the job so a handler can
-/// pass them on.
+/// The original `X-GitHub-*` headers and `User-Agent`, carried with the
+/// job so a handler can pass them on (see `hookinbox::job::is_carried_header`).
 pub(crate) fn github_headers(headers: &HeaderMap) -> Vec<(String, String)> {
     headers
         .iter()
-        .filter(|(name, _)| name.as_str().starts_with(GITHUB_HEADER_PREFIX))
+        .filter(|(name, _)| is_carried_header(name.as_str()))
         .filter_map(|(name, value)| {
             value
                 .to_str()
@@ -100,6 +100,14 @@ fn too_large(cap: usize) -> Reject {
     )
 }
 
+/// The `Content-Length` the client declared, if any.
+pub(crate) fn declared_length(headers: &HeaderMap) -> Option<usize> {
+    headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok())
+}
+
 /// How a body must arrive.
 pub(crate) struct BodyLimits {
     /// The largest body.
@@ -114,10 +122,52 @@ pub(crate) struct BodyLimits {
 /// The window over which a body's pace is measured once it has started.
 pub(crate) const PACE_WINDOW: Duration = Duration::from_secs(2);
 
-/// The buffer a body starts with, whatever length it declares: a declared
-/// length is a promise from an unverified client, so memory is taken only
-/// as bytes arrive.
-const FIRST_BUFFER: usize = 16 * 1024;
+/// Chunks smaller than this are copied into a shared tail buffer of
+/// [`TAIL`] bytes instead of being kept one by one, so a client that sends
+/// a byte at a time cannot make the list of parts outgrow its bytes.
+const SMALL_CHUNK: usize = 4 * 1024;
+
+/// The tail buffer small chunks are gathered in.
+const TAIL: usize = 16 * 1024;
+
+/// What one kept part costs beyond its bytes (its handle in the list).
+const PART_OVERHEAD: usize = std::mem::size_of::<Bytes>();
+
+/// A body as it arrived: the chunks the server read, kept as they are (no
+/// buffer that grows and copies), small ones gathered. Its bytes are
+/// verified part by part, and assembled only once verified.
+pub(crate) struct Received {
+    parts: Vec<Bytes>,
+    len: usize,
+    /// What the parts took from the budget (bytes and handles).
+    held: usize,
+}
+
+impl Received {
+    /// The parts, in order.
+    pub(crate) fn parts(&self) -> &[Bytes] {
+        &self.parts
+    }
+
+    /// One contiguous body, for a verified request: the single part as
+    /// it is, or the parts copied into one buffer. The copy is counted in
+    /// the budget while both exist, and never refused: the body is
+    /// verified and must not be lost for want of room (the verified
+    /// requests in flight are bounded by `HOOKINBOX_MAX_IN_FLIGHT`).
+    pub(crate) fn assemble(self, ticket: &mut Ticket) -> Bytes {
+        if self.parts.len() == 1 {
+            return self.parts.into_iter().next().unwrap_or_default();
+        }
+        ticket.force(self.len);
+        let mut whole = BytesMut::with_capacity(self.len);
+        for part in &self.parts {
+            whole.extend_from_slice(part);
+        }
+        drop(self.parts);
+        ticket.release(self.held);
+        whole.freeze()
+    }
+}
 
 fn slow(message: String) -> Reject {
     Reject::new(StatusCode::REQUEST_TIMEOUT, Outcome::SlowBody, message)
@@ -127,26 +177,26 @@ fn slow(message: String) -> Reject {
 /// `Content-Length` over the cap is refused before reading), when it falls
 /// below the minimum pace over a window, and when it does not arrive by its
 /// deadline (`timeout` plus the declared length at the minimum pace). Every
-/// byte of buffer is taken from `ticket` before it is allocated.
+/// byte kept is taken from `ticket` before it is kept: memory follows the
+/// bytes that arrived, never a declared length.
 pub(crate) async fn read_body(
     mut body: web::Payload,
     headers: &HeaderMap,
     limits: &BodyLimits,
     ticket: &mut Ticket,
-) -> Result<Bytes, Reject> {
+) -> Result<Received, Reject> {
     let cap = limits.cap;
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok());
+    let declared = declared_length(headers);
     if declared.is_some_and(|n| n > cap) {
         return Err(too_large(cap));
     }
     let expected = declared.unwrap_or(cap);
-    let first = expected.clamp(1, FIRST_BUFFER);
-    ticket.reserve(first)?;
-    let mut buf: Vec<u8> = Vec::with_capacity(first);
-    let mut held = first;
+    let mut received = Received {
+        parts: Vec::new(),
+        len: 0,
+        held: 0,
+    };
+    let mut tail = BytesMut::new();
     let started = Instant::now();
     let allowed =
         limits.timeout + Duration::from_secs_f64(expected as f64 / limits.min_rate.max(1) as f64);
@@ -165,20 +215,29 @@ pub(crate) async fn read_body(
                 ));
             }
             Ok(Some(Ok(chunk))) => {
-                let needed = buf.len() + chunk.len();
-                if needed > cap {
+                if received.len + chunk.len() > cap {
                     return Err(too_large(cap));
                 }
-                if needed > buf.capacity() {
-                    // Grow as a vector would (doubling), but never past the
-                    // declared length or the cap, and take the bytes first.
-                    let target = needed.max((buf.capacity() * 2).min(expected.max(needed)));
-                    ticket.reserve(target - held)?;
-                    held = target;
-                    buf.reserve_exact(target - buf.len());
-                }
-                buf.extend_from_slice(&chunk);
+                received.len += chunk.len();
                 window_bytes += chunk.len() as u64;
+                if chunk.len() < SMALL_CHUNK {
+                    if tail.capacity() - tail.len() < chunk.len() {
+                        // A new tail is taken from the budget before it is
+                        // allocated; the full one becomes a part.
+                        ticket.reserve(TAIL + PART_OVERHEAD)?;
+                        received.held += TAIL + PART_OVERHEAD;
+                        keep(
+                            &mut received,
+                            std::mem::replace(&mut tail, BytesMut::with_capacity(TAIL)),
+                        );
+                    }
+                    tail.extend_from_slice(&chunk);
+                } else {
+                    ticket.reserve(chunk.len() + PART_OVERHEAD)?;
+                    received.held += chunk.len() + PART_OVERHEAD;
+                    keep(&mut received, std::mem::take(&mut tail));
+                    received.parts.push(chunk);
+                }
             }
             Err(_) => {}
         }
@@ -189,7 +248,7 @@ pub(crate) async fn read_body(
         let window = now - window_start;
         if window >= PACE_WINDOW {
             let required = (limits.min_rate as f64 * window.as_secs_f64()) as u64;
-            let remaining = expected.saturating_sub(buf.len()) as u64;
+            let remaining = expected.saturating_sub(received.len) as u64;
             if window_bytes < required.min(remaining) {
                 return Err(slow(format!(
                     "the body arrived slower than {} bytes per second",
@@ -200,5 +259,14 @@ pub(crate) async fn read_body(
             window_bytes = 0;
         }
     }
-    Ok(Bytes::from(buf))
+    keep(&mut received, tail);
+    Ok(received)
+}
+
+/// Keeps a gathered tail as a part (its bytes were taken from the budget
+/// with its buffer); nothing if it is empty.
+fn keep(received: &mut Received, tail: BytesMut) {
+    if !tail.is_empty() {
+        received.parts.push(tail.freeze());
+    }
 }

@@ -33,7 +33,8 @@ use tracing::{Instrument, Span, field};
 use crate::admission::{Admission, Ticket};
 use crate::answer::{Answer, Outcome, Reject};
 use crate::body::{
-    BodyLimits, check_framing, content_type_header, github_headers, read_body, single,
+    BodyLimits, check_framing, content_type_header, declared_length, github_headers, read_body,
+    single,
 };
 use crate::limits::RateLimits;
 use crate::rotation::SecretMatches;
@@ -214,7 +215,7 @@ async fn handle(
     // budget as they arrive ([`crate::admission`]); the slot for work is
     // taken only once the signature verified, so connections that trickle
     // bytes cannot take it from a signed delivery.
-    let mut ticket = state.admission.enter(req)?;
+    let mut ticket = state.admission.enter(req, declared_length(headers))?;
     let (content_type, body) = read_and_verify(state, source, headers, body, &mut ticket)
         .instrument(telemetry::step("ingest.read_and_verify"))
         .await?;
@@ -266,9 +267,9 @@ async fn read_and_verify(
     let signature = single(headers, "x-hub-signature-256")
         .map_err(|_| SignatureError::Duplicated)?
         .ok_or(SignatureError::Missing)?;
-    let position = source.secrets.verify(&body, signature)?;
+    let position = source.secrets.verify_parts(body.parts(), signature)?;
     state.secret_matches.record(&source.name, position);
-    Ok((content_type, body))
+    Ok((content_type, body.assemble(ticket)))
 }
 
 /// A verified request that carries a delivery to claim.

@@ -39,6 +39,7 @@ pub struct IngestApp {
     port: u16,
     metrics_port: u16,
     secret_matches: Arc<SecretMatches>,
+    publisher: Arc<Publisher>,
 }
 
 impl IngestApp {
@@ -91,7 +92,7 @@ impl IngestApp {
             policy: common.policy(),
             config,
             pool,
-            publisher,
+            publisher: publisher.clone(),
             secret_matches: secret_matches.clone(),
         });
         let readiness = web::Data::new(readiness);
@@ -116,6 +117,7 @@ impl IngestApp {
             port,
             metrics_port,
             secret_matches,
+            publisher,
         })
     }
 
@@ -139,9 +141,13 @@ impl IngestApp {
         self.server.handle()
     }
 
-    /// Serves until the server is stopped (SIGTERM, SIGINT or the handle).
+    /// Serves until the server is stopped (SIGTERM, SIGINT or the handle),
+    /// every request in flight answered; then closes the broker connection
+    /// before the runtime stops (see `broker::close`).
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
-        self.server.await
+        let served = self.server.await;
+        self.publisher.close().await;
+        served
     }
 }
 

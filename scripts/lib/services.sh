@@ -13,6 +13,8 @@
 #   ensure_nextest         cargo-nextest, pinned
 #   ensure_chromium        chromium and chromium-driver, pinned
 #   ensure_pgbouncer       pgbouncer, pinned
+#   ensure_node            nodejs and npm, pinned (the octokit app the
+#                          tests run downstream of hookinbox)
 #
 # It never stops or restarts a service that is up.
 #
@@ -30,6 +32,11 @@ NEXTEST_VERSION=0.9.143
 CHROMIUM_VERSION=156.0.8078.114-1~deb12u1
 # The core paths also run through a real PgBouncer (transaction mode).
 PGBOUNCER_VERSION=1.18.0-1+deb12u1
+# The tests run an unmodified @octokit/webhooks app (tests/octokit-app,
+# pinned by its lock file to a release that supports Node.js 18) downstream
+# of hookinbox: Debian's Node.js and npm.
+NODEJS_VERSION=18.20.4+dfsg-1~deb12u3
+NPM_VERSION=9.2.0~ds1-1
 
 services_dry_run() { [ "${HOOKINBOX_INSTALL_DRY_RUN:-}" = 1 ]; }
 
@@ -152,4 +159,14 @@ ensure_pgbouncer() {
   if command -v pgbouncer >/dev/null 2>&1; then return 0; fi
   echo "pgbouncer: installing $PGBOUNCER_VERSION from Debian"
   services_apt_install "pgbouncer=$PGBOUNCER_VERSION"
+}
+
+# Node.js and npm, only when either is missing (a machine may have a newer
+# Node.js from elsewhere, with its own npm: the app runs on 18 and later).
+ensure_node() {
+  if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; then
+    return 0
+  fi
+  echo "nodejs: installing $NODEJS_VERSION and npm $NPM_VERSION from Debian"
+  services_apt_install "nodejs=$NODEJS_VERSION" "npm=$NPM_VERSION"
 }

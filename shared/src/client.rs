@@ -25,18 +25,23 @@ impl FromStr for TrustedProxies {
     /// Parses a comma-separated list; blanks around items are ignored and
     /// an empty list trusts nobody.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let mut nets = Vec::new();
-        for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
-            let net = item
-                .parse::<IpNet>()
-                .or_else(|_| item.parse::<IpAddr>().map(IpNet::from))
-                .map_err(|_| {
-                    format!("'{item}' is neither an address nor a CIDR such as 10.0.0.0/8")
-                })?;
-            nets.push(net.trunc());
-        }
-        Ok(Self(nets))
+        parse_networks(s.split(',')).map(Self)
     }
+}
+
+/// Parses each item as a CIDR or an address (its own /32 or /128),
+/// truncated to its prefix; blank items are skipped; the error names the
+/// item.
+pub fn parse_networks<'a>(items: impl IntoIterator<Item = &'a str>) -> Result<Vec<IpNet>, String> {
+    let mut nets = Vec::new();
+    for item in items.into_iter().map(str::trim).filter(|i| !i.is_empty()) {
+        let net = item
+            .parse::<IpNet>()
+            .or_else(|_| item.parse::<IpAddr>().map(IpNet::from))
+            .map_err(|_| format!("'{item}' is neither an address nor a CIDR such as 10.0.0.0/8"))?;
+        nets.push(net.trunc());
+    }
+    Ok(nets)
 }
 
 impl TrustedProxies {

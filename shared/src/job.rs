@@ -11,6 +11,15 @@ use crate::key::{ClaimToken, EventName, LegKey};
 /// lower case.
 pub const GITHUB_HEADER_PREFIX: &str = "x-github-";
 
+/// Whether a request header (lower-case name) travels with the job: the
+/// `X-GitHub-*` headers, and the sender's `User-Agent` (GitHub's
+/// `GitHub-Hookshot/…`), which a destination signed the GitHub way passes
+/// on as received. Never a signature header: those were made with the
+/// source's secret.
+pub fn is_carried_header(name: &str) -> bool {
+    name.starts_with(GITHUB_HEADER_PREFIX) || name == "user-agent"
+}
+
 /// One leg to run: its key (the delivery's and the destination), what
 /// GitHub said about the delivery, the claim token it was published with,
 /// and the raw body as signed.
@@ -31,7 +40,8 @@ pub struct Job {
     pub attempts: Option<i32>,
     /// The original `Content-Type`.
     pub content_type: String,
-    /// The original `X-GitHub-*` request headers (lower-case names).
+    /// The original `X-GitHub-*` request headers and `User-Agent`
+    /// (lower-case names; see [`is_carried_header`]).
     pub github_headers: Vec<(String, String)>,
     /// The raw body, as signed.
     pub body: Bytes,

@@ -16,6 +16,7 @@
 //! - [`signature`]: `X-Hub-Signature-256` parsing and constant-time checks.
 //! - [`payload`]: the JSON and form body shapes, and the `action` field.
 //! - [`job`]: `Job`, one delivery on its way to a worker.
+//! - [`egress`]: which addresses a `forward` destination may connect to.
 //!
 //! The state machine and the adapters:
 //! - [`deliveries`]: the delivery state machine, one module. `mod.rs` is
@@ -61,6 +62,7 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod deliveries;
+pub mod egress;
 pub mod failpoints;
 pub mod job;
 pub mod key;

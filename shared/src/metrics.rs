@@ -105,6 +105,12 @@ pub const SAMPLER_LEADER: &str = "hookinbox_sampler_leader";
 /// Attempts of each destination's legs, by `source`, `destination` and
 /// `result` (`ok`, `transient`, `permanent`, `destination`, `blocked`).
 pub const DESTINATION_ATTEMPTS: &str = "hookinbox_destination_attempts_total";
+/// Attempts of a `forward` destination refused by the egress policy
+/// before anything was sent, by `source`, `destination` and `reason`
+/// (`loopback`, `private`, `link_local`, `metadata`, `cgnat`,
+/// `unique_local`, `multicast`, `unspecified`, `broadcast`, `reserved`),
+/// and redirects not followed (`redirect`).
+pub const DESTINATION_BLOCKED: &str = "hookinbox_destination_blocked_total";
 /// How long a destination took to answer an attempt, by `source` and
 /// `destination`.
 pub const DESTINATION_REQUEST_SECONDS: &str = "hookinbox_destination_request_seconds";
@@ -366,6 +372,10 @@ fn describe() {
     describe_counter!(
         DESTINATION_ATTEMPTS,
         "Attempts of destinations' legs by source, destination and result"
+    );
+    describe_counter!(
+        DESTINATION_BLOCKED,
+        "Forward attempts refused by the egress policy (and redirects not followed) by source, destination and reason"
     );
     describe_histogram!(
         DESTINATION_REQUEST_SECONDS,

@@ -92,8 +92,16 @@ impl Secret {
 
     /// Checks `signature` over `body` in constant time.
     pub fn verify(&self, body: &[u8], signature: &Signature) -> bool {
+        self.verify_parts(&[body], signature)
+    }
+
+    /// Checks `signature` over the body given as consecutive `parts` (as
+    /// it arrived), without assembling it.
+    pub fn verify_parts<P: AsRef<[u8]>>(&self, parts: &[P], signature: &Signature) -> bool {
         let mut mac = self.mac();
-        mac.update(body);
+        for part in parts {
+            mac.update(part.as_ref());
+        }
         // `verify_slice` compares with `subtle`, in constant time.
         mac.verify_slice(signature.as_bytes()).is_ok()
     }
@@ -134,10 +142,19 @@ impl Secrets {
     /// Verifies a raw signature header against `body`. On success returns
     /// the position of the secret that matched, so rotation can be watched.
     pub fn verify(&self, body: &[u8], header: &[u8]) -> Result<usize, SignatureError> {
+        self.verify_parts(&[body], header)
+    }
+
+    /// [`Secrets::verify`] over a body given as consecutive `parts`.
+    pub fn verify_parts<P: AsRef<[u8]>>(
+        &self,
+        parts: &[P],
+        header: &[u8],
+    ) -> Result<usize, SignatureError> {
         let signature = Signature::parse(header)?;
         self.0
             .iter()
-            .position(|secret| secret.verify(body, &signature))
+            .position(|secret| secret.verify_parts(parts, &signature))
             .ok_or(SignatureError::Mismatch)
     }
 }
@@ -153,6 +170,16 @@ mod tests {
             secret.sign(b"Hello, World!"),
             "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17"
         );
+    }
+
+    #[test]
+    fn a_body_in_parts_verifies_as_the_whole_does() {
+        let secrets = Secrets::new(vec![Secret::new("It's a Secret to Everybody")]);
+        let header = b"sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17";
+        let parts: [&[u8]; 3] = [b"Hello", b", ", b"World!"];
+        assert_eq!(secrets.verify_parts(&parts, header).ok(), Some(0));
+        let wrong: [&[u8]; 2] = [b"Hello, ", b"World?"];
+        assert!(secrets.verify_parts(&wrong, header).is_err());
     }
 
     #[test]

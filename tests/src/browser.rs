@@ -95,16 +95,31 @@ impl Browser {
     }
 
     /// Ends the session and stops chromedriver.
-    pub async fn close(mut self) {
+    pub async fn close(self) {
         let _ = self.client.clone().close().await;
-        let _ = self.driver.kill();
-        let _ = self.driver.wait();
-        let _ = std::fs::remove_dir_all(&self.profile);
+        // Drop stops what is left.
     }
 }
 
 impl Drop for Browser {
+    /// Stops the browser's processes (found by their profile folder: a
+    /// chromedriver killed without ending its session leaves Chromium
+    /// running), then chromedriver, and removes the profile.
     fn drop(&mut self) {
+        let flag = format!("--user-data-dir={}", self.profile.display());
+        let pids = std::fs::read_dir("/proc").into_iter().flatten().flatten();
+        for entry in pids {
+            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            let ours = cmdline.split(|b| *b == 0).any(|arg| arg == flag.as_bytes());
+            if ours {
+                let _ = Command::new("kill")
+                    .arg("-9")
+                    .arg(entry.file_name())
+                    .status();
+            }
+        }
         let _ = self.driver.kill();
+        let _ = self.driver.wait();
+        let _ = std::fs::remove_dir_all(&self.profile);
     }
 }

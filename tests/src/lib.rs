@@ -11,9 +11,11 @@ pub mod browser;
 pub mod fixtures;
 pub mod github;
 pub mod handlers;
+pub mod octokit;
 pub mod otlp;
 pub mod proxy;
 pub mod receiver;
+pub mod tls_receiver;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -99,6 +101,11 @@ pub fn one_leg(claim: &hookinbox::deliveries::Claim) -> OneLeg {
     }
 }
 
+/// The networks the tests' `forward` destinations may reach
+/// (`HOOKINBOX_FORWARD_ALLOW_NETWORKS`): their receivers listen on
+/// loopback, which the egress policy refuses by default.
+pub const LOOPBACK_NETWORKS: &str = "127.0.0.0/8";
+
 /// The secret most tests sign with.
 pub const SECRET: &str = "It's a Secret to Everybody";
 
@@ -126,6 +133,21 @@ where
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// A counter's value in a scrape: the series of `name` whose labels
+/// include every one of `labels`.
+pub fn counter(scrape: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    scrape
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .find(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .and_then(|l| l.rsplit_once(' '))
+        .and_then(|(_, v)| v.parse().ok())
 }
 
 /// Creates a database named `<prefix>_<uuid>` and migrates it; returns its
@@ -269,6 +291,9 @@ impl TestEnv {
         args.retry_base_ms = Some(100);
         args.retry_max_ms = Some(2000);
         args.scheduler_interval_ms = 50;
+        // The tests' receivers listen on loopback, which the egress policy
+        // refuses by default: named here, as local development names it.
+        args.forward_allow_networks = Some(LOOPBACK_NETWORKS.to_owned());
         args
     }
 
@@ -890,7 +915,10 @@ impl TestEnv {
                 "HOOKINBOX_METRICS_LISTEN",
                 format!("127.0.0.1:{metrics_port}"),
             )
-            .env("HOOKINBOX_LOG_FORMAT", "json");
+            .env("HOOKINBOX_LOG_FORMAT", "json")
+            // The receivers are local (see [`LOOPBACK_NETWORKS`]); `extra`
+            // may say otherwise.
+            .env("HOOKINBOX_FORWARD_ALLOW_NETWORKS", LOOPBACK_NETWORKS);
         for (k, v) in extra {
             cmd.env(k, v);
         }

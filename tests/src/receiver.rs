@@ -99,6 +99,12 @@ async fn receive(req: HttpRequest, body: web::Bytes, state: web::Data<State>) ->
     let mut response =
         HttpResponse::build(actix_web::http::StatusCode::from_u16(reply.status).expect("status"));
     for (k, v) in reply.headers {
+        // `Connection: close` closes the connection after the answer, so
+        // that the next request connects (and resolves) again.
+        if k.eq_ignore_ascii_case("connection") && v.eq_ignore_ascii_case("close") {
+            response.force_close();
+            continue;
+        }
         response.insert_header((k, v));
     }
     response.body(reply.body)

@@ -37,6 +37,9 @@ const SHARED: Table = Table {
         ("failpoints", &[]),
         // 1 message.
         ("job", &["key"]),
+        // 1 policy: the egress policy reads CIDR lists as the trusted
+        // proxies do.
+        ("egress", &["client"]),
         // 1 adapter.
         ("postgres", &[]),
         // 2 state machine.
@@ -57,6 +60,7 @@ const SHARED: Table = Table {
                 "telemetry",
                 "shutdown",
                 "failpoints",
+                "egress",
                 "job",
                 "postgres",
                 "deliveries",

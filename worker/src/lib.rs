@@ -50,7 +50,7 @@ mod runtime;
 pub use cli::Cli;
 pub use context::RuntimeError;
 pub use handlers::{
-    Answer, Completion, Effect, Forward, Handler, HandlerError, Registry, Router, RouterError,
-    SIGNATURE_HEADER, Store, classify, from_config, retry_after,
+    Answer, Completion, Effect, Forward, GITHUB_SIGNATURE_HEADER, Handler, HandlerError, Registry,
+    Router, RouterError, SIGNATURE_HEADER, Store, classify, from_config, retry_after,
 };
 pub use runtime::{DrainReport, JobOutcome, Worker};

@@ -8,7 +8,7 @@ use lapin::types::{AMQPValue, FieldTable, ShortString};
 
 use super::long_string;
 use crate::deliveries::DeadLetter;
-use crate::job::{GITHUB_HEADER_PREFIX, Job, JobTrace};
+use crate::job::{Job, JobTrace, is_carried_header};
 use crate::key::{ClaimToken, EventName, LegKey};
 
 const H_PROVIDER: &str = "hookinbox-provider";
@@ -128,7 +128,7 @@ pub fn decode(properties: &BasicProperties, data: Vec<u8>) -> Result<Job, Malfor
     let github_headers = headers
         .inner()
         .iter()
-        .filter(|(name, _)| name.as_str().starts_with(GITHUB_HEADER_PREFIX))
+        .filter(|(name, _)| is_carried_header(name.as_str()))
         .filter_map(|(name, value)| match value {
             AMQPValue::LongString(s) => std::str::from_utf8(s.as_bytes())
                 .ok()

@@ -79,7 +79,8 @@ pub async fn connect(url: &str, name: &str, timeout: Duration) -> Result<Connect
 }
 
 /// Connects, opens a channel and declares the topology on it: what a
-/// consumer, the drain and the dead-letter reconciler each need first.
+/// consumer, the drain and the dead-letter reconciler each need first. A
+/// connection whose channel fails is closed before the error returns.
 pub async fn open_channel(
     url: &str,
     name: &str,
@@ -87,7 +88,70 @@ pub async fn open_channel(
     topology: &Topology,
 ) -> Result<(Connection, Channel), BrokerError> {
     let connection = connect(url, name, timeout).await?;
-    let channel = connection.create_channel().await?;
-    topology.declare(&channel).await?;
-    Ok((connection, channel))
+    let setup = async {
+        let channel = connection.create_channel().await?;
+        topology.declare(&channel).await?;
+        Ok::<_, lapin::Error>(channel)
+    };
+    match setup.await {
+        Ok(channel) => Ok((connection, channel)),
+        Err(e) => {
+            close(connection, (), "setup failed").await;
+            Err(e.into())
+        }
+    }
+}
+
+/// How long [`close`] waits for the broker's close-ok, and then again for
+/// the connection's I/O loop to end.
+pub const CLOSE_WAIT: Duration = Duration::from_secs(5);
+
+/// Closes `connection` and waits until its I/O loop has ended; then drops
+/// `held`: the caller's channels and consumers of that connection.
+///
+/// The order matters to a clean stop. lapin runs each connection's I/O in
+/// a thread of its own that polls the socket through this runtime: a loop
+/// still running when the runtime stops logs `ERROR lapin::io_loop … A
+/// Tokio 1.x context was found, but it is being shutdown`. A channel
+/// dropped while its connection is open closes itself in the background,
+/// and when the connection's close overtakes that, lapin logs `ERROR …
+/// invalid channel state: Closing` (an active consumer dropped does the same
+/// with its cancel); dropped once the connection is closed, they do
+/// nothing. So every connection ends here, its channels
+/// after it, before its binary's runtime stops.
+///
+/// Returns false when the loop had not ended within [`CLOSE_WAIT`] (an
+/// unanswered close; the broker's heartbeat ends it later).
+pub async fn close<H>(connection: Connection, held: H, reason: &str) -> bool {
+    close_within(connection, held, reason, CLOSE_WAIT).await
+}
+
+/// [`close`], waiting at most `wait` for each step.
+pub async fn close_within<H>(
+    connection: Connection,
+    held: H,
+    reason: &str,
+    wait: Duration,
+) -> bool {
+    if connection.status().connected() {
+        match tokio::time::timeout(wait, connection.close(200, reason)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::debug!(error = %e, "closing a RabbitMQ connection failed"),
+            Err(_) => tracing::debug!(?wait, "RabbitMQ did not answer a connection close"),
+        }
+    }
+    // Joining the loop's thread blocks; it is joined on a thread of its
+    // own (not the runtime's blocking pool, which the runtime's stop would
+    // wait for), and a loop that does not end is left to the process's
+    // exit.
+    let (ended, joined) = tokio::sync::oneshot::channel();
+    let joiner = std::thread::Builder::new()
+        .name("lapin-close".to_owned())
+        .spawn(move || {
+            let _ = connection.run();
+            let _ = ended.send(());
+        });
+    let done = joiner.is_ok() && matches!(tokio::time::timeout(wait, joined).await, Ok(Ok(())));
+    drop(held);
+    done
 }

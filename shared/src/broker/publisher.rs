@@ -12,7 +12,7 @@ use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection};
 use tokio::sync::Mutex;
 
-use super::{BrokerError, DEAD_ROUTING_KEY, Topology, connect, message};
+use super::{BrokerError, DEAD_ROUTING_KEY, Topology, close_within, connect, message};
 use crate::deliveries::DeadLetter;
 use crate::job::Job;
 use crate::key::{DestinationName, SourceName};
@@ -45,6 +45,8 @@ struct PublisherState {
     /// After a failed connect, publishes fail fast for a moment instead of
     /// each waiting out its own connect timeout against a dead broker.
     failed_at: Option<Instant>,
+    /// Closed for good ([`Publisher::close`]): no publish reconnects.
+    closed: bool,
 }
 
 /// How long publishes fail fast after a failed connect.
@@ -92,6 +94,9 @@ impl Publisher {
 
     async fn channel(&self) -> Result<Channel, BrokerError> {
         let mut state = self.state.lock().await;
+        if state.closed {
+            return Err(BrokerError::Unavailable("publisher closed".to_owned()));
+        }
         if let Some(channel) = &state.channel
             && channel.status().connected()
         {
@@ -103,9 +108,10 @@ impl Publisher {
             return Err(BrokerError::Unavailable("reconnecting".to_owned()));
         }
         if let Some(old) = state.connection.take() {
-            // Best effort: the old connection is usually dead already.
-            let _ =
-                tokio::time::timeout(Duration::from_millis(100), old.close(200, "reconnect")).await;
+            // Best effort: the old connection is usually dead already. Its
+            // channel goes after it (see `broker::close`).
+            let channel = state.channel.take();
+            close_within(old, channel, "reconnect", Duration::from_millis(100)).await;
         }
         state.channel = None;
         match self.open().await {
@@ -136,13 +142,13 @@ impl Publisher {
                 .await?;
             Ok::<_, lapin::Error>(channel)
         };
-        match tokio::time::timeout(self.timeout, setup).await {
-            Ok(Ok(channel)) => Ok((connection, channel)),
-            Ok(Err(e)) => Err(BrokerError::Unavailable(e.to_string())),
-            Err(_) => Err(BrokerError::Unavailable(
-                "topology declare timed out".to_owned(),
-            )),
-        }
+        let failed = match tokio::time::timeout(self.timeout, setup).await {
+            Ok(Ok(channel)) => return Ok((connection, channel)),
+            Ok(Err(e)) => BrokerError::Unavailable(e.to_string()),
+            Err(_) => BrokerError::Unavailable("topology declare timed out".to_owned()),
+        };
+        close_within(connection, (), "setup failed", self.timeout).await;
+        Err(failed)
     }
 
     /// Drops the channel if it is still the one that failed, so the next
@@ -326,12 +332,14 @@ impl Publisher {
         }
     }
 
-    /// Closes the connection.
+    /// Closes the connection and waits for its I/O loop to end (see
+    /// `broker::close`); publishes after this fail instead of reconnecting.
     pub async fn close(&self) {
         let mut state = self.state.lock().await;
-        state.channel = None;
+        state.closed = true;
+        let channel = state.channel.take();
         if let Some(connection) = state.connection.take() {
-            let _ = connection.close(200, "shutdown").await;
+            super::close(connection, channel, "shutdown").await;
         }
     }
 }

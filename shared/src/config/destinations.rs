@@ -7,21 +7,18 @@
 //! `handler = { … }`, and the single-source variables, describe one
 //! destination named after its kind.
 
+use std::collections::BTreeMap;
 use std::num::NonZeroU16;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::secrets::{inline_secret, read};
+use super::forward::{FileHeaderValue, ForwardConfig, ForwardFields, forward_config};
 use super::sources::{EventFilter, RateLimit};
 use super::{ConfigError, parse_duration_text};
 use crate::key::{DestinationName, EventName};
 use crate::retry::Schedule;
-use crate::signature::Secret;
-
-/// The default forward timeout.
-pub const DEFAULT_FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The retry schedule of a `forward` destination that sets none: nine
 /// attempts over about 33 hours (at least 26 with jitter), longer than a
@@ -41,18 +38,10 @@ pub const DEFAULT_FORWARD_SCHEDULE: [Duration; 8] = [
 /// GitHub's own delivery log holds three days.
 pub const DEFAULT_DISABLE_AFTER: Duration = Duration::from_secs(72 * 3600);
 
-/// Settings of a `forward` destination.
-#[derive(Clone, Debug)]
-pub struct ForwardConfig {
-    /// Where to POST.
-    pub url: reqwest::Url,
-    /// Signs each request (`X-Hookinbox-Signature-256`) when set.
-    pub secret: Option<Secret>,
-    /// Request timeout.
-    pub timeout: Duration,
-}
-
 /// What a destination does with a leg.
+// Built once at start, a few per source: the size of a forward's settings
+// costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub enum DestinationKind {
     /// Write the event into `github_events`.
@@ -281,6 +270,12 @@ pub(super) struct FileDestination {
     secret: Option<String>,
     secret_file: Option<PathBuf>,
     timeout_ms: Option<u64>,
+    signature: Option<String>,
+    headers: Option<BTreeMap<String, FileHeaderValue>>,
+    allow_networks: Option<Vec<String>>,
+    ca_file: Option<PathBuf>,
+    client_cert_file: Option<PathBuf>,
+    client_key_file: Option<PathBuf>,
     #[serde(default)]
     events: Vec<String>,
     #[serde(default)]
@@ -309,55 +304,6 @@ struct FileBreakerSettings {
     probe_secs: Option<u64>,
 }
 
-/// The settings of a `forward` destination (or of a source's old forward
-/// handler), `at` naming each field.
-pub(super) fn forward_config(
-    at: &dyn Fn(&str) -> String,
-    url: &str,
-    secret: Option<String>,
-    secret_file: Option<PathBuf>,
-    timeout_ms: Option<u64>,
-) -> Result<ForwardConfig, ConfigError> {
-    let url = parse_forward_url(&at("url"), url)?;
-    let secret = match (secret, secret_file) {
-        (Some(_), Some(_)) => {
-            return Err(ConfigError::field(
-                &at("secret"),
-                "give secret or secret_file, not both",
-            ));
-        }
-        (Some(s), None) => Some(inline_secret(&at("secret"), &s)?),
-        (None, Some(file)) => {
-            let field = at("secret_file");
-            Some(inline_secret(&field, &read(&field, &file)?)?)
-        }
-        (None, None) => None,
-    };
-    if timeout_ms == Some(0) {
-        return Err(ConfigError::field(&at("timeout_ms"), "must be at least 1"));
-    }
-    Ok(ForwardConfig {
-        url,
-        secret,
-        timeout: timeout_ms
-            .map(Duration::from_millis)
-            .unwrap_or(DEFAULT_FORWARD_TIMEOUT),
-    })
-}
-
-/// Parses a forward URL (http or https).
-pub fn parse_forward_url(field: &str, raw: &str) -> Result<reqwest::Url, ConfigError> {
-    let url = reqwest::Url::parse(raw)
-        .map_err(|e| ConfigError::field(field, format!("not a valid URL ({e})")))?;
-    if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
-        return Err(ConfigError::field(
-            field,
-            "must be an http:// or https:// URL with a host",
-        ));
-    }
-    Ok(url)
-}
-
 impl FileDestination {
     /// Validates one destination; `at("field")` names
     /// `sources[i].destinations[j].field`.
@@ -369,6 +315,12 @@ impl FileDestination {
             ("secret", self.secret.is_some()),
             ("secret_file", self.secret_file.is_some()),
             ("timeout_ms", self.timeout_ms.is_some()),
+            ("signature", self.signature.is_some()),
+            ("headers", self.headers.is_some()),
+            ("allow_networks", self.allow_networks.is_some()),
+            ("ca_file", self.ca_file.is_some()),
+            ("client_cert_file", self.client_cert_file.is_some()),
+            ("client_key_file", self.client_key_file.is_some()),
         ];
         let kind = match self.kind.as_str() {
             "forward" => {
@@ -379,9 +331,17 @@ impl FileDestination {
                 DestinationKind::Forward(forward_config(
                     at,
                     url,
-                    self.secret,
-                    self.secret_file,
-                    self.timeout_ms,
+                    ForwardFields {
+                        secret: self.secret,
+                        secret_file: self.secret_file,
+                        timeout_ms: self.timeout_ms,
+                        signature: self.signature,
+                        headers: self.headers,
+                        allow_networks: self.allow_networks,
+                        ca_file: self.ca_file,
+                        client_cert_file: self.client_cert_file,
+                        client_key_file: self.client_key_file,
+                    },
                 )?)
             }
             other => {
@@ -606,11 +566,11 @@ mod tests {
         let store = Destination::of_kind(DestinationKind::Store);
         assert_eq!(store.name.as_str(), "store");
         assert!(store.breaker.is_none());
-        let forward = Destination::of_kind(DestinationKind::Forward(ForwardConfig {
-            url: reqwest::Url::parse("http://127.0.0.1:1/").expect("url"),
-            secret: None,
-            timeout: DEFAULT_FORWARD_TIMEOUT,
-        }));
+        let forward = Destination::of_kind(DestinationKind::Forward(ForwardConfig::new(
+            reqwest::Url::parse("http://127.0.0.1:1/").expect("url"),
+            None,
+            super::super::DEFAULT_FORWARD_TIMEOUT,
+        )));
         assert_eq!(forward.name.as_str(), "forward");
         assert_eq!(forward.breaker, Some(Breaker::default()));
     }

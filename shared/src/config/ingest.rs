@@ -77,9 +77,9 @@ pub struct IngestArgs {
     pub body_timeout_ms: u64,
 
     /// Bytes of request bodies held in memory at once, across all
-    /// requests (verified or not); past it a request is refused with 503
-    /// and `Retry-After`, and the requests inside are unharmed. At least
-    /// `HOOKINBOX_MAX_BODY_BYTES`.
+    /// requests (verified or not); past three quarters a new request is
+    /// refused with 503 and `Retry-After`. At least what the largest body
+    /// takes (`HOOKINBOX_MAX_BODY_BYTES` and about 2 %).
     #[arg(
         long,
         env = "HOOKINBOX_MAX_BUFFERED_BYTES",
@@ -183,17 +183,29 @@ pub struct IngestConfig {
     pub github_hooks: Option<HookRanges>,
 }
 
+impl IngestConfig {
+    /// The most a body of `max_body_bytes` takes from the budget while it
+    /// is received: its bytes, the handles of its parts (at most one per
+    /// 4 KiB) and one 16 KiB buffer for its small chunks.
+    pub fn held_body_bytes(max_body_bytes: usize) -> usize {
+        max_body_bytes
+            .saturating_add(max_body_bytes / 64)
+            .saturating_add(17 * 1024)
+    }
+}
+
 impl IngestArgs {
     /// Checks every setting and loads the sources and their secrets.
     pub fn validate(self) -> Result<IngestConfig, ConfigError> {
         let common = self.common.validate()?;
         let sources = self.sources.load(SecretNeed::Required)?;
-        if self.max_buffered_bytes < self.max_body_bytes {
+        let one_body = IngestConfig::held_body_bytes(self.max_body_bytes);
+        if self.max_buffered_bytes < one_body {
             return Err(ConfigError::field(
                 "HOOKINBOX_MAX_BUFFERED_BYTES",
                 format!(
-                    "is {} bytes, less than HOOKINBOX_MAX_BODY_BYTES ({}): a body of the largest \
-                     size could never be received",
+                    "is {} bytes, less than one body of HOOKINBOX_MAX_BODY_BYTES ({}) takes while \
+                     it is received ({one_body}): such a body could never be received",
                     self.max_buffered_bytes, self.max_body_bytes
                 ),
             ));

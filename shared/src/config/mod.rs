@@ -19,6 +19,7 @@ use crate::deliveries::Policy;
 use crate::postgres::{DEFAULT_REQUEST_TIMEOUT, DbError, PoolOptions, Pooler};
 
 mod destinations;
+mod forward;
 mod github;
 mod ingest;
 mod secrets;
@@ -27,8 +28,12 @@ mod sources_args;
 mod worker;
 
 pub use destinations::{
-    Breaker, DEFAULT_DISABLE_AFTER, DEFAULT_FORWARD_SCHEDULE, DEFAULT_FORWARD_TIMEOUT, Destination,
-    DestinationKind, Filtered, ForwardConfig, RepositoryFilter, parse_forward_url,
+    Breaker, DEFAULT_DISABLE_AFTER, DEFAULT_FORWARD_SCHEDULE, Destination, DestinationKind,
+    Filtered, RepositoryFilter,
+};
+pub use forward::{
+    DEFAULT_FORWARD_TIMEOUT, ExtraHeader, ForwardConfig, ForwardSignature, ForwardTls,
+    parse_forward_url,
 };
 pub use github::{
     DEFAULT_API_URL, DEFAULT_INTERVAL_SECS, DEFAULT_MAX_REDELIVERIES, DEFAULT_MIN_AGE_SECS,

@@ -14,9 +14,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::destinations::{
-    Destination, DestinationKind, FileDestination, check_all, forward_config,
-};
+use super::destinations::{Destination, DestinationKind, FileDestination, check_all};
+use super::forward::{FileHeaderValue, ForwardFields, forward_config};
 use super::secrets::{inline_secret, read, secrets_from_lines};
 use super::{ConfigError, GithubSettings};
 use crate::key::{EventName, HookId, SourceName};
@@ -213,6 +212,8 @@ enum HookIdValue {
     Text(String),
 }
 
+// Read once at start.
+#[allow(clippy::large_enum_variant)]
 #[derive(Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
 enum FileHandler {
@@ -222,6 +223,12 @@ enum FileHandler {
         secret: Option<String>,
         secret_file: Option<PathBuf>,
         timeout_ms: Option<u64>,
+        signature: Option<String>,
+        headers: Option<BTreeMap<String, FileHeaderValue>>,
+        allow_networks: Option<Vec<String>>,
+        ca_file: Option<PathBuf>,
+        client_cert_file: Option<PathBuf>,
+        client_key_file: Option<PathBuf>,
     },
 }
 
@@ -322,12 +329,32 @@ pub fn from_toml(text: &str) -> Result<Vec<Source>, ConfigError> {
                     secret,
                     secret_file,
                     timeout_ms,
+                    signature,
+                    headers,
+                    allow_networks,
+                    ca_file,
+                    client_cert_file,
+                    client_key_file,
                 }),
                 _,
             ) => {
                 let field = |f: &str| at(&format!("handler.{f}"));
                 vec![Destination::of_kind(DestinationKind::Forward(
-                    forward_config(&field, &url, secret, secret_file, timeout_ms)?,
+                    forward_config(
+                        &field,
+                        &url,
+                        ForwardFields {
+                            secret,
+                            secret_file,
+                            timeout_ms,
+                            signature,
+                            headers,
+                            allow_networks,
+                            ca_file,
+                            client_cert_file,
+                            client_key_file,
+                        },
+                    )?,
                 ))]
             }
         };

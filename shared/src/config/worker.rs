@@ -15,6 +15,7 @@ use super::{
     parse_forward_url,
 };
 use crate::deliveries::Retention;
+use crate::egress::AllowNetworks;
 use crate::key::{DestinationName, SourceName};
 use crate::retry::{Retries, RetryPolicy, Schedule};
 
@@ -133,6 +134,27 @@ pub struct WorkerArgs {
         default_value_t = DEFAULT_FORWARD_TIMEOUT.as_millis() as u64
     )]
     pub forward_timeout_ms: u64,
+
+    /// Networks every `forward` destination may reach in spite of the
+    /// egress policy (loopback, private, link-local, … are refused by
+    /// default): comma-separated CIDRs, e.g. `127.0.0.0/8` for local
+    /// development. A destination's `allow_networks` adds its own.
+    #[arg(
+        long,
+        env = "HOOKINBOX_FORWARD_ALLOW_NETWORKS",
+        value_name = "HOOKINBOX_FORWARD_ALLOW_NETWORKS"
+    )]
+    pub forward_allow_networks: Option<String>,
+
+    /// A hosts file (`ADDRESS NAME…` lines) that `forward` consults before
+    /// DNS, re-read at every resolution; its answers pass the same egress
+    /// policy. For tests and air-gapped setups.
+    #[arg(
+        long,
+        env = "HOOKINBOX_FORWARD_HOSTS_FILE",
+        value_name = "HOOKINBOX_FORWARD_HOSTS_FILE"
+    )]
+    pub forward_hosts_file: Option<PathBuf>,
 
     /// The webhook sources (the same group as ingest's).
     #[command(flatten)]
@@ -506,15 +528,14 @@ impl WorkerArgs {
                         "is required with HOOKINBOX_HANDLER=forward",
                     )
                 })?;
-                DestinationKind::Forward(ForwardConfig {
-                    url: parse_forward_url("HOOKINBOX_FORWARD_URL", url)?,
-                    secret: self
-                        .forward_secret
+                DestinationKind::Forward(ForwardConfig::new(
+                    parse_forward_url("HOOKINBOX_FORWARD_URL", url)?,
+                    self.forward_secret
                         .as_deref()
                         .map(|s| inline_secret("HOOKINBOX_FORWARD_SECRET", s))
                         .transpose()?,
-                    timeout: Duration::from_millis(self.forward_timeout_ms),
-                })
+                    Duration::from_millis(self.forward_timeout_ms),
+                ))
             }
         })
     }
@@ -619,12 +640,25 @@ impl WorkerArgs {
             };
             sources.push((source.name, destinations));
         }
+        let allow_networks: AllowNetworks = self
+            .forward_allow_networks
+            .as_deref()
+            .unwrap_or("")
+            .parse()
+            .map_err(|e| invalid("HOOKINBOX_FORWARD_ALLOW_NETWORKS", e))?;
+        let hosts_file = self.forward_hosts_file.clone();
         let routes = sources
             .into_iter()
             .flat_map(|(source, destinations)| {
                 destinations.into_iter().map(move |d| (source.clone(), d))
             })
-            .map(|(source, destination)| {
+            .map(|(source, mut destination)| {
+                // The worker's egress settings apply to every forward
+                // destination, beside its own allowed networks.
+                if let DestinationKind::Forward(forward) = &mut destination.kind {
+                    forward.allow_networks = forward.allow_networks.union(&allow_networks);
+                    forward.hosts_file = hosts_file.clone();
+                }
                 let retries = match (&destination.retry, &destination.kind) {
                     (Some(schedule), _) => Retries::Schedule(schedule.clone()),
                     (None, DestinationKind::Forward(_)) if !exponential_forward => {

@@ -227,8 +227,10 @@ impl PrivateRabbit {
 }
 
 impl Drop for PrivateRabbit {
+    /// Stops the node and waits until its process has exited.
     fn drop(&mut self) {
-        let _ = self.ctl(&["stop"]);
+        let pid_file = self.dir.join("pid");
+        let _ = self.ctl(&["stop", &pid_file.to_string_lossy()]);
     }
 }
 
@@ -282,8 +284,11 @@ struct PrivatePgbouncer {
 }
 
 impl PrivatePgbouncer {
-    fn start(pg_port: u16) -> anyhow::Result<Self> {
+    /// Starts it, its port written to `root/pgbouncer.port` (where
+    /// `scripts/faults.sh` finds it if the suite is interrupted).
+    fn start(root: &Path, pg_port: u16) -> anyhow::Result<Self> {
         let port = free_port();
+        std::fs::write(root.join("pgbouncer.port"), port.to_string())?;
         let ok = std::process::Command::new("bash")
             .args(["scripts/pgbouncer.sh", "start"])
             .arg(port.to_string())
@@ -415,6 +420,8 @@ impl Suite {
             .env("HOOKINBOX_MAX_ATTEMPTS", "50")
             .env("HOOKINBOX_PUBLISH_TIMEOUT_MS", "2000")
             .env("HOOKINBOX_CONCURRENCY", "4")
+            // The relay's receiver is local: let forward reach loopback.
+            .env("HOOKINBOX_FORWARD_ALLOW_NETWORKS", "127.0.0.0/8")
             .env("HOOKINBOX_METRICS_LISTEN", "127.0.0.1:0")
             .env("HOOKINBOX_LOG_FORMAT", "json")
             .env("HOOKINBOX_QUEUE_PREFIX", "faults");
@@ -757,7 +764,7 @@ async fn main() -> anyhow::Result<()> {
     )?;
     let pgbouncer = match std::env::var_os("HOOKINBOX_FAULT_PGBOUNCER") {
         Some(v) if !v.is_empty() => {
-            let pgbouncer = PrivatePgbouncer::start(pg.port)?;
+            let pgbouncer = PrivatePgbouncer::start(&root, pg.port)?;
             eprintln!(
                 "faults: ingest and workers go through PgBouncer on port {}",
                 pgbouncer.port
@@ -1145,6 +1152,9 @@ async fn main() -> anyhow::Result<()> {
     if let Some(i) = suite.ingest.as_mut() {
         let _ = i.kill().await;
     }
+    // Its Postgres, RabbitMQ node and PgBouncer stop while their folders
+    // still exist (`pg_ctl stop` needs the data directory).
+    drop(suite);
     if failed {
         bail!("{summary}");
     }

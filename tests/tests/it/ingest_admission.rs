@@ -207,27 +207,27 @@ async fn a_declared_length_takes_no_memory_and_past_the_budget_a_body_is_refused
     .await;
     let held = gauge(&ingest, "hookinbox_ingest_buffered_bytes").await;
     assert!(
-        held > 0.0 && held <= 30.0 * 16384.0,
+        held > 0.0 && held <= 30.0 * 17.0 * 1024.0,
         "30 bodies that sent a few bytes hold {held} bytes"
     );
 
     // A signed delivery, half sent, then keeping pace: it is inside.
-    let inside = body_of(200 * 1024);
+    let inside = body_of(150 * 1024);
     let stream = open(
         Ipv4Addr::LOCALHOST,
         port,
         inside.len(),
         &sign(SECRET, &inside),
         "",
-        &inside[..100 * 1024],
+        &inside[..75 * 1024],
     )
     .await;
-    let inside = Paced::start(stream, inside[100 * 1024..].to_vec());
+    let inside = Paced::start(stream, inside[75 * 1024..].to_vec());
     wait_until(
         "the half body buffered",
         Duration::from_secs(30),
         || async {
-            gauge(&ingest, "hookinbox_ingest_buffered_bytes").await >= held + 100.0 * 1024.0
+            gauge(&ingest, "hookinbox_ingest_buffered_bytes").await >= held + 75.0 * 1024.0
         },
     )
     .await;
@@ -482,5 +482,60 @@ async fn a_body_below_the_minimum_pace_is_cut_and_a_long_one_at_pace_gets_time_f
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     assert_eq!(status(&mut stream).await, 202);
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn large_bodies_flooding_in_leave_room_for_small_signed_deliveries() {
+    let env = TestEnv::new().await;
+    // Large unverified bodies (over 1 MiB declared) hold at most half of
+    // this 8 MiB budget together.
+    let ingest = spawn_ingest(
+        &env,
+        &[
+            ("HOOKINBOX_MAX_BODY_BYTES", "2000000"),
+            ("HOOKINBOX_MAX_BUFFERED_BYTES", "8388608"),
+            ("HOOKINBOX_MIN_BODY_BYTES_PER_SEC", "1"),
+            ("HOOKINBOX_BODY_TIMEOUT_MS", "120000"),
+        ],
+    )
+    .await;
+    let port = ingest.port;
+    let big = body_of(2_000_000);
+    let mut floods = Vec::new();
+    for n in 0..6 {
+        let stream = open(
+            attacker(n),
+            port,
+            big.len(),
+            UNSIGNED,
+            "",
+            &big[..1_900_000],
+        )
+        .await;
+        floods.push(Paced::start(stream, big[1_900_000..].to_vec()));
+    }
+    // Six would take 12 MB: once the large bodies' half is full, the
+    // others are refused.
+    wait_until("a large body refused", Duration::from_secs(30), || async {
+        let (_, metrics) = ingest.scrape("/metrics").await;
+        metrics
+            .lines()
+            .any(|l| l.contains("outcome=\"over_budget\"") && !l.ends_with(" 0"))
+    })
+    .await;
+    let held = gauge(&ingest, "hookinbox_ingest_buffered_bytes").await;
+    assert!(
+        held <= 4.0 * 1024.0 * 1024.0,
+        "large bodies hold {held} bytes"
+    );
+    for _ in 0..5 {
+        assert_eq!(
+            signed(port, 4096).await,
+            202,
+            "a small signed delivery finds room"
+        );
+    }
+    drop(floods);
     env.cleanup().await;
 }

@@ -411,25 +411,85 @@ async fn slow_clients_time_out_and_do_not_hold_up_others() {
 }
 
 #[tokio::test]
-async fn past_the_in_flight_limit_ingest_sheds_load_at_once_with_429() {
+async fn past_the_in_flight_limit_ingest_sheds_verified_load_at_once_with_429() {
     let env = TestEnv::new().await;
     let ingest = env.spawn(
         "hookinbox-ingest",
         &[
             ("HOOKINBOX_GITHUB_SECRET", SECRET),
             ("HOOKINBOX_MAX_IN_FLIGHT", "1"),
-            // The holder below keeps its slot for the whole test, even on
-            // a loaded machine.
-            ("HOOKINBOX_BODY_TIMEOUT_MS", "60000"),
+            ("HOOKINBOX_CLAIM_BATCH", "1"),
         ],
     );
     let base = format!("http://127.0.0.1:{}", ingest.port);
     ingest.wait_ready().await;
-    // Requests whose bodies are still arriving hold the only slot. Several
-    // connections, so that the slot is held even if one of them waits to
-    // be dispatched.
+    // A lock on the claims table holds a verified request in its claim,
+    // and so in the only slot for verified work.
+    let mut locker = hookinbox_tests::connect(&env.app_database_url()).await;
+    let lock = locker.transaction().await.expect("begin");
+    lock.batch_execute("lock table deliveries in exclusive mode")
+        .await
+        .expect("lock");
+    let body = fixtures::own("push");
+    let send = |body: Vec<u8>, base: String| async move {
+        let started = std::time::Instant::now();
+        let status = reqwest::Client::new()
+            .post(format!("{base}/webhooks/github"))
+            .header("content-type", "application/json")
+            .header("x-github-event", "push")
+            .header("x-github-delivery", uuid::Uuid::new_v4().to_string())
+            .header("x-hub-signature-256", sign(SECRET, &body))
+            .body(body)
+            .send()
+            .await
+            .expect("answer")
+            .status()
+            .as_u16();
+        (status, started.elapsed())
+    };
+    // Each request waits on the lock while it holds the slot, or is shed:
+    // send them one after another (the first waits) until one is shed.
+    let mut waiting = Vec::new();
+    let shed = loop {
+        let task = tokio::spawn(send(fixtures::unique(&body), base.clone()));
+        match tokio::time::timeout(Duration::from_secs(2), task).await {
+            Ok(answer) => break answer.expect("send"),
+            Err(_) => waiting.push(()),
+        }
+        assert!(waiting.len() < 5, "no request was shed");
+    };
+    assert_eq!(shed.0, 429);
+    assert!(
+        shed.1 < Duration::from_secs(1),
+        "shed at once, not queued: {:?}",
+        shed.1
+    );
+    lock.commit().await.expect("unlock");
+    hookinbox_tests::wait_until("the slot to free", Duration::from_secs(20), || async {
+        send(fixtures::unique(&body), base.clone()).await.0 == 202
+    })
+    .await;
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn past_the_receiving_limit_ingest_sheds_unverified_bodies_at_once_with_503() {
+    let env = TestEnv::new().await;
+    let ingest = env.spawn(
+        "hookinbox-ingest",
+        &[
+            ("HOOKINBOX_GITHUB_SECRET", SECRET),
+            ("HOOKINBOX_MAX_RECEIVING", "2"),
+            // The holders below keep their slots for the whole test.
+            ("HOOKINBOX_BODY_TIMEOUT_MS", "60000"),
+            ("HOOKINBOX_MIN_BODY_BYTES_PER_SEC", "1"),
+        ],
+    );
+    let base = format!("http://127.0.0.1:{}", ingest.port);
+    ingest.wait_ready().await;
+    // Bodies still arriving hold the two receiving slots.
     let mut holders = Vec::new();
-    for i in 0..4 {
+    for i in 0..2 {
         let mut holder = TcpStream::connect(("127.0.0.1", ingest.port))
             .await
             .expect("connect");
@@ -437,7 +497,7 @@ async fn past_the_in_flight_limit_ingest_sheds_load_at_once_with_429() {
             .write_all(
                 format!(
                     "POST /webhooks/github HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
-                     X-GitHub-Event: push\r\nX-GitHub-Delivery: o{i}\r\nX-Hub-Signature-256: sha256=00\r\nContent-Length: 100\r\n\r\n{{"
+                     X-GitHub-Event: push\r\nX-GitHub-Delivery: o{i}\r\nX-Hub-Signature-256: sha256=00\r\nContent-Length: 3\r\n\r\n{{"
                 )
                 .as_bytes(),
             )
@@ -448,37 +508,37 @@ async fn past_the_in_flight_limit_ingest_sheds_load_at_once_with_429() {
     let body = fixtures::own("push");
     let send = || async {
         let started = std::time::Instant::now();
-        let status = reqwest::Client::new()
+        let body = fixtures::unique(&body);
+        let answer = reqwest::Client::new()
             .post(format!("{base}/webhooks/github"))
             .header("content-type", "application/json")
             .header("x-github-event", "push")
             .header("x-github-delivery", uuid::Uuid::new_v4().to_string())
             .header("x-hub-signature-256", sign(SECRET, &body))
-            .body(body.clone())
+            .body(body)
             .send()
             .await
-            .expect("answer")
-            .status()
-            .as_u16();
-        (status, started.elapsed())
+            .expect("answer");
+        let retry_after = answer.headers().get("retry-after").cloned();
+        (answer.status().as_u16(), started.elapsed(), retry_after)
     };
-    // The slot is taken once the holder's head is parsed.
-    // On a loaded machine that can take a moment: keep sending (each one
-    // answered 202 while the slot is free) for up to 20 s.
+    // The slots are taken once the holders' heads are parsed; on a loaded
+    // machine that can take a moment.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     let mut answer = send().await;
-    while answer.0 != 429 && std::time::Instant::now() < deadline {
+    while answer.0 != 503 && std::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
         answer = send().await;
     }
-    assert_eq!(answer.0, 429);
+    assert_eq!(answer.0, 503);
+    assert_eq!(answer.2.as_ref().and_then(|v| v.to_str().ok()), Some("1"));
     assert!(
         answer.1 < Duration::from_secs(1),
         "shed at once, not queued: {:?}",
         answer.1
     );
     drop(holders);
-    hookinbox_tests::wait_until("the slot to free", Duration::from_secs(20), || async {
+    hookinbox_tests::wait_until("the slots to free", Duration::from_secs(20), || async {
         send().await.0 == 202
     })
     .await;

@@ -9,7 +9,7 @@ use std::time::Duration;
 use chrono::Utc;
 use hookinbox_tests::github::{self, FakeGithub, Fault, HookPath};
 use hookinbox_tests::{
-    Hook, SECRET, TestEnv, TestIngest, fixtures, free_port, settle, worker_command,
+    Hook, SECRET, TestEnv, TestIngest, counter, fixtures, free_port, settle, worker_command,
 };
 use serde_json::Value;
 
@@ -914,21 +914,6 @@ async fn a_repository_hook_read_as_an_app_uses_an_installation_token() {
         String::from_utf8_lossy(&out.stderr)
     );
     env.cleanup().await;
-}
-
-/// A counter's value in a scrape: the series of `name` whose labels
-/// include every one of `labels`.
-fn counter(scrape: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    scrape
-        .lines()
-        .filter(|l| l.starts_with(&format!("{name}{{")))
-        .find(|l| {
-            labels
-                .iter()
-                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
-        })
-        .and_then(|l| l.rsplit_once(' '))
-        .and_then(|(_, v)| v.parse().ok())
 }
 
 /// What the alerts read, from a running worker: its passes

@@ -28,7 +28,11 @@ fn spawn_worker(env: &TestEnv, extra: &[(&str, &str)]) -> tokio::process::Child 
         .env("HOOKINBOX_QUEUE_PREFIX", &env.prefix)
         .env("HOOKINBOX_AUTO_MIGRATE", "false")
         .env("HOOKINBOX_METRICS_LISTEN", "127.0.0.1:0")
-        .env("HOOKINBOX_SHUTDOWN_GRACE_SECS", "1");
+        .env("HOOKINBOX_SHUTDOWN_GRACE_SECS", "1")
+        .env(
+            "HOOKINBOX_FORWARD_ALLOW_NETWORKS",
+            hookinbox_tests::LOOPBACK_NETWORKS,
+        );
     for (k, v) in extra {
         cmd.env(k, v);
     }

@@ -36,6 +36,7 @@ pub struct AdminApp {
     port: u16,
     metrics_port: u16,
     stop_runner: CancellationToken,
+    runner: tokio::task::JoinHandle<()>,
 }
 
 /// Connections the console keeps: a page takes at most two at once.
@@ -71,7 +72,7 @@ impl AdminApp {
             wake_runner: Arc::new(tokio::sync::Notify::new()),
         });
         let stop_runner = CancellationToken::new();
-        jobs::spawn(state.clone(), stop_runner.clone());
+        let runner = jobs::spawn(state.clone(), stop_runner.clone());
         let ready = web::Data::new(readiness(pool));
         let server = HttpServer::new(move || {
             // Registered last, run first: the host check before anything,
@@ -143,6 +144,7 @@ impl AdminApp {
             port,
             metrics_port,
             stop_runner,
+            runner,
         })
     }
 
@@ -162,11 +164,13 @@ impl AdminApp {
     }
 
     /// Serves until the server is stopped (SIGTERM, SIGINT or the handle),
-    /// then stops the job runner (a job left running is resumed by the
-    /// next console once its lease expires).
+    /// then stops the job runner and waits for it, its jobs' broker
+    /// connections closed (a job left running is resumed by the next
+    /// console once its lease expires).
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
         let result = self.server.await;
         self.stop_runner.cancel();
+        let _ = self.runner.await;
         result
     }
 }

@@ -1,15 +1,25 @@
 //! The `forward` handler: POSTs each leg's raw body to its destination's URL.
 //!
 //! The request carries the body byte for byte, the original `X-GitHub-*`
-//! headers and `Content-Type`, and `Idempotency-Key:
-//! <provider>:<source>:<hook_id>:<delivery_id>:<destination>`. With a
-//! forward secret it also carries `X-Hookinbox-Signature-256:
-//! sha256=<hex>`, the HMAC-SHA256 of the body, so the receiver can check
-//! where it came from.
+//! headers and `Content-Type`, the destination's extra `headers`, and
+//! `Idempotency-Key: <provider>:<source>:<hook_id>:<delivery_id>:<destination>`.
+//! GitHub's own signature headers are never passed on (they were made with
+//! the source's secret). With the destination's secret it signs the body
+//! as its `signature` says: `github` sends `X-Hub-Signature-256:
+//! sha256=<hex>` and GitHub's `User-Agent` as received, so that an
+//! unmodified GitHub webhook receiver (an octokit or Probot app) verifies
+//! it with its own secret; `hookinbox` sends `X-Hookinbox-Signature-256`;
+//! `none` sends neither.
 //!
 //! A crash between the POST and the completion sends the same leg again,
-//! always with the same `Idempotency-Key`: receivers must dedupe on it.
-//! That is the price of an effect outside Postgres.
+//! always with the same `Idempotency-Key` and `X-GitHub-Delivery`:
+//! receivers must dedupe on it. That is the price of an effect outside
+//! Postgres.
+//!
+//! Every connection passes the egress policy first (`egress.rs`): a
+//! refused address sends nothing and fails the attempt as
+//! [`HandlerError::Blocked`], counted in
+//! `hookinbox_destination_blocked_total`.
 //!
 //! The answer is classified ([`classify`]): 2xx is done; 408, 429 and 5xx
 //! are worth retrying; an answer that says the destination itself is wrong
@@ -22,87 +32,186 @@
 //! With traces on, each attempt is a span and the request carries its W3C
 //! `traceparent`, so the receiver's own spans join the delivery's trace.
 
+use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::{Bytes, BytesMut};
 use reqwest::StatusCode;
-use reqwest::header::{CONTENT_TYPE, HeaderMap, RETRY_AFTER};
+use reqwest::header::{CONTENT_TYPE, HeaderMap, RETRY_AFTER, USER_AGENT};
 
-use hookinbox::config::ForwardConfig;
+use hookinbox::config::{ForwardConfig, ForwardSignature};
 use hookinbox::deliveries::EXCERPT_BYTES;
+use hookinbox::egress::{Blocked, Reason};
 use hookinbox::job::Job;
-use hookinbox::signature::Secret;
+use hookinbox::key::{DestinationName, SourceName};
 use hookinbox::telemetry::SpanTrace;
 use hookinbox::telemetry::context::TRACEPARENT;
 use tracing::Instrument;
 
+use super::egress::{GuardedResolver, blocked_in, literal_address};
 use super::{Effect, Handler, HandlerError};
 
-/// The header carrying the forward signature.
+/// The header carrying the hookinbox-style forward signature.
 pub const SIGNATURE_HEADER: &str = "x-hookinbox-signature-256";
 
-/// Builds the one pooled HTTP client a worker shares between its `forward`
-/// sources. Redirects are not followed: a 3xx answer to a POST is a
-/// misconfiguration, not a place to resend the payload.
-pub fn client() -> Result<reqwest::Client, reqwest::Error> {
-    reqwest::Client::builder()
+/// The header carrying the GitHub-style forward signature.
+pub const GITHUB_SIGNATURE_HEADER: &str = "x-hub-signature-256";
+
+/// GitHub's signature headers: never passed on from the original request.
+const GITHUB_SIGNATURES: [&str; 2] = ["x-hub-signature-256", "x-hub-signature"];
+
+/// Builds the HTTP client of one `forward` destination. Redirects are not
+/// followed: a 3xx answer to a POST is a misconfiguration, not a place to
+/// resend the payload. No proxy is used: a proxy would resolve the name
+/// itself, past the egress policy. Its resolver checks every address it
+/// connects to; its TLS trusts the destination's `ca_file` (instead of the
+/// built-in roots) and presents its client certificate, when set.
+fn client(config: &ForwardConfig) -> Result<reqwest::Client, reqwest::Error> {
+    let mut builder = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .dns_resolver(Arc::new(GuardedResolver::new(
+            config.allow_networks.clone(),
+            config.hosts_file.clone(),
+        )))
         .pool_idle_timeout(Duration::from_secs(60))
-        .user_agent(concat!("hookinbox/", env!("CARGO_PKG_VERSION")))
-        .build()
+        .user_agent(concat!("hookinbox/", env!("CARGO_PKG_VERSION")));
+    if let Some(roots) = &config.tls.roots {
+        builder = builder.tls_built_in_root_certs(false);
+        for root in roots {
+            builder = builder.add_root_certificate(root.clone());
+        }
+    }
+    if let Some(identity) = &config.tls.identity {
+        builder = builder.identity(identity.clone());
+    }
+    builder.build()
 }
 
-/// POSTs deliveries to one URL.
+/// POSTs deliveries to one destination.
 pub struct Forward {
     client: reqwest::Client,
-    url: reqwest::Url,
-    secret: Option<Secret>,
-    timeout: Duration,
+    config: ForwardConfig,
+    /// The address the URL names directly, checked at each attempt (no
+    /// resolver sees it).
+    literal: Option<IpAddr>,
+    source: SourceName,
+    destination: DestinationName,
 }
 
 impl Forward {
-    /// A forwarder using the shared `client`.
-    pub fn new(client: reqwest::Client, config: &ForwardConfig) -> Self {
-        Self {
-            client,
-            url: config.url.clone(),
-            secret: config.secret.clone(),
-            timeout: config.timeout,
+    /// The forwarder of destination `destination` of `source`, with an
+    /// HTTP client of its own (its TLS and egress settings are its own).
+    pub fn new(
+        source: &SourceName,
+        destination: &DestinationName,
+        config: &ForwardConfig,
+    ) -> Result<Self, reqwest::Error> {
+        Ok(Self {
+            client: client(config)?,
+            literal: literal_address(&config.url),
+            config: config.clone(),
+            source: source.clone(),
+            destination: destination.clone(),
+        })
+    }
+
+    /// Counts and logs a refusal (with the address, never the URL or the
+    /// payload) and says what failed.
+    fn refused(&self, blocked: Blocked) -> HandlerError {
+        self.count_refusal(blocked.reason);
+        tracing::warn!(
+            source = %self.source,
+            destination = %self.destination,
+            address = %blocked.address,
+            reason = %blocked.reason,
+            "forward refused by the egress policy: nothing was sent"
+        );
+        HandlerError::Blocked {
+            message: blocked.to_string(),
         }
+    }
+
+    fn count_refusal(&self, reason: Reason) {
+        metrics::counter!(
+            hookinbox::metrics::DESTINATION_BLOCKED,
+            "source" => self.source.as_str().to_owned(),
+            "destination" => self.destination.as_str().to_owned(),
+            "reason" => reason.as_str()
+        )
+        .increment(1);
+    }
+
+    /// The request of `job`: its body, headers and signature.
+    fn request(&self, job: &Job) -> reqwest::RequestBuilder {
+        let github = self.config.signature == ForwardSignature::Github;
+        let mut request = self
+            .client
+            .post(self.config.url.clone())
+            .timeout(self.config.timeout)
+            .header(CONTENT_TYPE, &job.content_type)
+            .header("idempotency-key", job.key.idempotency_key());
+        for (name, value) in &job.github_headers {
+            if GITHUB_SIGNATURES.contains(&name.as_str()) {
+                continue;
+            }
+            if name == "user-agent" {
+                // GitHub's `GitHub-Hookshot/…`, for a receiver that looks.
+                if github {
+                    request = request.header(USER_AGENT, value.as_str());
+                }
+                continue;
+            }
+            request = request.header(name.as_str(), value.as_str());
+        }
+        for extra in &self.config.headers {
+            request = request.header(extra.name.clone(), extra.value.clone());
+        }
+        if let Some(secret) = &self.config.secret {
+            match self.config.signature {
+                ForwardSignature::Github => {
+                    request = request.header(GITHUB_SIGNATURE_HEADER, secret.sign(&job.body));
+                }
+                ForwardSignature::Hookinbox => {
+                    request = request.header(SIGNATURE_HEADER, secret.sign(&job.body));
+                }
+                ForwardSignature::None => {}
+            }
+        }
+        // `Bytes` clones share the buffer: the body is not copied.
+        request.body(job.body.clone())
     }
 }
 
 #[async_trait::async_trait]
 impl Handler for Forward {
     async fn handle(&self, job: &Job, effect: &mut Effect) -> Result<(), HandlerError> {
-        let mut request = self
-            .client
-            .post(self.url.clone())
-            .timeout(self.timeout)
-            .header(CONTENT_TYPE, &job.content_type)
-            .header("idempotency-key", job.key.idempotency_key());
-        for (name, value) in &job.github_headers {
-            request = request.header(name.as_str(), value.as_str());
-        }
-        if let Some(secret) = &self.secret {
-            request = request.header(SIGNATURE_HEADER, secret.sign(&job.body));
+        // An address in the URL never reaches the resolver: check it here,
+        // at every attempt, as the resolver checks a name's.
+        if let Some(ip) = self.literal {
+            self.config
+                .allow_networks
+                .check(ip)
+                .map_err(|blocked| self.refused(blocked))?;
         }
         // The attempt's span, when traces are on; its `traceparent` goes
         // with the request so the receiver continues the delivery's trace.
         let span = attempt_span();
+        let mut request = self.request(job);
         if let Some(traceparent) = span.traceparent() {
             request = request.header(TRACEPARENT, traceparent);
         }
-        // `Bytes` clones share the buffer: the body is not copied.
-        let sent = request
-            .body(job.body.clone())
-            .send()
-            .instrument(span.clone())
-            .await;
-        match sent {
+        match request.send().instrument(span.clone()).await {
             Ok(mut response) => {
                 let status = response.status();
                 span.record("http.response.status_code", status.as_u16());
+                if status.is_redirection() {
+                    // Not followed, wherever it points: counted with the
+                    // refusals (the Location is not logged: it may carry a
+                    // token).
+                    self.count_refusal(Reason::Redirect);
+                }
                 let answer = classify(status, response.headers(), SystemTime::now());
                 effect.note_answer(Some(status.as_u16()), excerpt(&mut response).await);
                 // The receiver has the delivery; the completion has not
@@ -113,11 +222,14 @@ impl Handler for Forward {
                 answer
             }
             // Messages name the failure, never the URL (it may carry a token).
-            Err(e) if e.is_timeout() => Err(HandlerError::transient(format!(
-                "receiver did not answer within {:?}",
-                self.timeout
-            ))),
-            Err(e) => Err(unreachable(&e)),
+            Err(e) => Err(match blocked_in(&e) {
+                Some(blocked) => self.refused(blocked),
+                None if e.is_timeout() => HandlerError::transient(format!(
+                    "receiver did not answer within {:?}",
+                    self.config.timeout
+                )),
+                None => unreachable(&e),
+            }),
         }
     }
 }
@@ -253,6 +365,119 @@ pub fn retry_after(value: &str, now: SystemTime) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hookinbox::key::{DeliveryId, DeliveryKey, EventName, HookId};
+    use hookinbox::signature::Secret;
+
+    fn job(body: &str, headers: &[(&str, &str)]) -> Job {
+        let key = DeliveryKey::github(
+            SourceName::default_source(),
+            HookId::parse(Some(b"123")).expect("hook id"),
+            DeliveryId::parse(b"d-1").expect("delivery id"),
+        );
+        Job {
+            key: key.leg(DestinationName::parse("app").expect("name")),
+            event: EventName::parse(b"push").expect("event"),
+            action: None,
+            token: hookinbox::key::ClaimToken(uuid::Uuid::nil()),
+            attempts: None,
+            content_type: "application/json".to_owned(),
+            github_headers: headers
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            body: Bytes::from(body.to_owned()),
+            trace: hookinbox::job::JobTrace::default(),
+        }
+    }
+
+    fn built(signature: ForwardSignature, secret: Option<&str>, job: &Job) -> reqwest::Request {
+        let mut config = ForwardConfig::new(
+            reqwest::Url::parse("https://receiver.example/hook").expect("url"),
+            secret.map(Secret::new),
+            Duration::from_secs(1),
+        );
+        config.signature = signature;
+        let forward = Forward::new(
+            &SourceName::default_source(),
+            &DestinationName::parse("app").expect("name"),
+            &config,
+        )
+        .expect("client");
+        forward.request(job).build().expect("request")
+    }
+
+    #[test]
+    fn github_signing_matches_githubs_test_vector_and_passes_githubs_headers() {
+        // docs.github.com, "Validating webhook deliveries": the secret
+        // "It's a Secret to Everybody" over "Hello, World!".
+        let headers = [
+            ("x-github-delivery", "d-1"),
+            ("x-github-event", "push"),
+            ("x-github-hook-id", "123"),
+            ("x-github-hook-installation-target-type", "repository"),
+            ("x-github-hook-installation-target-id", "42"),
+            ("user-agent", "GitHub-Hookshot/abc1234"),
+            // Never carried, but never passed on if it were.
+            ("x-hub-signature-256", "sha256=made-with-the-source-secret"),
+            ("x-hub-signature", "sha1=made-with-the-source-secret"),
+        ];
+        let job = job("Hello, World!", &headers);
+        let request = built(
+            ForwardSignature::Github,
+            Some("It's a Secret to Everybody"),
+            &job,
+        );
+        let h = request.headers();
+        assert_eq!(
+            h.get("x-hub-signature-256").and_then(|v| v.to_str().ok()),
+            Some("sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17")
+        );
+        assert!(h.get("x-hub-signature").is_none());
+        assert!(h.get(SIGNATURE_HEADER).is_none());
+        for (name, value) in &headers[..6] {
+            assert_eq!(
+                h.get(*name).and_then(|v| v.to_str().ok()),
+                Some(*value),
+                "{name}"
+            );
+        }
+        assert_eq!(
+            h.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()),
+            Some("application/json")
+        );
+        assert_eq!(
+            request.body().and_then(|b| b.as_bytes()),
+            Some(&b"Hello, World!"[..])
+        );
+    }
+
+    #[test]
+    fn hookinbox_signing_keeps_its_header_and_none_sends_no_signature() {
+        let job = job(
+            "Hello, World!",
+            &[
+                ("user-agent", "GitHub-Hookshot/abc1234"),
+                ("x-hub-signature-256", "sha256=x"),
+            ],
+        );
+        let request = built(
+            ForwardSignature::Hookinbox,
+            Some("It's a Secret to Everybody"),
+            &job,
+        );
+        let h = request.headers();
+        assert_eq!(
+            h.get(SIGNATURE_HEADER).and_then(|v| v.to_str().ok()),
+            Some("sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17")
+        );
+        assert!(h.get("x-hub-signature-256").is_none());
+        assert!(h.get(USER_AGENT).is_none(), "the client's own, set at send");
+        let request = built(ForwardSignature::None, None, &job);
+        let h = request.headers();
+        for name in [SIGNATURE_HEADER, "x-hub-signature-256", "x-hub-signature"] {
+            assert!(h.get(name).is_none(), "{name}");
+        }
+    }
 
     #[test]
     fn retry_after_both_forms() {

@@ -40,11 +40,12 @@ use hookinbox::postgres::{DbError, Refusal, describe};
 use hookinbox::retry::Retries;
 
 mod effect;
+mod egress;
 mod forward;
 mod store;
 
 pub use effect::{Answer, Completion, Effect};
-pub use forward::{Forward, SIGNATURE_HEADER, classify, retry_after};
+pub use forward::{Forward, GITHUB_SIGNATURE_HEADER, SIGNATURE_HEADER, classify, retry_after};
 pub use store::Store;
 
 /// How a handler failed. The runtime records it and decides what follows:
@@ -93,6 +94,16 @@ pub enum HandlerError {
         /// It said it is gone for good (`410 Gone`).
         gone: bool,
     },
+    /// The egress policy refused every address of the destination
+    /// (`hookinbox::egress`): nothing was sent. A failure of the
+    /// destination, as an unreachable one: with a breaker, the attempt is
+    /// given back, the leg held and the breaker opens at once; without
+    /// one, it is transient.
+    #[error("{message}")]
+    Blocked {
+        /// What was refused and why (the address, never the URL).
+        message: String,
+    },
 }
 
 impl HandlerError {
@@ -120,7 +131,7 @@ impl HandlerError {
                 ErrorClass::Permanent
             }
             Self::Db(_) | Self::Unavailable(_) | Self::Fenced => ErrorClass::Db,
-            Self::Destination { .. } => ErrorClass::Held,
+            Self::Destination { .. } | Self::Blocked { .. } => ErrorClass::Held,
         }
     }
 
@@ -144,11 +155,14 @@ impl HandlerError {
     /// is recorded as what it would otherwise be.
     pub fn failure(&self, retries: &Retries, attempts: i32, breaker: bool) -> Failure {
         match self {
-            Self::Destination { message, .. } if breaker => Failure {
+            Self::Destination { message, .. } | Self::Blocked { message } if breaker => Failure {
                 class: ErrorClass::Held,
                 message: message.clone(),
                 retry_in: Some(Duration::ZERO),
             },
+            Self::Blocked { .. } => {
+                retries.decide(ErrorClass::Transient, self.to_string(), None, attempts)
+            }
             Self::Destination { answered, .. } => {
                 let class = if *answered {
                     ErrorClass::Permanent
@@ -264,17 +278,19 @@ pub enum RouterError {
 }
 
 /// Builds the handler of every configured destination: the built-in ones,
-/// and `registry`'s for the kinds it names (one pooled HTTP client serves
-/// all `forward` destinations).
+/// and `registry`'s for the kinds it names (each `forward` destination has
+/// a pooled HTTP client of its own: its TLS and egress settings are its
+/// own).
 pub fn from_config(routes: &[Route], registry: &Registry) -> Result<Arc<dyn Handler>, RouterError> {
-    let client = forward::client()?;
     let mut handlers = BTreeMap::new();
     let mut firsts = BTreeMap::new();
     for route in routes {
         let d = &route.destination;
         let handler: Arc<dyn Handler> = match &d.kind {
             DestinationKind::Store => Arc::new(Store),
-            DestinationKind::Forward(forward) => Arc::new(Forward::new(client.clone(), forward)),
+            DestinationKind::Forward(forward) => {
+                Arc::new(Forward::new(&route.source, &d.name, forward)?)
+            }
             DestinationKind::Custom(kind) => {
                 registry
                     .get(kind)

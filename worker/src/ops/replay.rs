@@ -140,54 +140,17 @@ pub(super) async fn replay(
         return Ok(Found::from_count(targets.len()));
     }
     let publisher = config.common.publisher("hookinbox-ops");
-    if !targets.is_empty() {
-        publisher.connect().await?;
-    }
-    let policy = config.common.policy();
-    let mut ticker = options.rate.map(|r| {
-        let mut t = tokio::time::interval(Duration::from_secs_f64(1.0 / r));
-        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        t
-    });
-    let (mut replayed, mut skipped, mut failed) = (Vec::new(), 0usize, 0usize);
-    for target in &targets {
-        if let Some(t) = ticker.as_mut() {
-            t.tick().await;
+    // The publisher is closed however the replays end (see
+    // `broker::close`).
+    let published = async {
+        if !targets.is_empty() {
+            publisher.connect().await?;
         }
-        // The compare-and-set decides: a delivery replayed meanwhile (or by
-        // a second run of this command) is skipped, never started twice.
-        let parked = match deliveries::replay(&client, &policy, &target.key).await? {
-            Replayed::Started(parked) => parked,
-            Replayed::NotFailed => {
-                skipped += 1;
-                continue;
-            }
-            Replayed::NoBody => {
-                no_body.push(target.clone());
-                continue;
-            }
-            Replayed::Unreadable(unreadable) => {
-                // Its parked body cannot become a job: back among the dead
-                // letters, with the reason.
-                deliveries::dead_letter_unreadable(&client, &unreadable).await?;
-                failed += 1;
-                continue;
-            }
-        };
-        let token = parked.job.token;
-        let published = publisher
-            .publish(&parked.job)
-            .await
-            .map_err(|e| e.to_string());
-        match published {
-            Ok(()) => replayed.push(target.key.delivery_id.as_str().to_owned()),
-            Err(error) => {
-                deliveries::unreplay(&client, &target.key, token, &error).await?;
-                failed += 1;
-            }
-        }
+        replay_each(&client, config, &publisher, &targets, options, &mut no_body).await
     }
+    .await;
     publisher.close().await;
+    let (replayed, skipped, failed) = published?;
     if !replayed.is_empty() {
         reconcile_dead_letter_queue(pool, config).await?;
     }
@@ -216,6 +179,64 @@ pub(super) async fn replay(
         return Err(OpsError::Publish { failed });
     }
     Ok(Found::from_count(replayed.len()))
+}
+
+/// Replays each target at the rate asked: its delivery ids replayed, and
+/// how many were skipped and failed. Deliveries without a body join
+/// `no_body`.
+async fn replay_each(
+    client: &deadpool_postgres::Client,
+    config: &WorkerConfig,
+    publisher: &broker::Publisher,
+    targets: &[Delivery],
+    options: Options,
+    no_body: &mut Vec<Delivery>,
+) -> Result<(Vec<String>, usize, usize), OpsError> {
+    let policy = config.common.policy();
+    let mut ticker = options.rate.map(|r| {
+        let mut t = tokio::time::interval(Duration::from_secs_f64(1.0 / r));
+        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        t
+    });
+    let (mut replayed, mut skipped, mut failed) = (Vec::new(), 0usize, 0usize);
+    for target in targets {
+        if let Some(t) = ticker.as_mut() {
+            t.tick().await;
+        }
+        // The compare-and-set decides: a delivery replayed meanwhile (or by
+        // a second run of this command) is skipped, never started twice.
+        let parked = match deliveries::replay(client, &policy, &target.key).await? {
+            Replayed::Started(parked) => parked,
+            Replayed::NotFailed => {
+                skipped += 1;
+                continue;
+            }
+            Replayed::NoBody => {
+                no_body.push(target.clone());
+                continue;
+            }
+            Replayed::Unreadable(unreadable) => {
+                // Its parked body cannot become a job: back among the dead
+                // letters, with the reason.
+                deliveries::dead_letter_unreadable(client, &unreadable).await?;
+                failed += 1;
+                continue;
+            }
+        };
+        let token = parked.job.token;
+        let published = publisher
+            .publish(&parked.job)
+            .await
+            .map_err(|e| e.to_string());
+        match published {
+            Ok(()) => replayed.push(target.key.delivery_id.as_str().to_owned()),
+            Err(error) => {
+                deliveries::unreplay(client, &target.key, token, &error).await?;
+                failed += 1;
+            }
+        }
+    }
+    Ok((replayed, skipped, failed))
 }
 
 fn ids_of(rows: &[Delivery]) -> Vec<&str> {
@@ -280,6 +301,23 @@ pub async fn reconcile_dead_letter_queue(
         &topology,
     )
     .await?;
+    let publisher = common.publisher("hookinbox-ops");
+    let rewritten = rewrite_dead_letters(pool, &topology, &channel, &publisher).await;
+    // However the rewrite ended: the publisher, then this connection, its
+    // channel after it (see `broker::close`).
+    publisher.close().await;
+    broker::close(connection, channel, "reconciled").await;
+    rewritten
+}
+
+/// Takes each message of the dead-letter queue once, republishing the
+/// copies to keep before acking their originals.
+async fn rewrite_dead_letters(
+    pool: &Pool,
+    topology: &broker::Topology,
+    channel: &lapin::Channel,
+    publisher: &broker::Publisher,
+) -> Result<(), OpsError> {
     let queue = channel
         .queue_declare(
             &topology.dead_letter_queue(),
@@ -290,7 +328,6 @@ pub async fn reconcile_dead_letter_queue(
             FieldTable::default(),
         )
         .await?;
-    let publisher = common.publisher("hookinbox-ops");
     let client = pool.get().await.map_err(DbError::from)?;
     let mut seen = std::collections::HashSet::new();
     for _ in 0..queue.message_count() {
@@ -316,7 +353,5 @@ pub async fn reconcile_dead_letter_queue(
         }
         delivery.acker.ack(BasicAckOptions::default()).await?;
     }
-    publisher.close().await;
-    let _ = connection.close(200, "reconciled").await;
     Ok(())
 }

@@ -35,6 +35,7 @@ pub(super) fn result_of(outcome: Result<(), &HandlerError>) -> AttemptResult {
     match outcome {
         Ok(()) => AttemptResult::Ok,
         Err(HandlerError::Destination { .. }) => AttemptResult::Destination,
+        Err(HandlerError::Blocked { .. }) => AttemptResult::Blocked,
         Err(HandlerError::Permanent { .. }) => AttemptResult::Permanent,
         Err(e) if !e.is_transient() => AttemptResult::Permanent,
         Err(_) => AttemptResult::Transient,
@@ -130,7 +131,9 @@ impl Worker {
                     note(BreakerState::Disabled);
                 }
             }
-            (AttemptResult::Destination, Some(error)) => {
+            // The destination itself is wrong, or its address refused:
+            // open at once.
+            (AttemptResult::Destination | AttemptResult::Blocked, Some(error)) => {
                 self.trip(&client, lane, &error.to_string()).await?;
             }
             (_, error) => {

@@ -38,12 +38,22 @@ impl Worker {
 
     async fn drain_at_most(&self, limit: usize) -> Result<DrainReport, RuntimeError> {
         let (connection, channel) = self.open_channel("hookinbox-worker-drain").await?;
+        let drained = self.drain_on(&channel, limit).await;
+        hookinbox::broker::close(connection, channel, "drained").await;
+        drained
+    }
+
+    async fn drain_on(
+        &self,
+        channel: &lapin::Channel,
+        limit: usize,
+    ) -> Result<DrainReport, RuntimeError> {
         let inner = &self.inner;
         for lane in inner.lanes.all() {
             if !lane.destination.is_legacy() {
                 inner
                     .topology
-                    .declare_leg_queue(&channel, &lane.source, &lane.destination)
+                    .declare_leg_queue(channel, &lane.source, &lane.destination)
                     .await?;
             }
         }
@@ -78,7 +88,6 @@ impl Worker {
                 report.outcomes.push(outcome);
             }
         }
-        let _ = connection.close(200, "drained").await;
         Ok(report)
     }
 }

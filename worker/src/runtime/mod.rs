@@ -347,7 +347,16 @@ impl Worker {
                 .zip(collectors)
                 .collect();
             connections.push((connection, lanes));
-            connections.retain(|(c, _)| c.status().connected());
+            // A lost connection's loop is ending: join it now. Its jobs go
+            // on; their collectors are left to end with them.
+            let (open, lost): (Vec<_>, Vec<_>) = connections
+                .into_iter()
+                .partition(|(c, _)| c.status().connected());
+            connections = open;
+            for (connection, lanes) in lost {
+                let channels: Vec<_> = lanes.into_iter().map(|(channel, _)| channel).collect();
+                hookinbox::broker::close(connection, channels, "lost").await;
+            }
         }
 
         let grace = self.inner.config.shutdown_grace;
@@ -366,13 +375,16 @@ impl Worker {
         let _ = reconciler.await;
         let _ = breakers.await;
         // Every job is done, so every collector has all its acks: let them
-        // go out, then close. Closing the connection returns every unacked
+        // go out, then close, each channel after its connection (see
+        // `broker::close`). Closing the connection returns every unacked
         // message to the queue.
         for (connection, lanes) in connections {
-            for (_channel, collector) in lanes {
+            let mut channels = Vec::with_capacity(lanes.len());
+            for (channel, collector) in lanes {
                 let _ = collector.await;
+                channels.push(channel);
             }
-            let _ = connection.close(200, "shutdown").await;
+            hookinbox::broker::close(connection, channels, "shutdown").await;
         }
         self.inner.publisher.close().await;
         metrics_handle.stop(false).await;
@@ -395,6 +407,25 @@ impl Worker {
         )
         .await?;
         let mut consumers = Vec::new();
+        match self.attach(&connection, &mut consumers).await {
+            Ok(()) => Ok((connection, consumers)),
+            Err(e) => {
+                // Closed before the error returns: a connection dropped
+                // open keeps its I/O loop running.
+                hookinbox::broker::close(connection, consumers, "setup failed").await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Opens a lane's channel and consumer on `connection` for each lane,
+    /// in order, into `consumers`.
+    async fn attach(
+        &self,
+        connection: &lapin::Connection,
+        consumers: &mut Vec<(lapin::Channel, lapin::Consumer)>,
+    ) -> Result<(), RuntimeError> {
+        let inner = &self.inner;
         for (i, lane) in inner.lanes.all().iter().enumerate() {
             let channel = connection.create_channel().await?;
             if i == 0 {
@@ -423,7 +454,7 @@ impl Worker {
                 .await?;
             consumers.push((channel, consumer));
         }
-        Ok((connection, consumers))
+        Ok(())
     }
 
     /// Connects to the broker and declares the topology on a new channel.

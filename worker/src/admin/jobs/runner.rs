@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use actix_web::web;
 use hookinbox::LegKey;
+use hookinbox::broker::Publisher;
 use hookinbox::deliveries::{self, Replayed};
+use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -25,17 +27,19 @@ const IDLE_POLL: Duration = Duration::from_secs(2);
 
 /// Starts the runner: it takes every running job nobody holds and runs
 /// each in a task of its own (a long, slow job never holds back a replay of
-/// one); it stops when `stop` is cancelled.
-pub(crate) fn spawn(state: web::Data<State>, stop: CancellationToken) {
+/// one); it stops when `stop` is cancelled. The task it returns ends once
+/// every job's task has stopped and closed its broker connection.
+pub(crate) fn spawn(state: web::Data<State>, stop: CancellationToken) -> JoinHandle<()> {
     tokio::spawn(async move {
         let runner = Uuid::new_v4();
+        let mut jobs = JoinSet::new();
         loop {
             let woken = state.wake_runner.notified();
             loop {
                 match take(&state, runner).await {
                     Ok(Some((id, kind, per_second))) => {
                         let (state, stop) = (state.clone(), stop.clone());
-                        tokio::spawn(async move {
+                        jobs.spawn(async move {
                             run(&state, runner, id, kind, per_second, &stop).await;
                         });
                     }
@@ -47,12 +51,15 @@ pub(crate) fn spawn(state: web::Data<State>, stop: CancellationToken) {
                 }
             }
             tokio::select! {
-                _ = stop.cancelled() => return,
+                _ = stop.cancelled() => break,
                 _ = woken => {}
                 _ = tokio::time::sleep(IDLE_POLL) => {}
             }
+            // Reap the jobs that ended.
+            while jobs.try_join_next().is_some() {}
         }
-    });
+        while jobs.join_next().await.is_some() {}
+    })
 }
 
 async fn take(
@@ -171,7 +178,17 @@ async fn run(
     per_second: f64,
     stop: &CancellationToken,
 ) {
-    if let Err(e) = run_items(state, runner, id, kind, per_second, stop).await {
+    tracing::info!(
+        job_id = id,
+        kind = kind.as_str(),
+        per_second,
+        "admin job running"
+    );
+    let publisher = state.worker.common.publisher("hookinbox-admin");
+    let ran = run_items(state, runner, id, kind, per_second, stop, &publisher).await;
+    // Closed however the job stopped (see `broker::close`).
+    publisher.close().await;
+    if let Err(e) = ran {
         // Its hold lapses; this runner (or another) takes it up again.
         tracing::warn!(job_id = id, error = %e, "admin job interrupted; it resumes once its hold lapses");
     }
@@ -184,14 +201,8 @@ async fn run_items(
     kind: Kind,
     per_second: f64,
     stop: &CancellationToken,
+    publisher: &Publisher,
 ) -> Result<(), RunError> {
-    tracing::info!(
-        job_id = id,
-        kind = kind.as_str(),
-        per_second,
-        "admin job running"
-    );
-    let publisher = state.worker.common.publisher("hookinbox-admin");
     let mut ticker = tokio::time::interval(Duration::from_secs_f64(1.0 / per_second));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut changed = false;
@@ -224,7 +235,6 @@ async fn run_items(
             }
         }
     };
-    publisher.close().await;
     let client = state.pool.get().await?;
     let Some(job) = store::get(&client, id).await? else {
         return Ok(());
