@@ -18,7 +18,12 @@
 #                               repeats every rate once per variant, with
 #                               those settings (STACK_BINS=DIR or
 #                               STACK_REV=GITREV among them runs another
-#                               build), for before/after rows from one run
+#                               build), for before/after rows from one run;
+#                               OTEL_EXPORTER_OTLP_ENDPOINT=sink sends the
+#                               stack's traces to a local OTLP endpoint
+#                               (tests/src/bin/otlpsink.rs) that decodes
+#                               and counts them, e.g. the traces' cost:
+#                               COST_VARIANTS="off: sampled1:OTEL_EXPORTER_OTLP_ENDPOINT=sink,OTEL_TRACES_SAMPLER=parentbased_traceidratio,OTEL_TRACES_SAMPLER_ARG=0.01 sampled100:OTEL_EXPORTER_OTLP_ENDPOINT=sink"
 #   scripts/bench.sh --sizes RATE   fixed-rate runs (STEP seconds each) across
 #                               ingest's pool, the worker's pool and the
 #                               worker's concurrency (prefetch), each with
@@ -342,9 +347,24 @@ rev_bins() { # REV
   echo "$out"
 }
 
+# The OTLP sink for the traced variants, started on first use (not in a
+# subshell: it sets $otlp_sink, its endpoint). Its own CPU is not the
+# stack's (a collector runs elsewhere).
+otlp_sink=""
+otlp_sink_start() {
+  if [ -z "$otlp_sink" ]; then
+    local port; port=$(free_port)
+    "$bin/otlpsink" --port "$port" >/dev/null 2>&1 & pids+=($!)
+    otlp_sink="http://127.0.0.1:$port"
+    for _ in $(seq 1 100); do curl -fsS "$otlp_sink/count" >/dev/null 2>&1 && break; sleep 0.1; done
+  fi
+}
+
 # Runs "$@" with one variant's settings (LABEL:VAR=VALUE,VAR=VALUE; see
 # --cost) in force, then takes them back. STACK_BINS=DIR runs the
-# binaries in DIR, STACK_REV=REV those built from git revision REV.
+# binaries in DIR, STACK_REV=REV those built from git revision REV;
+# OTEL_EXPORTER_OTLP_ENDPOINT=sink the local OTLP sink (otlp_sink_start),
+# whose spans received during the run are reported on standard error.
 with_variant() { # VARIANT COMMAND...
   local variant="$1"; shift
   local settings="${variant#*:}" pair names=()
@@ -355,9 +375,15 @@ with_variant() { # VARIANT COMMAND...
     [ -n "$pair" ] || continue
     if [ "${pair%%=*}" = STACK_BINS ]; then stack_bin="${pair#*=}"; continue; fi
     if [ "${pair%%=*}" = STACK_REV ]; then stack_bin=$(rev_bins "${pair#*=}"); continue; fi
+    if [ "$pair" = OTEL_EXPORTER_OTLP_ENDPOINT=sink ]; then otlp_sink_start; pair="OTEL_EXPORTER_OTLP_ENDPOINT=$otlp_sink"; fi
     export "${pair?}"; names+=("${pair%%=*}")
   done
+  local spans0=""
+  [ -n "$otlp_sink" ] && spans0=$(curl -fsS "$otlp_sink/count")
   "$@"
+  if [ -n "$otlp_sink" ]; then
+    echo "${variant%%:*}: spans received by the OTLP sink: $(( $(curl -fsS "$otlp_sink/count") - ${spans0:-0} ))" >&2
+  fi
   for pair in "${names[@]}"; do unset "$pair"; done
   stack_bin="$saved_bin"
 }

@@ -53,6 +53,9 @@ pub(crate) enum Outcome {
     BadPayload,
     /// A hook id the source does not pin (403).
     UnknownHook,
+    /// A client outside GitHub's webhook ranges, with the allow-list on
+    /// (403).
+    NotGithub,
     /// Postgres (or Postgres and the broker) unavailable (503).
     Unavailable,
     /// The in-flight limit of verified requests was reached (429).
@@ -101,6 +104,7 @@ impl Outcome {
             Self::BadBody => "bad_body",
             Self::BadPayload => "bad_payload",
             Self::UnknownHook => "unknown_hook",
+            Self::NotGithub => "not_github",
             Self::Unavailable => "unavailable",
             Self::Overloaded => "overloaded",
             Self::ReceivingFull => "receiving_full",

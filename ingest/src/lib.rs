@@ -30,6 +30,7 @@
 //! uses `hookinbox-worker` (the compiler sees to that).
 
 mod admission;
+mod allow;
 mod answer;
 mod body;
 mod cli;

@@ -15,9 +15,9 @@ use hookinbox::broker::Publisher;
 use hookinbox::config::{IngestConfig, Source};
 use hookinbox::deliveries::group_commit::ClaimBatcher;
 use hookinbox::deliveries::{
-    self, Claim, ClaimRequest, LegClaim, LegRequest, ParkedBody, Policy, Status,
+    self, Claim, ClaimRequest, LegClaim, LegRequest, Origin, ParkedBody, Policy, Status,
 };
-use hookinbox::job::Job;
+use hookinbox::job::{Job, JobTrace};
 use hookinbox::key::{
     ClaimToken, DeliveryId, DeliveryKey, DestinationName, EventName, HookId, KeyError, LegKey,
     SourceName,
@@ -25,8 +25,10 @@ use hookinbox::key::{
 use hookinbox::payload::{self, ContentType};
 use hookinbox::postgres::DbError;
 use hookinbox::signature::SignatureError;
+use hookinbox::telemetry::{self, SpanTrace};
 use serde_json::json;
 use sha2::{Digest, Sha256};
+use tracing::{Instrument, Span, field};
 
 use crate::admission::{Admission, Ticket};
 use crate::answer::{Answer, Outcome, Reject};
@@ -95,7 +97,14 @@ async fn receive(
 ) -> HttpResponse {
     let started = std::time::Instant::now();
     let mut seen = Seen::default();
-    let answer = match handle(&req, body, &state, source, &mut seen).await {
+    let span = request_span(source);
+    let handled = handle(&req, body, &state, source, &mut seen)
+        .instrument(span.clone())
+        .await;
+    // No await from here on: the log line and the answer are inside the
+    // request's span (their log line carries its trace id).
+    let _in_request = span.enter();
+    let answer = match handled {
         Ok(answer) => answer,
         Err(reject) => {
             if reject.outcome == Outcome::BadSignature {
@@ -131,7 +140,35 @@ async fn receive(
     )
     .increment(1);
     metrics::histogram!(hookinbox::metrics::INGEST_REQUEST_SECONDS).record(elapsed);
+    span.record("outcome", answer.outcome.as_str());
+    span.record("http.response.status_code", answer.status.as_u16());
+    let _answering = telemetry::step("ingest.answer").entered();
     answer.into_response()
+}
+
+/// The request's span, the root of the delivery's trace, when traces are
+/// on: its key, event, action and outcome; never the payload, a secret or
+/// a signature. A disabled span otherwise.
+fn request_span(source: &str) -> Span {
+    if !telemetry::enabled() {
+        return Span::none();
+    }
+    let span = tracing::info_span!(
+        "request",
+        otel.name = "ingest.request",
+        otel.kind = "server",
+        source,
+        delivery_key = field::Empty,
+        delivery_id = field::Empty,
+        event = field::Empty,
+        action = field::Empty,
+        outcome = field::Empty,
+        http.response.status_code = field::Empty,
+        trace_id = field::Empty,
+        span_id = field::Empty,
+    );
+    span.record_ids();
+    span
 }
 
 /// The request's log line.
@@ -156,6 +193,12 @@ async fn handle(
     source_name: &str,
     seen: &mut Seen,
 ) -> Result<Answer, Reject> {
+    // First: a client the allow-list refuses gets nothing read.
+    crate::allow::check(
+        req,
+        state.config.github_hooks.as_ref(),
+        &state.config.trusted_proxies,
+    )?;
     let source = SourceName::parse(source_name)
         .ok()
         .and_then(|name| state.config.sources.get(&name))
@@ -173,7 +216,9 @@ async fn handle(
     // taken only once the signature verified, so connections that trickle
     // bytes cannot take it from a signed delivery.
     let mut ticket = state.admission.enter(req, declared_length(headers))?;
-    let (content_type, body) = read_and_verify(state, source, headers, body, &mut ticket).await?;
+    let (content_type, body) = read_and_verify(state, source, headers, body, &mut ticket)
+        .instrument(telemetry::step("ingest.read_and_verify"))
+        .await?;
     ticket.verified();
     let Ok(_permit) = state.in_flight.clone().try_acquire_owned() else {
         return Err(Reject::new(
@@ -190,8 +235,14 @@ async fn handle(
     // After the signature (an unsigned request never spends the bucket)
     // and before anything is written.
     state.rate_limits.admit(&source.name)?;
-    let claimed = claim(state, source, &delivery, &body).await?;
-    publish_or_park(state, headers, delivery, body, claimed).await
+    // The request's span: the trace retries and replays link back to.
+    let traceparent = Span::current().traceparent();
+    let claimed = claim(state, source, &delivery, &body, traceparent)
+        .instrument(telemetry::step("ingest.claim"))
+        .await?;
+    publish_or_park(state, headers, delivery, body, claimed)
+        .instrument(telemetry::step("ingest.publish_or_park"))
+        .await
 }
 
 /// Steps 1 and 2: the raw body, bounded, then the signature over it,
@@ -228,6 +279,8 @@ struct Delivery {
     action: Option<String>,
     /// `repository.full_name`, stored with the claim for operators' filters.
     repository: Option<String>,
+    /// `X-GitHub-Tenant` (GHE.com), kept with the claim.
+    github_tenant: Option<String>,
 }
 
 /// What step 3 found.
@@ -275,6 +328,7 @@ fn check_headers(
     };
     seen.delivery_id = Some(delivery_id.clone());
     let hook_id = HookId::parse(single(headers, "x-github-hook-id")?)?;
+    let github_tenant = github_tenant(single(headers, "x-github-tenant")?)?;
     if !source.accepts_hook(&hook_id) {
         // The hook id is not covered by the signature: without this pin a
         // captured request could be replayed under another hook id.
@@ -292,12 +346,46 @@ fn check_headers(
     if !source.events.takes(&event, action.as_deref()) {
         return Ok(ignored());
     }
+    let key = DeliveryKey::github(source.name.clone(), hook_id, delivery_id);
+    if telemetry::enabled() {
+        let span = Span::current();
+        span.record(
+            "delivery_key",
+            format!(
+                "{}:{}:{}:{}",
+                key.provider, key.source, key.hook_id, key.delivery_id
+            ),
+        );
+        span.record("delivery_id", key.delivery_id.as_str());
+        span.record("event", event.as_str());
+        span.record("action", action.as_deref().unwrap_or(""));
+    }
     Ok(Checked::Delivery(Delivery {
-        key: DeliveryKey::github(source.name.clone(), hook_id, delivery_id),
+        key,
         event,
         action,
         repository,
+        github_tenant,
     }))
+}
+
+/// `X-GitHub-Tenant`, sent by GitHub Enterprise Cloud with data residency
+/// (GHE.com): the enterprise's subdomain, 1 to 63 letters, digits and
+/// hyphens; anything else is a bad header (400).
+fn github_tenant(raw: Option<&[u8]>) -> Result<Option<String>, Reject> {
+    let Some(raw) = raw else {
+        return Ok(None);
+    };
+    let valid = (1..=63).contains(&raw.len())
+        && raw.iter().all(|b| b.is_ascii_alphanumeric() || *b == b'-');
+    if !valid {
+        return Err(Reject::new(
+            StatusCode::BAD_REQUEST,
+            Outcome::BadHeader,
+            "X-GitHub-Tenant must be 1 to 63 letters, digits and hyphens",
+        ));
+    }
+    Ok(Some(String::from_utf8_lossy(raw).into_owned()))
 }
 
 /// Step 4: the claim of the delivery's legs, one statement (batched with
@@ -309,6 +397,7 @@ async fn claim(
     source: &Source,
     delivery: &Delivery,
     body: &[u8],
+    traceparent: Option<String>,
 ) -> Result<Claim, Reject> {
     let legs = source
         .destinations
@@ -326,6 +415,10 @@ async fn claim(
         })
         .collect();
     let request = ClaimRequest {
+        origin: Origin {
+            traceparent,
+            github_tenant: delivery.github_tenant.clone(),
+        },
         key: delivery.key.clone(),
         event: delivery.event.as_str().to_owned(),
         action: delivery.action.clone(),
@@ -456,6 +549,11 @@ async fn publish_or_park(
         .into_iter()
         .map(|(destination, token, attempts)| {
             let job = Job {
+                // The worker's span continues this trace.
+                trace: JobTrace {
+                    parent: Span::current().traceparent(),
+                    origin: None,
+                },
                 key: delivery.key.clone().leg(destination),
                 event: delivery.event.clone(),
                 action: delivery.action.clone(),

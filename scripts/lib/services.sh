@@ -141,6 +141,27 @@ services_up() {
   ensure_rabbitmq
 }
 
+# What earlier runs of the tests and scripts left on the shared services
+# when they were killed or failed before their cleanup: test databases
+# (hookinbox_test_<32 hex>, bench_*, bodyattacks_*, abuse_*) and queues
+# (test-<32 hex>.*, and the scripts' prefixes). Hundreds of leftover quorum
+# queues keep a small broker busy enough to refuse new connections, so a
+# run starts by removing them. Only for a machine where no other run of
+# the tests is going on (CI, a contributor's own machine).
+sweep_leftovers() {
+  local pattern='^(test-[0-9a-f]{32}|bench_[0-9a-z_]+|bodyattacks_[0-9]+|abuse_[0-9]+)\.'
+  local queues dbs
+  queues=$(rabbitmqctl -q list_queues name 2>/dev/null | grep -E "$pattern" || true)
+  dbs=$(psql -tAq "${HOOKINBOX_TEST_POSTGRES:-postgres://postgres@127.0.0.1:5432}/postgres" \
+    -c "select datname from pg_database where datname ~ '^(hookinbox_test_[0-9a-f]{32}|bench_[0-9a-z_]+|bodyattacks_[0-9]+|abuse_[0-9]+)$'" || true)
+  echo "leftovers of earlier runs: $(wc -w <<<"$queues") queues, $(wc -w <<<"$dbs") databases"
+  for q in $queues; do rabbitmqctl -q delete_queue "$q" >/dev/null 2>&1 || true; done
+  for db in $dbs; do
+    psql -q "${HOOKINBOX_TEST_POSTGRES:-postgres://postgres@127.0.0.1:5432}/postgres" \
+      -c "drop database if exists $db with (force)" >/dev/null 2>&1 || true
+  done
+}
+
 ensure_nextest() {
   if cargo nextest --version >/dev/null 2>&1; then return 0; fi
   echo "cargo-nextest: installing $NEXTEST_VERSION"

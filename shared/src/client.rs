@@ -4,7 +4,8 @@
 //! (`HOOKINBOX_ADMIN_TRUSTED_PROXIES`, `HOOKINBOX_TRUSTED_PROXIES`), the
 //! address it forwarded in
 //! `X-Forwarded-For`. A header from anyone else is ignored: it could be
-//! forged to dodge the throttle or to throttle someone else.
+//! forged to dodge the throttle or to throttle someone else. Also GitHub's
+//! webhook ranges ([`HookRanges`]), which ingest may admit alone.
 
 use std::net::{IpAddr, SocketAddr};
 use std::str::FromStr;
@@ -74,6 +75,54 @@ fn forwarded_item(item: &str) -> Option<IpAddr> {
         .map(canonical)
 }
 
+/// The addresses GitHub sends webhooks from: the `hooks` ranges of the
+/// answer of GitHub's `GET /meta` (<https://api.github.com/meta>), for
+/// ingest's optional allow-list.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HookRanges(Vec<IpNet>);
+
+impl HookRanges {
+    /// Reads the `hooks` array of a `/meta` answer: at least one CIDR, each
+    /// one parsing. Says what is wrong otherwise.
+    pub fn from_meta(json: &[u8]) -> Result<Self, String> {
+        let meta: serde_json::Value =
+            serde_json::from_slice(json).map_err(|e| format!("is not JSON: {e}"))?;
+        let hooks = meta
+            .get("hooks")
+            .and_then(|h| h.as_array())
+            .ok_or("has no \"hooks\" array (GitHub's /meta answer has one)")?;
+        let ranges = hooks
+            .iter()
+            .map(|h| {
+                let text = h.as_str().ok_or(format!("{h} in \"hooks\" is not text"))?;
+                text.parse::<IpNet>()
+                    .or_else(|_| text.parse::<IpAddr>().map(IpNet::from))
+                    .map_err(|_| format!("{text:?} in \"hooks\" is not a CIDR"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if ranges.is_empty() {
+            return Err("lists no \"hooks\" range: every request would be refused".to_owned());
+        }
+        Ok(Self(ranges))
+    }
+
+    /// Whether `ip` is in one of the ranges.
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let ip = canonical(ip);
+        self.0.iter().any(|net| net.contains(&ip))
+    }
+
+    /// How many ranges.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Never true once read (an empty list is refused).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
 /// The client behind `peer`: the peer itself unless it is a trusted
 /// proxy; then the right-most `X-Forwarded-For` address that is not a
 /// trusted proxy (each proxy appends the address it got the request
@@ -138,6 +187,39 @@ pub fn bucket(ip: IpAddr) -> IpAddr {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hook_ranges_come_from_the_meta_answer() {
+        let meta = br#"{"verifiable_password_authentication": false,
+            "hooks": ["192.30.252.0/22", "185.199.108.0/22", "2a0a:a440::/29", "140.82.115.9"],
+            "web": ["1.2.3.4/32"]}"#;
+        let ranges = HookRanges::from_meta(meta).expect("parses");
+        assert_eq!(ranges.len(), 4);
+        for inside in [
+            "192.30.252.1",
+            "185.199.111.255",
+            "2a0a:a440::1",
+            "140.82.115.9",
+            "::ffff:192.30.252.7",
+        ] {
+            assert!(ranges.contains(inside.parse().expect("ip")), "{inside}");
+        }
+        for outside in ["1.2.3.4", "192.30.256.1", "127.0.0.1"]
+            .iter()
+            .filter_map(|s| s.parse::<IpAddr>().ok())
+        {
+            assert!(!ranges.contains(outside), "{outside}");
+        }
+        for bad in [
+            &b"[]"[..],
+            b"{}",
+            b"{\"hooks\": []}",
+            b"{\"hooks\": [\"nope\"]}",
+            b"not json",
+        ] {
+            assert!(HookRanges::from_meta(bad).is_err());
+        }
+    }
     use actix_web::http::header::{HeaderName, HeaderValue};
 
     fn headers(xff: &[&str]) -> HeaderMap {

@@ -45,4 +45,18 @@ pub struct Job {
     pub github_headers: Vec<(String, String)>,
     /// The raw body, as signed.
     pub body: Bytes,
+    /// Where the job sits in a trace; empty when traces are off.
+    pub trace: JobTrace,
+}
+
+/// A job's place in a trace, as W3C `traceparent` values.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct JobTrace {
+    /// The span that published the job (ingest's request): the worker's
+    /// span is its child, in the same trace.
+    pub parent: Option<String>,
+    /// The delivery's first trace (ingest's request span), on a job
+    /// published again by the scheduler, the breaker's probe or a replay:
+    /// the worker's span starts a trace of its own, linked to it.
+    pub origin: Option<String>,
 }

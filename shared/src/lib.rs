@@ -74,7 +74,7 @@ pub mod shutdown;
 pub mod signature;
 pub mod telemetry;
 
-pub use job::Job;
+pub use job::{Job, JobTrace};
 pub use key::{
     ClaimToken, DeliveryId, DeliveryKey, DestinationName, EventName, HookId, LegKey, SourceName,
 };

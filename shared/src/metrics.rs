@@ -92,6 +92,9 @@ pub const RECONCILE_LATE_ANSWERS: &str = "hookinbox_reconcile_late_answers_total
 /// Deliveries GitHub saw succeed that hookinbox holds no row of, by
 /// `source`: a data-loss alarm.
 pub const RECONCILE_UNEXPLAINED: &str = "hookinbox_reconcile_unexplained_total";
+/// Deliveries GitHub logged as throttled (`throttled_at`), by `source`:
+/// GitHub held them back for the hook's rate of deliveries.
+pub const RECONCILE_THROTTLED: &str = "hookinbox_reconcile_throttled_total";
 /// When a reconciler pass of `source` last completed (Unix seconds).
 pub const RECONCILE_LAST_SUCCESS: &str = "hookinbox_reconcile_last_success_timestamp_seconds";
 /// GitHub's `x-ratelimit-remaining` as the reconciler last saw it, by
@@ -412,6 +415,10 @@ fn describe() {
     describe_counter!(
         RECONCILE_UNEXPLAINED,
         "Deliveries GitHub saw succeed that hookinbox holds no row of"
+    );
+    describe_counter!(
+        RECONCILE_THROTTLED,
+        "Deliveries GitHub logged as throttled, by source"
     );
     describe_gauge!(
         RECONCILE_LAST_SUCCESS,

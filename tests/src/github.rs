@@ -8,7 +8,9 @@
 //! - `GET /repos/{owner}/{repo}/hooks/{id}/deliveries`,
 //!   `GET /orgs/{org}/hooks/{id}/deliveries` and `GET /app/hook/deliveries`
 //!   list the log newest first, `per_page` (at most 100), the next page's
-//!   `cursor` in the `link` header;
+//!   `cursor` in the `link` header, only the failed deliveries with
+//!   `status=failure` (only the successful with `status=success`), each
+//!   with `throttled_at` (null unless [`FakeGithub::throttle`]);
 //! - `GET …/deliveries/{id}` returns one attempt with its request;
 //! - `POST …/deliveries/{id}/attempts` answers 202 and really sends the
 //!   logged request to ingest again (same GUID, the signature computed
@@ -122,6 +124,8 @@ pub struct Logged {
     /// Hidden from the log until [`FakeGithub::reveal`] (a delivery that
     /// appears late).
     visible: bool,
+    /// When GitHub held it back for the hook's rate of deliveries.
+    pub throttled_at: Option<DateTime<Utc>>,
 }
 
 #[derive(Default)]
@@ -137,6 +141,8 @@ struct State {
     /// Redelivery requests per GUID.
     attempts: HashMap<String, u32>,
     list_requests: u32,
+    /// Every API request answered (lists, reads, redeliveries, tokens).
+    api_requests: u32,
     /// After this many redelivery requests, the next ones never answer (a
     /// reconciler killed mid-pass).
     hang_after: Option<u32>,
@@ -305,8 +311,21 @@ impl FakeGithub {
             action,
             body: body.to_vec(),
             visible,
+            throttled_at: None,
         });
         id
+    }
+
+    /// Marks each logged attempt of `guid` throttled at its delivery time.
+    pub fn throttle(&self, guid: &str) {
+        for d in self.lock().log.iter_mut().filter(|d| d.guid == guid) {
+            d.throttled_at = Some(d.delivered_at);
+        }
+    }
+
+    /// API requests answered in all.
+    pub fn api_requests(&self) -> u32 {
+        self.lock().api_requests
     }
 
     /// Marks a logged attempt as failed, as if ingest answered after
@@ -453,13 +472,14 @@ fn item(d: &Logged) -> serde_json::Value {
         "action": d.action,
         "installation_id": null,
         "repository_id": 1296269,
-        "throttled_at": null,
+        "throttled_at": d.throttled_at.map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
     })
 }
 
 /// Every API request.
 async fn route(req: HttpRequest, fake: web::Data<FakeGithub>) -> HttpResponse {
     let fake = fake.get_ref().clone();
+    fake.lock().api_requests += 1;
     if let Some(fault) = fake.lock().faults.pop_front() {
         return match fault {
             Fault::RateLimited403 { reset_in_secs } => HttpResponse::Forbidden()
@@ -544,12 +564,25 @@ fn list(fake: &FakeGithub, req: &HttpRequest, hook: usize, base: &str) -> HttpRe
             None => return github_error(StatusCode::BAD_REQUEST, "Invalid cursor"),
         },
     };
+    let succeeded = |d: &Logged| (200..300).contains(&d.status_code);
+    let status: Option<bool> = match query.get("status").map(String::as_str) {
+        None => None,
+        Some("success") => Some(true),
+        Some("failure") => Some(false),
+        Some(_) => {
+            return github_error(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "Validation Failed: status must be success or failure",
+            );
+        }
+    };
     let mut s = fake.lock();
     s.list_requests += 1;
     let mut newest_first: Vec<&Logged> = s
         .log
         .iter()
         .filter(|d| d.hook == hook && d.visible && d.id < before)
+        .filter(|d| status.is_none_or(|ok| succeeded(d) == ok))
         .collect();
     newest_first.sort_by_key(|d| std::cmp::Reverse(d.id));
     let page: Vec<serde_json::Value> = newest_first
@@ -564,8 +597,13 @@ fn list(fake: &FakeGithub, req: &HttpRequest, hook: usize, base: &str) -> HttpRe
         response.insert_header((
             "link",
             format!(
-                "<{}{base}?per_page={per_page}&cursor=v1_{}>; rel=\"next\"",
-                fake.base, last.id
+                "<{}{base}?per_page={per_page}{}&cursor=v1_{}>; rel=\"next\"",
+                fake.base,
+                query
+                    .get("status")
+                    .map(|s| format!("&status={s}"))
+                    .unwrap_or_default(),
+                last.id
             ),
         ));
     }

@@ -12,6 +12,7 @@ pub mod fixtures;
 pub mod github;
 pub mod handlers;
 pub mod octokit;
+pub mod otlp;
 pub mod proxy;
 pub mod receiver;
 pub mod tls_receiver;
@@ -527,6 +528,7 @@ impl TestEnv {
             &client,
             &policy,
             &ClaimRequest {
+                origin: Default::default(),
                 key: hook.key(),
                 event: hook.event.clone().expect("an event"),
                 action: None,

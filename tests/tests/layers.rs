@@ -74,7 +74,7 @@ const SHARED: Table = Table {
 };
 
 /// `ingest` (crate `hookinbox-ingest`): `cli → startup → receive →
-/// {admission, answer, body, rotation, limits}`.
+/// {admission, allow, answer, body, rotation, limits}`.
 const INGEST: Table = Table {
     dir: "ingest",
     modules: &[
@@ -82,8 +82,9 @@ const INGEST: Table = Table {
         ("startup", &["receive", "rotation", "limits", "admission"]),
         (
             "receive",
-            &["admission", "answer", "body", "rotation", "limits"],
+            &["admission", "allow", "answer", "body", "rotation", "limits"],
         ),
+        ("allow", &["answer"]),
         ("limits", &["answer"]),
         ("admission", &["answer"]),
         ("answer", &[]),

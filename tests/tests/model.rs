@@ -394,6 +394,7 @@ impl Sut {
                     &client,
                     &self.policy,
                     &ClaimRequest {
+                        origin: Default::default(),
                         key: self.key.clone(),
                         event: "push".into(),
                         action: None,

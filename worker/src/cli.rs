@@ -131,6 +131,11 @@ struct ReconcileArgs {
     /// pass of the same source, before giving up.
     #[arg(long, value_parser = ops::parse_age, default_value = "2m")]
     max_wait: Duration,
+    /// Walk GitHub's whole log, successes too, whatever
+    /// HOOKINBOX_RECONCILE_FULL_EVERY_SECS says (other passes ask for the
+    /// failed deliveries only).
+    #[arg(long)]
+    full: bool,
 }
 
 impl Cli {
@@ -253,6 +258,7 @@ async fn reconcile_once(config: &WorkerConfig, args: &ReconcileArgs) -> anyhow::
         dry_run: args.dry_run,
         since: args.since,
         max_wait: args.max_wait,
+        full: args.full,
     };
     let mut failures = Vec::new();
     for target in targets {
@@ -287,7 +293,7 @@ fn print_report(report: &reconcile::Report, json: bool) -> anyhow::Result<()> {
     }
     writeln!(
         out,
-        "{} ({}): scanned {}, redelivered {}, late {}, unexplained {}, capped {}, skipped {}, refused {}{}",
+        "{} ({}): scanned {}, redelivered {}, late {}, unexplained {}, capped {}, skipped {}, refused {}, throttled {}; walked {}, {} API requests{}",
         report.source,
         report.hook,
         report.scanned,
@@ -297,6 +303,13 @@ fn print_report(report: &reconcile::Report, json: bool) -> anyhow::Result<()> {
         report.capped,
         report.skipped,
         report.refused,
+        report.throttled,
+        if report.walk == "full" {
+            "the whole log"
+        } else {
+            "failures only"
+        },
+        report.api_requests,
         if report.dry_run { " (dry run)" } else { "" },
     )?;
     for guid in &report.would_redeliver {

@@ -8,7 +8,7 @@ use lapin::types::{AMQPValue, FieldTable, ShortString};
 
 use super::long_string;
 use crate::deliveries::DeadLetter;
-use crate::job::{Job, is_carried_header};
+use crate::job::{Job, JobTrace, is_carried_header};
 use crate::key::{ClaimToken, EventName, LegKey};
 
 const H_PROVIDER: &str = "hookinbox-provider";
@@ -25,6 +25,14 @@ const H_TOKEN: &str = "hookinbox-token";
 /// dead-letter copy, when it failed (a message the broker dead-letters
 /// keeps the count it was published with).
 const H_ATTEMPTS: &str = "hookinbox-attempts";
+/// The W3C trace context of the span that published the job (the AMQP
+/// binding of trace context names it as HTTP does).
+const H_TRACEPARENT: &str = "traceparent";
+/// The delivery's first trace, on a job published again (see
+/// [`JobTrace::origin`]).
+const H_TRACE_ORIGIN: &str = "hookinbox-trace-origin";
+/// A `traceparent` is 55 characters; anything much longer is not one.
+const MAX_TRACEPARENT: usize = 128;
 
 /// Why a message could not be read as a job.
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +65,12 @@ pub(super) fn properties(job: &Job) -> BasicProperties {
     }
     for (name, value) in &job.github_headers {
         headers.insert(ShortString::from(name.clone()), long_string(value));
+    }
+    if let Some(parent) = &job.trace.parent {
+        headers.insert(H_TRACEPARENT.into(), long_string(parent));
+    }
+    if let Some(origin) = &job.trace.origin {
+        headers.insert(H_TRACE_ORIGIN.into(), long_string(origin));
     }
     BasicProperties::default()
         // 2 = persistent: written to disk, survives a broker restart.
@@ -122,6 +136,13 @@ pub fn decode(properties: &BasicProperties, data: Vec<u8>) -> Result<Job, Malfor
             _ => None,
         })
         .collect();
+    // A trace context that is not text of a sane length is dropped: the
+    // job runs all the same, in a trace of its own.
+    let trace_header = |name: &'static str| text(name).ok().filter(|v| v.len() <= MAX_TRACEPARENT);
+    let trace = JobTrace {
+        parent: trace_header(H_TRACEPARENT),
+        origin: trace_header(H_TRACE_ORIGIN),
+    };
     let content_type = properties
         .content_type()
         .as_ref()
@@ -136,6 +157,7 @@ pub fn decode(properties: &BasicProperties, data: Vec<u8>) -> Result<Job, Malfor
         content_type,
         github_headers,
         body: Bytes::from(data),
+        trace,
     })
 }
 

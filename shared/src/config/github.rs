@@ -26,6 +26,9 @@ pub const DEFAULT_INTERVAL_SECS: u64 = 300;
 pub const DEFAULT_MAX_REDELIVERIES: u32 = 3;
 /// A delivery younger than this may still be in flight: it is not judged.
 pub const DEFAULT_MIN_AGE_SECS: u64 = 300;
+/// How often a reconciler pass walks the whole log (successes too) rather
+/// than GitHub's failed deliveries only, by default.
+pub const DEFAULT_FULL_EVERY_SECS: u64 = 3600;
 /// Redeliveries asked per second.
 pub const DEFAULT_PER_SECOND: f64 = 1.0;
 /// The most redeliveries per second a setting may ask for.
@@ -182,6 +185,11 @@ pub struct Reconcile {
     pub min_age: Duration,
     /// Redeliveries asked per second at most.
     pub per_second: f64,
+    /// How often a pass walks the whole log, successes too (to find
+    /// deliveries GitHub saw succeed and hookinbox holds no row of); the
+    /// passes between ask GitHub for failed deliveries only. Zero: every
+    /// pass walks the whole log.
+    pub full_every: Duration,
 }
 
 /// An id that may be written as a number or as text.
@@ -238,6 +246,9 @@ pub struct GithubSettings {
     /// Redeliveries asked per second.
     #[serde(default, alias = "per_second")]
     pub reconcile_per_second: Option<f64>,
+    /// Seconds between passes that walk the whole log.
+    #[serde(default, alias = "full_every_secs")]
+    pub reconcile_full_every_secs: Option<u64>,
 }
 
 impl GithubSettings {
@@ -253,6 +264,7 @@ impl GithubSettings {
             && self.reconcile_max_redeliveries.is_none()
             && self.reconcile_min_age_secs.is_none()
             && self.reconcile_per_second.is_none()
+            && self.reconcile_full_every_secs.is_none()
     }
 
     /// Validates the settings and reads the credential files. `name` turns
@@ -406,6 +418,10 @@ impl GithubSettings {
                 self.reconcile_min_age_secs.unwrap_or(DEFAULT_MIN_AGE_SECS),
             ),
             per_second,
+            full_every: Duration::from_secs(
+                self.reconcile_full_every_secs
+                    .unwrap_or(DEFAULT_FULL_EVERY_SECS),
+            ),
         }))
     }
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{CommonArgs, CommonConfig, ConfigError, SecretNeed, Source, SourcesArgs, at_least_one};
-use crate::client::TrustedProxies;
+use crate::client::{HookRanges, TrustedProxies};
 use crate::key::SourceName;
 
 /// Settings of `hookinbox-ingest`.
@@ -137,6 +137,17 @@ pub struct IngestArgs {
         default_value = ""
     )]
     pub trusted_proxies: String,
+
+    /// GitHub's `/meta` answer (JSON): requests from addresses outside its
+    /// `hooks` ranges are refused 403 before their body is read (behind a
+    /// proxy, the client that `HOOKINBOX_TRUSTED_PROXIES` names). Read at
+    /// start. Unset: no allow-list.
+    #[arg(
+        long,
+        env = "HOOKINBOX_GITHUB_META_FILE",
+        value_name = "HOOKINBOX_GITHUB_META_FILE"
+    )]
+    pub github_meta_file: Option<std::path::PathBuf>,
 }
 
 /// Validated settings of `hookinbox-ingest`.
@@ -168,6 +179,8 @@ pub struct IngestConfig {
     pub min_body_bytes_per_sec: u64,
     /// Proxies believed about the client.
     pub trusted_proxies: TrustedProxies,
+    /// GitHub's webhook ranges, the only clients admitted; `None`: all.
+    pub github_hooks: Option<HookRanges>,
 }
 
 impl IngestConfig {
@@ -201,6 +214,20 @@ impl IngestArgs {
             .trusted_proxies
             .parse()
             .map_err(|problem| ConfigError::field("HOOKINBOX_TRUSTED_PROXIES", problem))?;
+        let github_hooks = self
+            .github_meta_file
+            .as_ref()
+            .map(|path| {
+                let field = |problem: String| {
+                    ConfigError::field(
+                        "HOOKINBOX_GITHUB_META_FILE",
+                        format!("{}: {problem}", path.display()),
+                    )
+                };
+                let bytes = std::fs::read(path).map_err(|e| field(e.to_string()))?;
+                HookRanges::from_meta(&bytes).map_err(field)
+            })
+            .transpose()?;
         Ok(IngestConfig {
             common,
             listen: self.listen,
@@ -215,6 +242,7 @@ impl IngestArgs {
             max_unverified_per_client: self.max_unverified_per_client,
             min_body_bytes_per_sec: self.min_body_bytes_per_sec,
             trusted_proxies,
+            github_hooks,
         })
     }
 }

@@ -264,6 +264,16 @@ pub struct WorkerArgs {
     )]
     pub reconcile_min_age_secs: Option<u64>,
 
+    /// Seconds between reconciler passes that walk GitHub's whole log,
+    /// successes too (default 3600); the passes between ask for failed
+    /// deliveries only. 0: every pass walks the whole log.
+    #[arg(
+        long,
+        env = "HOOKINBOX_RECONCILE_FULL_EVERY_SECS",
+        value_name = "HOOKINBOX_RECONCILE_FULL_EVERY_SECS"
+    )]
+    pub reconcile_full_every_secs: Option<u64>,
+
     /// Redeliveries asked per second at most (default 1).
     #[arg(
         long,
@@ -503,6 +513,7 @@ impl WorkerArgs {
             reconcile_max_redeliveries: self.reconcile_max_redeliveries,
             reconcile_min_age_secs: self.reconcile_min_age_secs,
             reconcile_per_second: self.reconcile_per_second,
+            reconcile_full_every_secs: self.reconcile_full_every_secs,
         }
     }
 

@@ -30,7 +30,7 @@ where ",
   and p.hook_id = d.hook_id and p.delivery_id = d.delivery_id
   and p.destination = d.destination
 returning d.provider, d.source, d.hook_id, d.delivery_id, d.destination, d.event, d.action,
-          d.claim_token, d.attempts, p.content_type, p.headers, p.body"
+          d.claim_token, d.attempts, p.content_type, p.headers, p.body, d.traceparent"
 );
 
 /// What an operator replay of one delivery came to.

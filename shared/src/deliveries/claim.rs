@@ -41,6 +41,19 @@ pub struct ClaimRequest {
     pub pinned: bool,
     /// One leg per destination of the source, in the configured order.
     pub legs: Vec<LegRequest>,
+    /// What the new legs keep of the request beyond its key.
+    pub origin: Origin,
+}
+
+/// What a new delivery's legs keep of the request that brought it, beyond
+/// its key; a later claim of the same delivery changes none of it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Origin {
+    /// The `traceparent` of ingest's request span, when traces are on:
+    /// the trace that retries and replays link back to.
+    pub traceparent: Option<String>,
+    /// `X-GitHub-Tenant`: the GHE.com enterprise that sent the delivery.
+    pub github_tenant: Option<String>,
 }
 
 /// A leg a new delivery gets.
@@ -113,9 +126,11 @@ const COPIED_EVENT: &str = "HB200";
 
 /// The claim of many deliveries' legs, in one statement: `$1`–`$10` the
 /// deliveries (their key, event, action, body hash, guard settings and
-/// repository, numbered by position), `$11`–`$13` their legs (the
-/// delivery's position, the destination, the filter's reason), `$14` the
-/// lease in seconds, `$15` the attempts allowed a leg that records none.
+/// repository, numbered by position, and `$16`–`$17` their traceparent and
+/// GitHub tenant),
+/// `$11`–`$13` their legs (the delivery's position, the destination, the
+/// filter's reason), `$14` the lease in seconds, `$15` the attempts
+/// allowed a leg that records none.
 ///
 /// - `reclaimed` takes over, under new tokens, the existing legs of each
 ///   delivery that may be taken over, with the same body: of a configured
@@ -139,12 +154,14 @@ const CLAIM: &str = concat!(
     "
 with input as (
     select * from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-                         $7::bytea[], $8::bool[], $9::bool[], $10::text[]) with ordinality
+                         $7::bytea[], $8::bool[], $9::bool[], $10::text[], $16::text[],
+                         $17::text[]) with ordinality
         as i(provider, source, hook_id, delivery_id, event, action, body_sha256, guarded,
-             pinned, repository, ix)
+             pinned, repository, traceparent, github_tenant, ix)
 ), legs as (
     select i.provider, i.source, i.hook_id, i.delivery_id, l.destination, l.filter_reason,
-           i.event, i.action, i.body_sha256, i.repository
+           i.event, i.action, i.body_sha256, i.repository, i.traceparent,
+           i.github_tenant
     from unnest($11::int8[], $12::text[], $13::text[]) as l(ix, destination, filter_reason)
     join input i using (ix)
 ), candidates as (
@@ -177,14 +194,16 @@ with input as (
 ), inserted as (
     insert into deliveries as d
         (provider, source, hook_id, delivery_id, destination, event, action, body_sha256,
-         status, claim_token, lease_until, claimed_at, repository, filter_reason, completed_at)
+         status, claim_token, lease_until, claimed_at, repository, filter_reason, completed_at,
+         traceparent, github_tenant)
     select l.provider, l.source, l.hook_id, l.delivery_id, l.destination, l.event, l.action,
            l.body_sha256,
            case when l.filter_reason is null then 'processing' else 'filtered' end,
            gen_random_uuid(),
            case when l.filter_reason is null then now() + make_interval(secs => $14) end,
            now(), l.repository, l.filter_reason,
-           case when l.filter_reason is not null then now() end
+           case when l.filter_reason is not null then now() end,
+           l.traceparent, l.github_tenant
     from legs l
     where not exists (
         select 1 from deliveries x
@@ -477,6 +496,8 @@ async fn claim_firsts(
     let events = pick(&|r| Some(r.event.as_str()));
     let actions = pick(&|r| r.action.as_deref());
     let repositories = pick(&|r| r.repository.as_deref());
+    let traceparents = pick(&|r| r.origin.traceparent.as_deref());
+    let tenants = pick(&|r| r.origin.github_tenant.as_deref());
     let shas: Vec<&[u8]> = order
         .iter()
         .map(|&i| &requests[i].body_sha256[..])
@@ -513,6 +534,8 @@ async fn claim_firsts(
             &leg_filtered,
             &secs(policy.lease),
             &policy.max_attempts,
+            &traceparents,
+            &tenants,
         ],
     )
     .await?;

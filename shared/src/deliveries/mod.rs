@@ -363,7 +363,7 @@ pub use admin::{
     unreplay,
 };
 pub use claim::{
-    Claim, ClaimRequest, LegClaim, LegRequest, claim, claim_batch, park_copy, park_due,
+    Claim, ClaimRequest, LegClaim, LegRequest, Origin, claim, claim_batch, park_copy, park_due,
 };
 pub use complete::{
     Completing, StoredEvent, complete, complete_batch, fail, mark_dead_lettered, store_event,

@@ -113,7 +113,8 @@ pub(super) fn key_from_parts(parts: &[String; 5]) -> Result<LegKey, DbError> {
 }
 
 /// A row of the parked statements (`…, event, action, claim_token,
-/// attempts, content_type, headers, body`) as the job to publish, or as
+/// attempts, content_type, headers, body`, and `traceparent` where the
+/// statement returns it) as the job to publish, or as
 /// [`Unreadable`] when its key or event no longer parses.
 pub(super) fn parked(row: &tokio_postgres::Row) -> Result<Parked, Unreadable> {
     let parts = key_parts(row);
@@ -140,6 +141,12 @@ pub(super) fn parked(row: &tokio_postgres::Row) -> Result<Parked, Unreadable> {
             content_type: row.get("content_type"),
             github_headers: headers_from_json(&headers),
             body: body.into(),
+            // The statements that publish again return the row's first
+            // trace; the worker's span links to it.
+            trace: crate::job::JobTrace {
+                parent: None,
+                origin: row.try_get("traceparent").ok().flatten(),
+            },
         },
         attempts,
     })

@@ -42,7 +42,7 @@ where d.provider = due.provider and d.source = due.source
   and p.hook_id = d.hook_id and p.delivery_id = d.delivery_id
   and p.destination = d.destination
 returning d.provider, d.source, d.hook_id, d.delivery_id, d.destination, d.event, d.action,
-          d.claim_token, d.attempts, p.content_type, p.headers, p.body";
+          d.claim_token, d.attempts, p.content_type, p.headers, p.body, d.traceparent";
 
 /// The breaker's probe, fleet-wide at most one per destination per
 /// `probe_secs`: for each destination whose breaker is open (or half open
@@ -78,7 +78,7 @@ with due as (
       and d.hook_id = leg.hook_id and d.delivery_id = leg.delivery_id
       and d.destination = leg.destination
     returning d.provider, d.source, d.hook_id, d.delivery_id, d.destination, d.event,
-              d.action, d.claim_token, d.attempts
+              d.action, d.claim_token, d.attempts, d.traceparent
 ), probing as (
     update destinations x
     set state = 'half_open', probe_at = now() + make_interval(secs => x.probe_secs),
@@ -87,7 +87,7 @@ with due as (
     where x.source = m.source and x.name = m.destination
 )
 select m.provider, m.source, m.hook_id, m.delivery_id, m.destination, m.event, m.action,
-       m.claim_token, m.attempts, p.content_type, p.headers, p.body
+       m.claim_token, m.attempts, p.content_type, p.headers, p.body, m.traceparent
 from moved m
 join parked_bodies p using (provider, source, hook_id, delivery_id, destination)";
 

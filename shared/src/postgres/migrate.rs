@@ -68,6 +68,21 @@ const MIGRATIONS: &[Migration] = &[
         name: "0010_repository_nocase.sql",
         sql: include_str!("../../migrations/0010_repository_nocase.sql"),
     },
+    Migration {
+        version: 11,
+        name: "0011_traceparent.sql",
+        sql: include_str!("../../migrations/0011_traceparent.sql"),
+    },
+    Migration {
+        version: 12,
+        name: "0012_reconcile_failures_walk.sql",
+        sql: include_str!("../../migrations/0012_reconcile_failures_walk.sql"),
+    },
+    Migration {
+        version: 13,
+        name: "0013_github_tenant.sql",
+        sql: include_str!("../../migrations/0013_github_tenant.sql"),
+    },
 ];
 
 /// Applies every pending migration and returns how many it applied.

@@ -180,6 +180,7 @@ async fn broker(
         tokio::time::sleep_until(start + period * i as u32).await;
         let (key, event, body) = delivery(i, mix, run);
         let job = Job {
+            trace: Default::default(),
             key: key.leg(hookinbox_tests::store_destination()),
             event: EventName::parse(event.as_bytes()).expect("event"),
             action: Some("opened".to_owned()),
@@ -250,6 +251,7 @@ async fn postgres(
         let requests: Vec<ClaimRequest> = deliveries
             .iter()
             .map(|(key, event, body)| ClaimRequest {
+                origin: Default::default(),
                 key: key.clone(),
                 event: (*event).to_owned(),
                 action: Some("opened".to_owned()),

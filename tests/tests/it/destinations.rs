@@ -568,6 +568,7 @@ async fn a_leg_claimed_before_destinations_runs_with_its_sources_first_destinati
         .await
         .expect("an old row");
     let old = hookinbox::Job {
+        trace: Default::default(),
         key: hook.key().leg(hookinbox::DestinationName::legacy()),
         event: hookinbox::EventName::parse(b"push").expect("event"),
         action: None,

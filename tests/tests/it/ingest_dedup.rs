@@ -129,6 +129,7 @@ async fn a_claim_batch_answers_each_request_like_a_single_claim() {
         )
     };
     let req = |id: &str, sha: u8| ClaimRequest {
+        origin: Default::default(),
         key: key(id),
         event: "push".to_owned(),
         action: None,

@@ -154,6 +154,7 @@ async fn a_claim_batch_answers_copies_and_replays_as_single_claims_do() {
     let replay = under_new_guid(&event);
     let neighbour = Hook::fixture("issues");
     let request = |hook: &Hook| ClaimRequest {
+        origin: Default::default(),
         key: hook.key(),
         event: "push".to_owned(),
         action: None,

@@ -96,6 +96,7 @@ async fn untaken_claim_is_rescued_by_a_redelivery_that_republishes_it() {
         &client,
         &env.policy(),
         &ClaimRequest {
+            origin: Default::default(),
             key: key.clone(),
             event: "push".into(),
             action: None,
@@ -166,6 +167,7 @@ async fn a_copy_answered_while_the_first_ingest_died_before_publishing_is_not_lo
         &client,
         &env.policy(),
         &ClaimRequest {
+            origin: Default::default(),
             key: key.clone(),
             event: "push".into(),
             action: None,

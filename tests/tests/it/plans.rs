@@ -49,6 +49,7 @@ async fn one_round(env: &TestEnv, client: &deadpool_postgres::Object, id: &str) 
         client,
         &policy,
         &[ClaimRequest {
+            origin: Default::default(),
             key: key(id),
             event: "push".to_owned(),
             action: None,

@@ -287,6 +287,7 @@ async fn a_claim_whose_ingest_died_before_publishing_is_listed_then_redelivered_
         &client,
         &policy,
         &ClaimRequest {
+            origin: Default::default(),
             key: hook.key(),
             event: "push".into(),
             action: None,
@@ -1058,5 +1059,143 @@ async fn an_organization_hook_is_reconciled_end_to_end() {
     let (code, report, _) = gh.reconcile(&env, &[], &[]).await;
     assert_eq!((code, count(&report, "redelivered")), (0, 0));
     drop(ingest);
+    env.cleanup().await;
+}
+
+/// Completed rows for `guids`, as if hookinbox took them (the `default`
+/// source, the fake's hook id).
+async fn hold(env: &TestEnv, guids: &[String]) {
+    let pool = env.pool(1);
+    let client = pool.get().await.expect("client");
+    client
+        .execute(
+            "insert into deliveries (provider, source, hook_id, delivery_id, destination, event,
+                                     body_sha256, status, claim_token, completed_at)
+             select 'github', 'default', $2, g, 'store', 'push', sha256(g::bytea), 'completed',
+                    gen_random_uuid(), now()
+             from unnest($1::text[]) g",
+            &[&guids, &HOOK_ID.to_string()],
+        )
+        .await
+        .expect("rows");
+}
+
+#[tokio::test]
+async fn most_passes_ask_for_failures_only_and_a_whole_log_walk_still_finds_unexplained_successes()
+{
+    let env = TestEnv::new().await;
+    let gh = Github::start(
+        &env,
+        format!("http://127.0.0.1:{}/webhooks/github", free_port()),
+    );
+    // A day of traffic: 1,000 deliveries hookinbox took (GitHub saw 2xx),
+    // 3 GitHub saw succeed that hookinbox holds no row of, and 20 GitHub
+    // saw fail that hookinbox never took.
+    let now = Utc::now();
+    let minutes = |m: i64| now - chrono::Duration::seconds(m * 60 + 30);
+    let taken: Vec<String> = (0..1000)
+        .map(|i| gh.log(minutes(i), 200, "OK", true))
+        .collect();
+    hold(&env, &taken).await;
+    let unexplained: Vec<String> = (0..3)
+        .map(|i| gh.log(minutes(1000 + i), 200, "OK", true))
+        .collect();
+    let mut failed: Vec<String> = (0..20)
+        .map(|i| gh.log(minutes(7 * i + 3), 502, "Invalid HTTP Response: 502", true))
+        .collect();
+    failed.sort();
+
+    // The first pass walks the whole log (there is no whole-log watermark
+    // yet); the next, within HOOKINBOX_RECONCILE_FULL_EVERY_SECS, asks for
+    // the failures only. Both dry runs over the same day.
+    let (code, first, stderr) = gh.reconcile(&env, &[], &[]).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(first["walk"], "full");
+    assert_eq!(count(&first, "unexplained"), 3);
+    assert_eq!(count(&first, "redelivered"), 20);
+
+    let api = |f: &FakeGithub| (f.list_requests(), f.api_requests());
+    let before = api(&gh.fake);
+    let (code, failures, stderr) = gh
+        .reconcile(&env, &["--dry-run", "--since", "2d"], &[])
+        .await;
+    assert_eq!(code, 0, "{stderr}");
+    let after_failures = api(&gh.fake);
+    let (code, whole, stderr) = gh
+        .reconcile(&env, &["--dry-run", "--since", "2d", "--full"], &[])
+        .await;
+    assert_eq!(code, 0, "{stderr}");
+    let after_whole = api(&gh.fake);
+    assert_eq!(failures["walk"], "failures");
+    assert_eq!(whole["walk"], "full");
+    let lists = |a: (u32, u32), b: (u32, u32)| (b.0 - a.0, b.1 - a.1);
+    let (failure_lists, failure_requests) = lists(before, after_failures);
+    let (whole_lists, whole_requests) = lists(after_failures, after_whole);
+    println!(
+        "API requests per pass over a day's log of {} attempts ({} successes, {} failed \
+         attempts): status=failure {failure_requests} ({failure_lists} list page(s)), \
+         the whole log {whole_requests} ({whole_lists} list page(s))",
+        gh.fake.log().len(),
+        gh.fake
+            .log()
+            .iter()
+            .filter(|d| d.status_code == 200)
+            .count(),
+        gh.fake
+            .log()
+            .iter()
+            .filter(|d| d.status_code != 200)
+            .count(),
+    );
+    assert_eq!(
+        count(&failures, "api_requests"),
+        u64::from(failure_requests)
+    );
+    assert_eq!(count(&whole, "api_requests"), u64::from(whole_requests));
+    assert_eq!(failure_lists, 1, "40 failed attempts fit one page");
+    assert_eq!(whole_lists, 11, "1,043 attempts at 100 a page");
+
+    // The failures walk finds what the whole walk finds, but unexplained
+    // successes, which only the whole walk can see.
+    assert_eq!(failures["would_redeliver"], whole["would_redeliver"]);
+    assert_eq!(count(&failures, "unexplained"), 0);
+    assert_eq!(count(&whole, "unexplained"), 3);
+    let _ = (unexplained, failed);
+
+    // A pass of a running schedule, past the whole-log interval, walks
+    // the whole log again: 0 makes every pass one.
+    let (code, again, stderr) = gh
+        .reconcile(
+            &env,
+            &["--dry-run"],
+            &[("HOOKINBOX_RECONCILE_FULL_EVERY_SECS", "0")],
+        )
+        .await;
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(again["walk"], "full");
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn throttled_deliveries_are_counted_on_their_own() {
+    let env = TestEnv::new().await;
+    let gh = Github::start(
+        &env,
+        format!("http://127.0.0.1:{}/webhooks/github", free_port()),
+    );
+    let at = Utc::now() - chrono::Duration::minutes(5);
+    let throttled = gh.log(at, 0, "throttled", true);
+    gh.fake.throttle(&throttled);
+    let _ok = gh.log(at, 200, "OK", true);
+    let (code, report, stderr) = gh.reconcile(&env, &["--dry-run"], &[]).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(count(&report, "throttled"), 1);
+    assert_eq!(report["would_redeliver"], serde_json::json!([throttled]));
+    // The text report says it too.
+    let vars = gh.env();
+    let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let out = run(&env, &["reconcile", "--dry-run"], &vars).await;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("throttled 1"), "{text}");
     env.cleanup().await;
 }

@@ -89,6 +89,7 @@ async fn the_reaper_marks_only_abandoned_claims_lost_and_both_ways_out_complete(
         &client,
         &env.policy(),
         &ClaimRequest {
+            origin: Default::default(),
             key: b.key().clone(),
             event: "push".into(),
             action: None,

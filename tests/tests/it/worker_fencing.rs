@@ -67,6 +67,7 @@ async fn stale_worker_cannot_complete() {
             .expect("renew")
     );
     let job = Job {
+        trace: Default::default(),
         key: k.clone(),
         event: hookinbox::key::EventName::parse(b"push").expect("event"),
         action: None,
@@ -290,6 +291,7 @@ async fn taken(
         client,
         &policy,
         &ClaimRequest {
+            origin: Default::default(),
             key: k.delivery.clone(),
             event: "push".into(),
             action: None,

@@ -28,6 +28,9 @@
 //! ([`HandlerError::Destination`]); any other answer (400, 422, …) is
 //! permanent for this leg. At most the first 4 KiB of the answer's body
 //! are read, for the attempt log.
+//!
+//! With traces on, each attempt is a span and the request carries its W3C
+//! `traceparent`, so the receiver's own spans join the delivery's trace.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -42,6 +45,9 @@ use hookinbox::deliveries::EXCERPT_BYTES;
 use hookinbox::egress::{Blocked, Reason};
 use hookinbox::job::Job;
 use hookinbox::key::{DestinationName, SourceName};
+use hookinbox::telemetry::SpanTrace;
+use hookinbox::telemetry::context::TRACEPARENT;
+use tracing::Instrument;
 
 use super::egress::{GuardedResolver, blocked_in, literal_address};
 use super::{Effect, Handler, HandlerError};
@@ -189,9 +195,17 @@ impl Handler for Forward {
                 .check(ip)
                 .map_err(|blocked| self.refused(blocked))?;
         }
-        match self.request(job).send().await {
+        // The attempt's span, when traces are on; its `traceparent` goes
+        // with the request so the receiver continues the delivery's trace.
+        let span = attempt_span();
+        let mut request = self.request(job);
+        if let Some(traceparent) = span.traceparent() {
+            request = request.header(TRACEPARENT, traceparent);
+        }
+        match request.send().instrument(span.clone()).await {
             Ok(mut response) => {
                 let status = response.status();
+                span.record("http.response.status_code", status.as_u16());
                 if status.is_redirection() {
                     // Not followed, wherever it points: counted with the
                     // refusals (the Location is not logged: it may carry a
@@ -218,6 +232,26 @@ impl Handler for Forward {
             }),
         }
     }
+}
+
+/// One attempt's span (a child of the worker's handler span), or a
+/// disabled span when traces are off. Never the URL (it may carry a
+/// token), the body or a signature.
+fn attempt_span() -> tracing::Span {
+    if !hookinbox::telemetry::enabled() {
+        return tracing::Span::none();
+    }
+    let span = tracing::info_span!(
+        "forward",
+        otel.name = "forward.attempt",
+        otel.kind = "client",
+        http.request.method = "POST",
+        http.response.status_code = tracing::field::Empty,
+        trace_id = tracing::field::Empty,
+        span_id = tracing::field::Empty,
+    );
+    span.record_ids();
+    span
 }
 
 /// At most the first [`EXCERPT_BYTES`] of an answer's body, for the attempt
@@ -352,6 +386,7 @@ mod tests {
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
             body: Bytes::from(body.to_owned()),
+            trace: hookinbox::job::JobTrace::default(),
         }
     }
 

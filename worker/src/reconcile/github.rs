@@ -39,6 +39,10 @@ pub(crate) struct LoggedDelivery {
     pub(crate) event: String,
     #[serde(default)]
     pub(crate) action: Option<String>,
+    /// When GitHub held the delivery back for the hook's rate of
+    /// deliveries; `None` when it did not.
+    #[serde(default)]
+    pub(crate) throttled_at: Option<DateTime<Utc>>,
 }
 
 impl LoggedDelivery {
@@ -140,6 +144,8 @@ pub(crate) struct Api {
     max_wait: Duration,
     /// An installation token and when to mint the next.
     installation: Mutex<Option<(String, Instant)>>,
+    /// Requests sent to GitHub (each try after a rate-limit wait too).
+    requests: std::sync::atomic::AtomicU64,
 }
 
 impl Api {
@@ -164,6 +170,7 @@ impl Api {
             source: source.to_owned(),
             max_wait,
             installation: Mutex::new(None),
+            requests: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -172,11 +179,24 @@ impl Api {
         Url::parse(&joined).map_err(|e| ApiError::Unreachable(format!("bad URL {joined}: {e}")))
     }
 
-    /// A page of the log, newest first.
-    pub(crate) async fn list(&self, cursor: Option<&str>) -> Result<Page, ApiError> {
+    /// Requests sent to GitHub so far.
+    pub(crate) fn requests(&self) -> u64 {
+        self.requests.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// A page of the log, newest first; `failures_only`: only the
+    /// deliveries GitHub saw fail (`status=failure`).
+    pub(crate) async fn list(
+        &self,
+        cursor: Option<&str>,
+        failures_only: bool,
+    ) -> Result<Page, ApiError> {
         let mut url = self.url(&self.hook.deliveries_path())?;
         url.query_pairs_mut()
             .append_pair("per_page", &PER_PAGE.to_string());
+        if failures_only {
+            url.query_pairs_mut().append_pair("status", "failure");
+        }
         if let Some(cursor) = cursor {
             url.query_pairs_mut().append_pair("cursor", cursor);
         }
@@ -222,6 +242,8 @@ impl Api {
     async fn send(&self, method: Method, url: Url) -> Result<reqwest::Response, ApiError> {
         loop {
             let bearer = self.bearer().await?;
+            self.requests
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let response = self
                 .http
                 .request(method.clone(), url.clone())
@@ -451,6 +473,36 @@ mod tests {
             h.insert(*k, HeaderValue::from_str(v).expect("value"));
         }
         h
+    }
+
+    #[test]
+    fn paths_join_the_api_base_of_github_ghe_com_and_enterprise_server() {
+        let hook = HookKind::parse("repo:acme/widgets/7").expect("hook");
+        for (base, want) in [
+            (
+                "https://api.github.com",
+                "https://api.github.com/repos/acme/widgets/hooks/7/deliveries",
+            ),
+            (
+                "https://api.octo-corp.ghe.com",
+                "https://api.octo-corp.ghe.com/repos/acme/widgets/hooks/7/deliveries",
+            ),
+            (
+                "https://ghes.example.com/api/v3/",
+                "https://ghes.example.com/api/v3/repos/acme/widgets/hooks/7/deliveries",
+            ),
+        ] {
+            let api = Api::new(
+                Url::parse(base).expect("url"),
+                hook.clone(),
+                GithubAuth::Token("t".to_owned()),
+                "default",
+                Duration::from_secs(1),
+            )
+            .expect("client");
+            let url = api.url(&hook.deliveries_path()).expect("joins");
+            assert_eq!(url.as_str(), want);
+        }
     }
 
     #[test]

@@ -128,6 +128,7 @@ mod tests {
             status_code,
             event: "push".to_owned(),
             action: None,
+            throttled_at: None,
         }
     }
 

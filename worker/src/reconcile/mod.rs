@@ -157,6 +157,7 @@ pub(crate) async fn periodically(
                 dry_run: false,
                 since: None,
                 max_wait: interval,
+                full: false,
             };
             let pass = run(&pool, &leaders, target, &config, &options, None);
             let result = tokio::select! {

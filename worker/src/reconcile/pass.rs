@@ -2,6 +2,12 @@
 //! watermark minus an overlap, group the attempts by GUID, judge each
 //! against what hookinbox holds, and ask GitHub to redeliver what it never
 //! durably took.
+//!
+//! Two walks: most passes ask GitHub for the failed deliveries only
+//! (`status=failure`), which is all a redelivery or a late answer needs;
+//! every `full_every` a pass walks the whole log, successes too, since
+//! only those can show a delivery GitHub saw succeed and hookinbox holds
+//! no row of (`unexplained`). Each walk has its own watermark.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -36,6 +42,8 @@ pub struct PassOptions {
     pub since: Option<Duration>,
     /// The longest single wait for GitHub's rate limit.
     pub max_wait: Duration,
+    /// Walk the whole log whatever `full_every` says.
+    pub full: bool,
 }
 
 /// What a pass found and did. The counts are of GUIDs.
@@ -60,6 +68,13 @@ pub struct Report {
     pub skipped: u64,
     /// Redeliveries GitHub refused (422).
     pub refused: u64,
+    /// GUIDs GitHub logged as throttled (`throttled_at`): held back for the
+    /// hook's rate of deliveries.
+    pub throttled: u64,
+    /// The walk: `failures` (`status=failure`) or `full` (the whole log).
+    pub walk: &'static str,
+    /// Requests sent to GitHub's API in this pass.
+    pub api_requests: u64,
     /// Pages of the log read.
     pub pages: u64,
     /// Whether the pass completed.
@@ -76,7 +91,8 @@ impl Report {
         serde_json::json!({
             "scanned": self.scanned, "redelivered": self.redelivered, "late": self.late,
             "unexplained": self.unexplained, "capped": self.capped, "skipped": self.skipped,
-            "refused": self.refused, "pages": self.pages,
+            "refused": self.refused, "pages": self.pages, "throttled": self.throttled,
+            "walk": self.walk, "api_requests": self.api_requests,
         })
     }
 }
@@ -131,6 +147,8 @@ struct Pass<'a> {
     client: deadpool_postgres::Object,
     /// The last pass of this hook: its watermark and the hook id learned.
     progress: state::Progress,
+    /// Whether this pass walks the whole log (else the failures only).
+    full: bool,
     now: DateTime<Utc>,
     report: Report,
 }
@@ -140,10 +158,11 @@ struct Judged<'l> {
     /// GUIDs to redeliver, each with the id of the attempt to send again
     /// and when GitHub first tried it; oldest first.
     redeliver: Vec<(&'l str, i64, DateTime<Utc>)>,
-    /// Late answers and unexplained deliveries judged for the first time,
-    /// for the metrics.
+    /// Late answers, unexplained and throttled deliveries judged for the
+    /// first time, for the metrics.
     new_late: u64,
     new_unexplained: u64,
+    new_throttled: u64,
 }
 
 /// The log's attempts by GUID.
@@ -177,6 +196,12 @@ impl<'a> Pass<'a> {
             .await?
             .filter(|p| p.hook == hook)
             .unwrap_or_default();
+        let now = Utc::now();
+        let full = options.full
+            || settings.full_every.is_zero()
+            || progress
+                .full_watermark
+                .is_none_or(|w| (now - w).to_std().unwrap_or_default() >= settings.full_every);
         Ok(Self {
             target,
             options,
@@ -185,13 +210,15 @@ impl<'a> Pass<'a> {
                 source: source.to_owned(),
                 hook: hook.clone(),
                 dry_run: options.dry_run,
+                walk: if full { "full" } else { "failures" },
                 ..Report::default()
             },
             hook,
             api,
             client,
             progress,
-            now: Utc::now(),
+            full,
+            now,
         })
     }
 
@@ -200,7 +227,12 @@ impl<'a> Pass<'a> {
     /// window) or the log's end.
     async fn walk_log(&mut self) -> Result<Vec<LoggedDelivery>, ReconcileError> {
         let floor = ago(self.now, log_window(&self.target.settings.api_url));
-        let cutoff = match (self.options.since, self.progress.watermark) {
+        let watermark = if self.full {
+            self.progress.full_watermark
+        } else {
+            self.progress.watermark
+        };
+        let cutoff = match (self.options.since, watermark) {
             (Some(since), _) => ago(self.now, since).max(floor),
             (None, Some(watermark)) => ago(watermark, OVERLAP).max(floor),
             (None, None) => floor,
@@ -208,7 +240,7 @@ impl<'a> Pass<'a> {
         let mut logged: Vec<LoggedDelivery> = Vec::new();
         let mut cursor: Option<String> = None;
         loop {
-            let page = self.api.list(cursor.as_deref()).await?;
+            let page = self.api.list(cursor.as_deref(), !self.full).await?;
             self.report.pages += 1;
             let reached = page.deliveries.iter().any(|d| d.delivered_at < cutoff);
             logged.extend(
@@ -281,18 +313,32 @@ impl<'a> Pass<'a> {
         // Counted in the metrics once: only GUIDs judged for the first time
         // (logged after the last watermark) add to the late and unexplained
         // counters; the overlap is judged again without counting again.
-        let watermark = self.progress.watermark;
-        let first_time = |attempts: &[&LoggedDelivery]| {
-            watermark.is_none_or(|w| attempts.iter().any(|d| d.delivered_at >= w))
+        let (watermark, full_watermark) = (self.progress.watermark, self.progress.full_watermark);
+        let after = |mark: Option<DateTime<Utc>>, attempts: &[&LoggedDelivery]| {
+            mark.is_none_or(|w| attempts.iter().any(|d| d.delivered_at >= w))
         };
+        let first_time = |attempts: &[&LoggedDelivery]| after(watermark, attempts);
+        // Successes are judged by the whole-log walks only, against theirs.
+        let first_time_full = |attempts: &[&LoggedDelivery]| after(full_watermark, attempts);
         let source = self.source;
         let report = &mut self.report;
         let mut judged = Judged {
             redeliver: Vec::new(),
             new_late: 0,
             new_unexplained: 0,
+            new_throttled: 0,
         };
         for (guid, attempts) in by_guid {
+            // Its own count, whatever the verdict: GitHub held it back.
+            if attempts.iter().any(|d| d.throttled_at.is_some()) {
+                report.throttled += 1;
+                let first = if self.full {
+                    first_time_full(attempts)
+                } else {
+                    first_time(attempts)
+                };
+                judged.new_throttled += u64::from(first);
+            }
             let verdict = judge(
                 &Attempts(attempts.clone()),
                 held.get(*guid).copied(),
@@ -315,7 +361,7 @@ impl<'a> Pass<'a> {
                 }
                 Verdict::Unexplained => {
                     report.unexplained += 1;
-                    if first_time(attempts) {
+                    if first_time_full(attempts) {
                         judged.new_unexplained += 1;
                         tracing::warn!(
                             source,
@@ -346,6 +392,7 @@ impl<'a> Pass<'a> {
 
     /// A dry run's report: what it would redeliver; nothing changed.
     fn dry_run(mut self, judged: &Judged<'_>) -> Report {
+        self.report.api_requests = self.api.requests();
         self.report.would_redeliver = judged
             .redeliver
             .iter()
@@ -405,12 +452,16 @@ impl<'a> Pass<'a> {
         // deliveries may still be in flight.
         let judged_before = ago(self.now, self.target.settings.min_age);
         let watermark = self.options.since.is_none().then_some(judged_before);
+        // A whole-log walk judged the failures too.
+        let full_watermark = watermark.filter(|_| self.full);
+        self.report.api_requests = self.api.requests();
         state::completed(
             &self.client,
             self.source,
             &self.hook,
             hook_id,
             watermark,
+            full_watermark,
             &self.report.counts(),
         )
         .await?;
@@ -419,8 +470,10 @@ impl<'a> Pass<'a> {
         let source = self.source.to_owned();
         metrics::counter!(hookinbox::metrics::RECONCILE_LATE_ANSWERS, "source" => source.clone())
             .increment(judged.new_late);
-        metrics::counter!(hookinbox::metrics::RECONCILE_UNEXPLAINED, "source" => source)
+        metrics::counter!(hookinbox::metrics::RECONCILE_UNEXPLAINED, "source" => source.clone())
             .increment(judged.new_unexplained);
+        metrics::counter!(hookinbox::metrics::RECONCILE_THROTTLED, "source" => source)
+            .increment(judged.new_throttled);
         Ok(self.report)
     }
 }

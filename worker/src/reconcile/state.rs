@@ -17,11 +17,15 @@ pub(crate) struct Progress {
     pub(crate) hook: String,
     /// The `X-GitHub-Hook-ID` its deliveries carry, once known.
     pub(crate) hook_id: Option<String>,
-    /// Every delivery logged before this was judged.
+    /// Every failed delivery logged before this was judged.
     pub(crate) watermark: Option<DateTime<Utc>>,
+    /// Every delivery logged before this, successes too, was judged (by a
+    /// pass that walked the whole log).
+    pub(crate) full_watermark: Option<DateTime<Utc>>,
 }
 
-const PROGRESS: &str = "select hook, hook_id, watermark from reconcile_state where source = $1";
+const PROGRESS: &str =
+    "select hook, hook_id, watermark, full_watermark from reconcile_state where source = $1";
 
 /// `source`'s progress, if it has any.
 pub(crate) async fn progress(
@@ -34,6 +38,7 @@ pub(crate) async fn progress(
             hook: row.get(0),
             hook_id: row.get(1),
             watermark: row.get(2),
+            full_watermark: row.get(3),
         }))
 }
 
@@ -43,6 +48,8 @@ on conflict (source) do update
     set hook_id = excluded.hook_id,
         watermark = case when reconcile_state.hook = excluded.hook
                          then reconcile_state.watermark end,
+        full_watermark = case when reconcile_state.hook = excluded.hook
+                              then reconcile_state.full_watermark end,
         hook = excluded.hook";
 
 /// Records the hook id a hook's deliveries carry (learned for an App).
@@ -57,32 +64,44 @@ pub(crate) async fn remember_hook_id(
 }
 
 const COMPLETED: &str = "
-insert into reconcile_state (source, hook, hook_id, watermark, last_pass_at, last_attempt_at,
-                             last_error, last_counts)
-values ($1, $2, $3, $4, now(), now(), null, $5)
+insert into reconcile_state (source, hook, hook_id, watermark, full_watermark, last_pass_at,
+                             last_attempt_at, last_error, last_counts)
+values ($1, $2, $3, $4, $6, now(), now(), null, $5)
 on conflict (source) do update
     set hook_id = coalesce(excluded.hook_id, reconcile_state.hook_id),
         watermark = case
             when reconcile_state.hook <> excluded.hook then excluded.watermark
             else greatest(reconcile_state.watermark, excluded.watermark) end,
+        full_watermark = case
+            when reconcile_state.hook <> excluded.hook then excluded.full_watermark
+            else greatest(reconcile_state.full_watermark, excluded.full_watermark) end,
         hook = excluded.hook,
         last_pass_at = now(), last_attempt_at = now(), last_error = null,
         last_counts = excluded.last_counts";
 
-/// Records a complete pass: the watermark moves forward (never back), and
-/// the counts are kept for the operators.
+/// Records a complete pass: the watermarks move forward (never back;
+/// `full_watermark` only after a pass that walked the whole log), and the
+/// counts are kept for the operators.
 pub(crate) async fn completed(
     client: &impl Session,
     source: &str,
     hook: &str,
     hook_id: Option<&str>,
     watermark: Option<DateTime<Utc>>,
+    full_watermark: Option<DateTime<Utc>>,
     counts: &serde_json::Value,
 ) -> Result<(), DbError> {
     sql::execute(
         client,
         COMPLETED,
-        &[&source, &hook, &hook_id, &watermark, counts],
+        &[
+            &source,
+            &hook,
+            &hook_id,
+            &watermark,
+            counts,
+            &full_watermark,
+        ],
     )
     .await?;
     Ok(())

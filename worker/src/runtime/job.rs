@@ -36,6 +36,7 @@ use hookinbox::deliveries::{self, ErrorClass, ParkedBody, Status, Take};
 use hookinbox::job::Job;
 use hookinbox::key::ClaimToken;
 use hookinbox::postgres::DbError;
+use hookinbox::telemetry::{SpanTrace, step};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::{Instrument, field};
@@ -107,7 +108,21 @@ impl Worker {
             action = job.action.as_deref().unwrap_or(""),
             attempt = field::Empty,
             outcome = field::Empty,
+            otel.name = "worker.job",
+            otel.kind = "consumer",
+            trace_id = field::Empty,
+            span_id = field::Empty,
         );
+        // A job ingest published continues its request's trace; a job
+        // published again (a retry, a probe, a replay) starts a trace of
+        // its own, linked to the delivery's first. Nothing when traces are
+        // off.
+        if let Some(parent) = &job.trace.parent {
+            span.continue_from(parent);
+        } else if let Some(origin) = &job.trace.origin {
+            span.link_to(origin);
+        }
+        span.record_ids();
         let started = std::time::Instant::now();
         let outcome = self
             .run_job(&job, redelivered, stop)
@@ -162,7 +177,10 @@ impl Worker {
             if stop.hard.is_cancelled() {
                 return JobOutcome::Left;
             }
-            let taken = self.take(job, lane, presented).await;
+            let taken = self
+                .take(job, lane, presented)
+                .instrument(step("worker.take"))
+                .await;
             let take = match taken {
                 Ok(take) => take,
                 Err(error) => {
@@ -301,7 +319,10 @@ impl Worker {
         let mut effect = Effect::new(inner.pool.clone(), job.key.clone(), token, attempts)
             .with_completions(inner.completions.clone());
         let started = std::time::Instant::now();
-        let ran = self.run_handler(job, &mut effect, &lost, stop).await;
+        let ran = self
+            .run_handler(job, &mut effect, &lost, stop)
+            .instrument(step("worker.handler"))
+            .await;
         heartbeat.abort();
         // The destination's log and breaker hear of every attempt that
         // reached an end of its own, before the leg's failure is recorded
@@ -337,7 +358,7 @@ impl Worker {
                 // finds the delivery completed or takes it over once this
                 // statement has let go of the row.
                 let completed = tokio::select! {
-                    completed = effect.complete() => completed,
+                    completed = effect.complete().instrument(step("worker.complete")) => completed,
                     _ = stop.hard.cancelled() => return Attempt::Done(JobOutcome::Left),
                 };
                 match completed {
@@ -412,12 +433,17 @@ impl Worker {
             retry_in_ms = failure.retry_in.map(|d| d.as_millis() as u64),
             "handler failed"
         );
-        let recorded = match inner.pool.get().await {
-            Ok(client) => {
-                deliveries::fail(&client, &job.key, token, &failure, ParkedBody::from(job)).await
+        let recorded = async {
+            match inner.pool.get().await {
+                Ok(client) => {
+                    deliveries::fail(&client, &job.key, token, &failure, ParkedBody::from(job))
+                        .await
+                }
+                Err(e) => Err(DbError::from(e)),
             }
-            Err(e) => Err(DbError::from(e)),
-        };
+        }
+        .instrument(step("worker.fail"))
+        .await;
         match recorded {
             Ok(None) => Attempt::Done(JobOutcome::Fenced),
             // The destination itself failed: the leg waits for it, its

@@ -1,0 +1,80 @@
+//! GitHub's platform as it is now: GitHub Enterprise Cloud with data
+//! residency (GHE.com) sends `X-GitHub-Tenant`, kept with the delivery, and
+//! serves its API at `https://api.<tenant>.ghe.com`.
+
+use hookinbox_tests::{Hook, TestEnv, worker_command};
+
+#[tokio::test]
+async fn the_tenant_header_is_kept_with_the_delivery_and_a_bad_one_is_refused() {
+    let (env, ingest) = TestEnv::with_ingest().await;
+    let mut hook = Hook::fixture("push");
+    hook.extra
+        .push(("x-github-tenant".to_owned(), "octo-corp".to_owned()));
+    assert_eq!(ingest.send(&hook).await.status, 202);
+    let github = Hook::fixture("push");
+    assert_eq!(ingest.send(&github).await.status, 202);
+    assert_eq!(
+        env.count("select count(*) from deliveries where github_tenant = 'octo-corp'")
+            .await,
+        1
+    );
+    assert_eq!(
+        env.count("select count(*) from deliveries where github_tenant is null")
+            .await,
+        1,
+        "github.com sends none"
+    );
+    for bad in ["octo corp", "octo.corp", &"a".repeat(64)] {
+        let mut hook = Hook::fixture("push");
+        hook.extra
+            .push(("x-github-tenant".to_owned(), bad.to_owned()));
+        let answer = ingest.send(&hook).await;
+        assert_eq!(answer.status, 400, "{bad}");
+        assert!(
+            answer.body["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("X-GitHub-Tenant")),
+            "{bad}: {}",
+            answer.body
+        );
+    }
+    assert_eq!(
+        env.deliveries().await,
+        2,
+        "a refused request writes nothing"
+    );
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_ghe_com_api_url_is_accepted_as_the_reconcilers_api() {
+    let env = TestEnv::new().await;
+    let token = std::env::temp_dir().join(format!("{}-ghe-token", env.prefix));
+    std::fs::write(&token, "ghp_x\n").expect("token");
+    let token = token.to_string_lossy().into_owned();
+    // Checked at start (`migrate` validates every setting, then touches
+    // only Postgres); the requests' shape against such a base is the
+    // reconciler's own test (`reconcile::github`).
+    for url in [
+        "https://api.octo-corp.ghe.com",
+        "https://ghes.example.com/api/v3",
+    ] {
+        let out = worker_command(
+            &env,
+            &["migrate"],
+            &[
+                ("HOOKINBOX_RECONCILE_HOOK", "repo:acme/widgets/1"),
+                ("HOOKINBOX_GITHUB_API_URL", url),
+                ("HOOKINBOX_GITHUB_TOKEN_FILE", &token),
+            ],
+        )
+        .output()
+        .expect("runs");
+        assert!(
+            out.status.success(),
+            "{url}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    env.cleanup().await;
+}
