@@ -25,7 +25,12 @@ faults_cleanup() {
     runuser -u postgres -- /usr/lib/postgresql/15/bin/pg_ctl -D "$root/pg" stop -m immediate -w \
       >/dev/null 2>&1 || true
   fi
-  rabbitmqctl -q -n "hookinbox-faults-$suite@localhost" stop "$root/rabbit/pid" >/dev/null 2>&1 || true
+  # `rabbitmqctl stop PIDFILE` waits for the file's process, and for the
+  # file itself: only when the node left one, and never for long.
+  if [ -f "$root/rabbit/pid" ]; then
+    timeout 60 rabbitmqctl -q -n "hookinbox-faults-$suite@localhost" stop "$root/rabbit/pid" \
+      >/dev/null 2>&1 || kill -9 "$(cat "$root/rabbit/pid")" 2>/dev/null || true
+  fi
   if [ -f "$root/pgbouncer.port" ]; then
     scripts/pgbouncer.sh stop "$(cat "$root/pgbouncer.port")"
   fi
