@@ -140,6 +140,24 @@ impl Drop for Trickle {
     }
 }
 
+/// Waits until ingest is receiving exactly `n` unverified bodies.
+async fn receiving(ingest: &Spawned, n: u32) {
+    wait_until(
+        &format!("{n} bodies being received"),
+        Duration::from_secs(30),
+        || async { gauge(ingest, "hookinbox_ingest_receiving_bodies").await == f64::from(n) },
+    )
+    .await;
+}
+
+/// Whether ingest has refused a body for the budget.
+async fn refused_over_budget(ingest: &Spawned) -> bool {
+    let (_, metrics) = ingest.scrape("/metrics").await;
+    metrics
+        .lines()
+        .any(|l| l.contains("outcome=\"over_budget\"") && !l.ends_with(" 0"))
+}
+
 /// A gauge's value on ingest's metrics listener.
 async fn gauge(ingest: &Spawned, name: &str) -> f64 {
     let (_, text) = ingest.scrape("/metrics").await;
@@ -199,12 +217,7 @@ async fn a_declared_length_takes_no_memory_and_past_the_budget_a_body_is_refused
     for n in 0..30 {
         trickles.push(Trickle::start(attacker(n), port, 250_000, "").await);
     }
-    wait_until(
-        "30 bodies being received",
-        Duration::from_secs(30),
-        || async { gauge(&ingest, "hookinbox_ingest_receiving_bodies").await == 30.0 },
-    )
-    .await;
+    receiving(&ingest, 30).await;
     let held = gauge(&ingest, "hookinbox_ingest_buffered_bytes").await;
     assert!(
         held > 0.0 && held <= 30.0 * 17.0 * 1024.0,
@@ -260,11 +273,8 @@ async fn a_declared_length_takes_no_memory_and_past_the_budget_a_body_is_refused
         answer.to_ascii_lowercase().contains("retry-after: 1"),
         "{answer}"
     );
-    let (_, metrics) = ingest.scrape("/metrics").await;
     assert!(
-        metrics
-            .lines()
-            .any(|l| l.contains("outcome=\"over_budget\"") && !l.ends_with(" 0")),
+        refused_over_budget(&ingest).await,
         "the refusal is counted by its reason"
     );
 
@@ -300,12 +310,7 @@ async fn connections_that_trickle_bytes_never_take_a_signed_deliverys_slot() {
         let from = Ipv4Addr::new(127, 0, 2, 2 + (n % 4) as u8);
         trickles.push(Trickle::start(from, port, 1_000_000, "").await);
     }
-    wait_until(
-        "200 bodies being received",
-        Duration::from_secs(30),
-        || async { gauge(&ingest, "hookinbox_ingest_receiving_bodies").await == 200.0 },
-    )
-    .await;
+    receiving(&ingest, 200).await;
     for _ in 0..20 {
         assert_eq!(
             signed(port, 2048).await,
@@ -337,12 +342,7 @@ async fn a_client_past_its_share_of_unverified_bodies_gets_429_and_others_are_un
     for _ in 0..8 {
         trickles.push(Trickle::start(one, port, 1_000_000, "").await);
     }
-    wait_until(
-        "8 bodies being received",
-        Duration::from_secs(30),
-        || async { gauge(&ingest, "hookinbox_ingest_receiving_bodies").await == 8.0 },
-    )
-    .await;
+    receiving(&ingest, 8).await;
     let mut ninth = open(one, port, 100, UNSIGNED, "", b"{").await;
     let answer = read_answer(&mut ninth).await;
     assert!(answer.starts_with("HTTP/1.1 429"), "{answer}");
@@ -370,12 +370,7 @@ async fn a_client_past_its_share_of_unverified_bodies_gets_429_and_others_are_un
             .await,
         );
     }
-    wait_until(
-        "17 bodies being received",
-        Duration::from_secs(30),
-        || async { gauge(&ingest, "hookinbox_ingest_receiving_bodies").await == 17.0 },
-    )
-    .await;
+    receiving(&ingest, 17).await;
     let mut named = open(
         Ipv4Addr::new(127, 0, 3, 1),
         port,
@@ -395,12 +390,7 @@ async fn a_client_past_its_share_of_unverified_bodies_gets_429_and_others_are_un
         )
         .await,
     );
-    wait_until(
-        "another forwarded client let in",
-        Duration::from_secs(30),
-        || async { gauge(&ingest, "hookinbox_ingest_receiving_bodies").await == 18.0 },
-    )
-    .await;
+    receiving(&ingest, 18).await;
     drop(trickles);
     env.cleanup().await;
 }
@@ -517,11 +507,8 @@ async fn large_bodies_flooding_in_leave_room_for_small_signed_deliveries() {
     }
     // Six would take 12 MB: once the large bodies' half is full, the
     // others are refused.
-    wait_until("a large body refused", Duration::from_secs(30), || async {
-        let (_, metrics) = ingest.scrape("/metrics").await;
-        metrics
-            .lines()
-            .any(|l| l.contains("outcome=\"over_budget\"") && !l.ends_with(" 0"))
+    wait_until("a large body refused", Duration::from_secs(30), || {
+        refused_over_budget(&ingest)
     })
     .await;
     let held = gauge(&ingest, "hookinbox_ingest_buffered_bytes").await;
