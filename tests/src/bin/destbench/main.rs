@@ -11,6 +11,9 @@
 //! - `mixed`: destinations A (healthy), B (down, then back) and C
 //!   (filtered) under one stream of mixed deliveries; A's latency is
 //!   compared with a run of A alone.
+//! - `fanout`: one source forwarding to 1, 3 and 10 destinations: CPU µs
+//!   per leg of each process at a fixed rate, and the highest rate whose
+//!   legs all keep up (S).
 //!
 //! Traffic only ever goes to 127.0.0.1.
 
@@ -25,6 +28,8 @@ use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use hdrhistogram::Histogram;
 use hookinbox_tests::{Hook, SECRET, Spawned, TestEnv};
+
+mod fanout;
 
 #[derive(Parser)]
 #[command(about = "Destination scenarios against real binaries")]
@@ -77,6 +82,22 @@ enum Scenario {
         #[arg(long, default_value_t = 200)]
         rate: u32,
     },
+    /// One source forwarding every delivery to N destinations (one local
+    /// receiver): CPU per leg at a fixed rate, then S.
+    Fanout {
+        /// The destination counts to measure.
+        #[arg(long, value_delimiter = ',', default_values_t = [1usize, 3, 10])]
+        destinations: Vec<usize>,
+        /// Deliveries per second of the costed run.
+        #[arg(long, default_value_t = 100)]
+        rate: u32,
+        /// Seconds of each costed run and of each search step.
+        #[arg(long, default_value_t = 20)]
+        step_secs: u64,
+        /// Seconds a step's legs may take past its end and still hold.
+        #[arg(long, default_value_t = 2)]
+        lag_secs: u64,
+    },
 }
 
 #[tokio::main]
@@ -94,6 +115,20 @@ async fn main() -> anyhow::Result<()> {
             probe_secs,
         } => outage(rate, Duration::from_secs(down_secs), probe_secs).await,
         Scenario::Mixed { deliveries, rate } => mixed(deliveries, rate).await,
+        Scenario::Fanout {
+            destinations,
+            rate,
+            step_secs,
+            lag_secs,
+        } => {
+            fanout::run(
+                &destinations,
+                rate,
+                Duration::from_secs(step_secs),
+                Duration::from_secs(lag_secs),
+            )
+            .await
+        }
     }
 }
 
