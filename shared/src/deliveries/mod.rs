@@ -205,7 +205,8 @@ macro_rules! delivery_columns {
        completed_at, failed_at, dead_lettered_at is not null, last_error_class, last_error,
        first_failed_at, repository, claimed_at, dead_lettered_at, destination, filter_reason,
        max_attempts, ",
-            awaiting_redelivery!("deliveries")
+            awaiting_redelivery!("deliveries"),
+            ", github_tenant"
         )
     };
 }

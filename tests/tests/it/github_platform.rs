@@ -1,8 +1,9 @@
 //! GitHub's platform as it is now: GitHub Enterprise Cloud with data
-//! residency (GHE.com) sends `X-GitHub-Tenant`, kept with the delivery, and
-//! serves its API at `https://api.<tenant>.ghe.com`.
+//! residency (GHE.com) sends `X-GitHub-Tenant`, kept with the delivery and
+//! shown to operators, and serves its API at `https://api.<tenant>.ghe.com`.
 
-use hookinbox_tests::{Hook, TestEnv, worker_command};
+use hookinbox_tests::admin::VIEWER;
+use hookinbox_tests::{Hook, TestEnv, worker_cli, worker_command};
 
 #[tokio::test]
 async fn the_tenant_header_is_kept_with_the_delivery_and_a_bad_one_is_refused() {
@@ -43,6 +44,66 @@ async fn the_tenant_header_is_kept_with_the_delivery_and_a_bad_one_is_refused() 
         2,
         "a refused request writes nothing"
     );
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn operators_see_the_tenant_in_the_cli_the_api_and_the_console() {
+    let (env, ingest) = TestEnv::with_ingest().await;
+    let mut tenant = Hook::fixture("push");
+    tenant
+        .extra
+        .push(("x-github-tenant".to_owned(), "octo-corp".to_owned()));
+    assert_eq!(ingest.send(&tenant).await.status, 202);
+    let github = Hook::fixture("push");
+    assert_eq!(ingest.send(&github).await.status, 202);
+
+    // The CLI: `deliveries show` as `key: value` lines and as JSON.
+    for (hook, shown, json) in [
+        (&tenant, "octo-corp", serde_json::json!("octo-corp")),
+        (&github, "null", serde_json::Value::Null),
+    ] {
+        let (code, out) = worker_cli(&env, &["deliveries", "show", hook.id()]);
+        assert_eq!(code, 0, "{out}");
+        let line = out
+            .lines()
+            .find_map(|l| l.trim_start().strip_prefix("github_tenant: "))
+            .unwrap_or_else(|| panic!("a github_tenant line in:\n{out}"));
+        assert_eq!(line, shown);
+        let (code, out) = worker_cli(&env, &["deliveries", "show", hook.id(), "--json"]);
+        assert_eq!(code, 0, "{out}");
+        let rows: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+        assert_eq!(rows[0]["github_tenant"], json, "{out}");
+    }
+
+    // The API (each answer checked against docs/admin-openapi.json) and
+    // the delivery's page.
+    let admin = env.admin().await;
+    let cookie = admin.sign_in(VIEWER).await;
+    for (hook, json) in [
+        (&tenant, serde_json::json!("octo-corp")),
+        (&github, serde_json::Value::Null),
+    ] {
+        let path = format!("/deliveries/default/{}", hook.id());
+        let detail = admin.get(&format!("/api/v1{path}"), Some(VIEWER)).await;
+        assert_eq!(detail.status, 200, "{}", detail.text);
+        assert_eq!(detail.body["delivery"]["github_tenant"], json);
+        let (status, html) = admin.page(&path, &cookie).await;
+        assert_eq!(status, 200);
+        if json.is_null() {
+            assert!(!html.contains("GHE.com tenant"), "github.com: no tenant");
+        } else {
+            assert!(
+                html.contains(
+                    "<dt>GHE.com tenant</dt><dd class=\"mono\" id=\"tenant\">octo-corp</dd>"
+                ),
+                "{html}"
+            );
+        }
+    }
+    let list = admin.get("/api/v1/deliveries", Some(VIEWER)).await;
+    assert_eq!(list.status, 200, "{}", list.text);
+    admin.stop().await;
     env.cleanup().await;
 }
 
