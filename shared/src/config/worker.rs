@@ -221,6 +221,17 @@ pub struct WorkerArgs {
     )]
     pub github_api_url: Option<String>,
 
+    /// A hosts file (`ADDRESS NAME…` lines) the reconciler's client of
+    /// GitHub's API consults before DNS, re-read at every resolution; for
+    /// every source, beside HOOKINBOX_CONFIG too. For tests (a GHE.com
+    /// API name served locally) and air-gapped setups.
+    #[arg(
+        long,
+        env = "HOOKINBOX_GITHUB_API_HOSTS_FILE",
+        value_name = "HOOKINBOX_GITHUB_API_HOSTS_FILE"
+    )]
+    pub github_api_hosts_file: Option<PathBuf>,
+
     /// A file holding the token that reads the hook's deliveries.
     #[arg(
         long,
@@ -401,6 +412,9 @@ pub struct WorkerConfig {
     pub consumes: Option<Arc<Consumed>>,
     /// The sources that name a GitHub hook to reconcile.
     pub reconcile: Arc<Vec<ReconcileTarget>>,
+    /// A hosts file the reconciler's client of GitHub's API consults
+    /// before DNS (`HOOKINBOX_GITHUB_API_HOSTS_FILE`).
+    pub github_api_hosts_file: Option<PathBuf>,
     /// The sources ingest rate-limits that name no hook to reconcile: a
     /// `429` ingest answers them is final from GitHub's side (GitHub does
     /// not retry a failed delivery), so the worker warns of each at start.
@@ -704,6 +718,7 @@ impl WorkerArgs {
             consumes,
             routes: Arc::new(routes),
             reconcile: Arc::new(reconcile),
+            github_api_hosts_file: self.github_api_hosts_file.clone(),
             rate_limited_unreconciled: Arc::new(rate_limited_unreconciled),
             retry,
             common,

@@ -3,7 +3,8 @@
 //! shown to operators, and serves its API at `https://api.<tenant>.ghe.com`.
 
 use hookinbox_tests::admin::VIEWER;
-use hookinbox_tests::{Hook, TestEnv, worker_cli, worker_command};
+use hookinbox_tests::github::{self, FakeGithub, HookPath};
+use hookinbox_tests::{Hook, SECRET, TestEnv, fixtures, worker_cli, worker_command};
 
 #[tokio::test]
 async fn the_tenant_header_is_kept_with_the_delivery_and_a_bad_one_is_refused() {
@@ -137,5 +138,94 @@ async fn a_ghe_com_api_url_is_accepted_as_the_reconcilers_api() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_reconcile_pass_asks_a_ghe_com_api_by_its_name_and_redelivers() {
+    let (env, ingest) = TestEnv::with_ingest().await;
+    let token = "ghp_ghe_com_test_token";
+    let fake = FakeGithub::start(token);
+    let hook = fake.add_hook(github::Hook {
+        path: HookPath::Repo {
+            owner: "acme".into(),
+            repo: "widgets".into(),
+            id: 123456,
+        },
+        hook_id: "123456".into(),
+        target: format!("{}/webhooks/github", ingest.base),
+        secret: SECRET.to_owned(),
+    });
+    // GitHub sent a push ten minutes ago and got no answer: the
+    // reconciler's to bring back.
+    let guid = uuid::Uuid::new_v4().to_string();
+    fake.record(
+        hook,
+        &guid,
+        "push",
+        &fixtures::unique(&fixtures::own("push")),
+        0,
+        "failed to connect to host",
+        false,
+        chrono::Utc::now() - chrono::Duration::minutes(10),
+        true,
+    );
+    // The tenant's API by its name, which only the hosts file resolves (to
+    // the fake on 127.0.0.1): no DNS, no traffic off this machine.
+    let port = fake.base.rsplit(':').next().expect("a port").to_owned();
+    let api = format!("http://api.acme.ghe.com:{port}");
+    let hosts = std::env::temp_dir().join(format!("{}-hosts", env.prefix));
+    std::fs::write(&hosts, "127.0.0.1 api.acme.ghe.com\n").expect("hosts file");
+    let token_file = std::env::temp_dir().join(format!("{}-ghe-token", env.prefix));
+    std::fs::write(&token_file, format!("{token}\n")).expect("token");
+    let (hosts, token_file) = (
+        hosts.to_string_lossy().into_owned(),
+        token_file.to_string_lossy().into_owned(),
+    );
+    let out = tokio::process::Command::from(worker_command(
+        &env,
+        &["reconcile", "--json"],
+        &[
+            ("HOOKINBOX_RECONCILE_HOOK", "repo:acme/widgets/123456"),
+            ("HOOKINBOX_GITHUB_API_URL", &api),
+            ("HOOKINBOX_GITHUB_API_HOSTS_FILE", &hosts),
+            ("HOOKINBOX_GITHUB_TOKEN_FILE", &token_file),
+            ("HOOKINBOX_RECONCILE_MIN_AGE_SECS", "0"),
+            ("HOOKINBOX_RECONCILE_PER_SECOND", "200"),
+        ],
+    ))
+    .output()
+    .await
+    .expect("runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(stdout.lines().next().unwrap_or("")).expect("a JSON report");
+    println!("reconcile against {api}: {report}");
+    assert_eq!(report["redelivered"], 1, "{report}");
+    assert_eq!(fake.resent(&guid), 1, "GitHub sent it again");
+    assert_eq!(
+        env.count(&format!(
+            "select count(*) from deliveries where delivery_id = '{guid}'"
+        ))
+        .await,
+        1,
+        "and ingest claimed it"
+    );
+    let asked = fake.api_hosts();
+    println!("Host headers the fake saw: {asked:?}");
+    assert!(asked.len() >= 2, "a list and a redelivery: {asked:?}");
+    let expected = format!("api.acme.ghe.com:{port}");
+    assert!(
+        asked.iter().all(|h| *h == expected),
+        "every request asked for the tenant's API by name: {asked:?}"
+    );
+    let _ = std::fs::remove_file(&hosts);
+    let _ = std::fs::remove_file(&token_file);
     env.cleanup().await;
 }

@@ -68,7 +68,7 @@ pub async fn run(
         }
         tokio::time::sleep(LOCK_POLL).await;
     }
-    let result = pass::pass(pool, target, config.retention.completed, options).await;
+    let result = pass::pass(pool, target, config, options).await;
     if advisory::unlock_named(&leader, advisory::RECONCILE, source)
         .await
         .is_err()

@@ -10,11 +10,12 @@
 //! no row of (`unexplained`). Each walk has its own watermark.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::Pool;
-use hookinbox::config::ReconcileTarget;
+use hookinbox::config::{ReconcileTarget, WorkerConfig};
 use hookinbox::deliveries;
 use hookinbox::postgres::DbError;
 use serde::Serialize;
@@ -112,7 +113,8 @@ fn ago(now: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
     now - chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
 }
 
-/// Runs one pass, in its steps: walk GitHub's log back to the cutoff,
+/// Runs one pass with `config`'s retention and hosts file, in its steps:
+/// walk GitHub's log back to the cutoff,
 /// group the attempts by GUID, learn the hook id they carry, judge each
 /// GUID against what hookinbox holds, ask GitHub to redeliver (unless a
 /// dry run), and record the pass. The caller holds the source's leader
@@ -120,10 +122,12 @@ fn ago(now: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
 pub(crate) async fn pass(
     pool: &Pool,
     target: &ReconcileTarget,
-    retention: Duration,
+    config: &WorkerConfig,
     options: &PassOptions,
 ) -> Result<Report, ReconcileError> {
-    let mut pass = Pass::start(pool, target, options).await?;
+    let retention = config.retention.completed;
+    let hosts_file = config.github_api_hosts_file.clone();
+    let mut pass = Pass::start(pool, target, hosts_file, options).await?;
     let logged = pass.walk_log().await?;
     let by_guid = group(&logged);
     pass.report.scanned = by_guid.len() as u64;
@@ -179,6 +183,7 @@ impl<'a> Pass<'a> {
     async fn start(
         pool: &Pool,
         target: &'a ReconcileTarget,
+        hosts_file: Option<PathBuf>,
         options: &'a PassOptions,
     ) -> Result<Self, ReconcileError> {
         let settings = &target.settings;
@@ -190,6 +195,7 @@ impl<'a> Pass<'a> {
             settings.auth.clone(),
             source,
             options.max_wait,
+            hosts_file,
         )?;
         let client = pool.get().await.map_err(DbError::from)?;
         let progress = state::progress(&client, source)
