@@ -18,7 +18,9 @@ use deadpool_postgres::Pool;
 use hookinbox::config::{ReconcileTarget, WorkerConfig};
 use hookinbox::deliveries;
 use hookinbox::postgres::DbError;
+use hookinbox::telemetry::{self, SpanTrace};
 use serde::Serialize;
+use tracing::Instrument;
 
 use super::github::{Api, LoggedDelivery, Redelivery};
 use super::judge::{Attempts, Rules, Verdict, judge};
@@ -155,6 +157,28 @@ struct Pass<'a> {
     full: bool,
     now: DateTime<Utc>,
     report: Report,
+}
+
+/// The span of one redelivery request, when traces are on: its source and
+/// GUID, never a URL or a credential. Its `traceparent` is kept with the
+/// ask, so that ingest's span of the redelivered request links to it. A
+/// disabled span otherwise.
+fn redeliver_span(source: &str, guid: &str) -> tracing::Span {
+    if !telemetry::enabled() {
+        return tracing::Span::none();
+    }
+    let span = tracing::info_span!(
+        "redeliver",
+        otel.name = "reconcile.redeliver",
+        otel.kind = "client",
+        source,
+        delivery_id = guid,
+        result = tracing::field::Empty,
+        trace_id = tracing::field::Empty,
+        span_id = tracing::field::Empty,
+    );
+    span.record_ids();
+    span
 }
 
 /// What the judging found to do.
@@ -421,27 +445,40 @@ impl<'a> Pass<'a> {
         };
         for (guid, id, _) in &judged.redeliver {
             pace.tick().await;
+            let span = redeliver_span(source, guid);
             // Counted before the request: a crash between the two still
             // counts against the cap.
-            state::ask(&self.client, &self.hook, guid, source).await?;
-            match self.api.redeliver(*id).await {
+            state::ask(
+                &self.client,
+                &self.hook,
+                guid,
+                source,
+                span.traceparent().as_deref(),
+            )
+            .instrument(span.clone())
+            .await?;
+            let answer = self.api.redeliver(*id).instrument(span.clone()).await;
+            let result = match answer {
                 Ok(Redelivery::Accepted) => {
                     state::answered(&self.client, &self.hook, guid, "accepted").await?;
                     self.report.redelivered += 1;
-                    label("accepted");
+                    "accepted"
                 }
                 Ok(Redelivery::Refused(message)) => {
                     state::answered(&self.client, &self.hook, guid, "refused").await?;
                     self.report.refused += 1;
-                    label("refused");
                     tracing::warn!(source, delivery_id = guid, %message, "GitHub refused the redelivery (422)");
+                    "refused"
                 }
                 Err(e) => {
                     let _ = state::answered(&self.client, &self.hook, guid, "failed").await;
                     label("failed");
+                    span.record("result", "failed");
                     return Err(e.into());
                 }
-            }
+            };
+            label(result);
+            span.record("result", result);
         }
         Ok(())
     }
