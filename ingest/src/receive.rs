@@ -15,7 +15,7 @@ use hookinbox::broker::Publisher;
 use hookinbox::config::{IngestConfig, Source};
 use hookinbox::deliveries::group_commit::ClaimBatcher;
 use hookinbox::deliveries::{
-    self, Claim, ClaimRequest, LegClaim, LegRequest, Origin, ParkedBody, Policy, Status,
+    self, Claim, ClaimRequest, Claimed, LegClaim, LegRequest, Origin, ParkedBody, Policy, Status,
 };
 use hookinbox::job::{Job, JobTrace};
 use hookinbox::key::{
@@ -236,10 +236,19 @@ async fn handle(
     // and before anything is written.
     state.rate_limits.admit(&source.name)?;
     // The request's span: the trace retries and replays link back to.
-    let traceparent = Span::current().traceparent();
-    let claimed = claim(state, source, &delivery, &body, traceparent)
+    let request = Span::current();
+    let traceparent = request.traceparent();
+    let Claimed {
+        claim: claimed,
+        links,
+    } = claim(state, source, &delivery, &body, traceparent)
         .instrument(telemetry::step("ingest.claim"))
         .await?;
+    // A redelivery the reconciler asked GitHub for links to the trace of
+    // that ask; a delivery stored before, to its first request's trace.
+    for linked in [links.redelivery, links.stored].iter().flatten() {
+        request.link_to(linked);
+    }
     publish_or_park(state, headers, delivery, body, claimed)
         .instrument(telemetry::step("ingest.publish_or_park"))
         .await
@@ -391,14 +400,15 @@ fn github_tenant(raw: Option<&[u8]>) -> Result<Option<String>, Reject> {
 /// Step 4: the claim of the delivery's legs, one statement (batched with
 /// other requests' claims when they arrive together). Each destination's
 /// filters are decided here, once, from the verified payload, and recorded
-/// with the leg.
+/// with the leg. With traces on, the same statement finds the traces the
+/// request links to (a reconciler's ask, a first claim's request).
 async fn claim(
     state: &State,
     source: &Source,
     delivery: &Delivery,
     body: &[u8],
     traceparent: Option<String>,
-) -> Result<Claim, Reject> {
+) -> Result<Claimed, Reject> {
     let legs = source
         .destinations
         .iter()
@@ -432,7 +442,7 @@ async fn claim(
     let claimed = match &state.batcher {
         Some(batcher) => batcher.submit(request).await.map_err(DbError::from),
         None => match state.pool.get().await {
-            Ok(client) => match deliveries::claim(&client, &state.policy, &request).await {
+            Ok(client) => match deliveries::claim_linked(&client, &state.policy, &request).await {
                 Ok(claim) => Ok(Ok(claim)),
                 Err(e) => e.refusal().map(Err).ok_or(e),
             },

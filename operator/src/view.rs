@@ -22,6 +22,9 @@ pub struct DeliveryView<'a> {
     pub action: Option<&'a str>,
     /// The payload's `repository.full_name`.
     pub repository: Option<&'a str>,
+    /// `X-GitHub-Tenant`: the GHE.com enterprise that sent it (`None` for
+    /// github.com and GitHub Enterprise Server).
+    pub github_tenant: Option<&'a str>,
     /// The stored status (`processing`, `completed`, `failed`, `filtered`).
     pub status: &'static str,
     /// The operator's state ([`State`]).
@@ -63,6 +66,7 @@ impl<'a> DeliveryView<'a> {
             event: &d.event,
             action: d.action.as_deref(),
             repository: d.repository.as_deref(),
+            github_tenant: d.github_tenant.as_deref(),
             status: d.status.as_str(),
             state: State::of(d).as_str(),
             retryable: d.retryable,

@@ -9,7 +9,10 @@
 //   RECORD_FILE         appends one line per event: "handled <delivery id>
 //                       <event>" from a handler, "signature-failure <id>"
 //                       or "error <id>" from webhooks.onError; a file, so
-//                       that the record outlives a stop and a start.
+//                       that the record outlives a stop and a start. Before
+//                       the middleware sees a POST, "received <X-GitHub-
+//                       Delivery> <Idempotency-Key>" (each "-" when absent),
+//                       so that a test can tell what each request carried.
 //
 // GET /ready answers 200 once listening.
 
@@ -53,6 +56,10 @@ createServer((request, response) => {
   if (request.method === "GET" && request.url === "/ready") {
     response.writeHead(200, { "content-type": "text/plain" }).end("ready\n");
     return;
+  }
+  if (request.method === "POST") {
+    const header = (name) => request.headers[name] || "-";
+    record(`received ${header("x-github-delivery")} ${header("idempotency-key")}`);
   }
   middleware(request, response, () => {
     response.writeHead(404).end();

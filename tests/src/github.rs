@@ -22,7 +22,10 @@
 //!   installation tokens at `POST /app/installations/{id}/access_tokens`;
 //! - rate limits (403 with `x-ratelimit-remaining: 0`, 429 with
 //!   `retry-after`) and 422s can be injected, and deliveries can appear in
-//!   the log late.
+//!   the log late;
+//! - each API request's `Host` is kept ([`FakeGithub::api_hosts`]), so a
+//!   test can serve it under another name (a GHE.com API's) and check the
+//!   client asked for that name.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::net::TcpListener;
@@ -143,6 +146,8 @@ struct State {
     list_requests: u32,
     /// Every API request answered (lists, reads, redeliveries, tokens).
     api_requests: u32,
+    /// The `Host` header of each API request, in order.
+    api_hosts: Vec<String>,
     /// After this many redelivery requests, the next ones never answer (a
     /// reconciler killed mid-pass).
     hang_after: Option<u32>,
@@ -328,6 +333,13 @@ impl FakeGithub {
         self.lock().api_requests
     }
 
+    /// The `Host` header each API request carried, in order (empty for a
+    /// request without one): the name the client asked for, whatever
+    /// address it reached.
+    pub fn api_hosts(&self) -> Vec<String> {
+        self.lock().api_hosts.clone()
+    }
+
     /// Marks a logged attempt as failed, as if ingest answered after
     /// GitHub's 10-second limit.
     pub fn mark_timed_out(&self, guid: &str) {
@@ -479,7 +491,17 @@ fn item(d: &Logged) -> serde_json::Value {
 /// Every API request.
 async fn route(req: HttpRequest, fake: web::Data<FakeGithub>) -> HttpResponse {
     let fake = fake.get_ref().clone();
-    fake.lock().api_requests += 1;
+    let host = req
+        .headers()
+        .get("host")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    {
+        let mut s = fake.lock();
+        s.api_requests += 1;
+        s.api_hosts.push(host);
+    }
     if let Some(fault) = fake.lock().faults.pop_front() {
         return match fault {
             Fault::RateLimited403 { reset_in_secs } => HttpResponse::Forbidden()

@@ -5,8 +5,10 @@
 //!
 //! The app appends one line per event to its record file: `handled <id>
 //! <event>` from a `webhooks.on(...)` handler, `signature-failure <id>` or
-//! `error <id>` from `webhooks.onError`. The file outlives a stop and a
-//! start, as a real app's side effects would.
+//! `error <id>` from `webhooks.onError`, and, from the server around the
+//! middleware, `received <X-GitHub-Delivery> <Idempotency-Key>` for every
+//! POST. The file outlives a stop and a start, as a real app's side
+//! effects would.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -60,6 +62,9 @@ pub struct Record {
     pub signature_failures: usize,
     /// Other errors `webhooks.onError` saw.
     pub errors: usize,
+    /// The `Idempotency-Key` of every POST, by its `X-GitHub-Delivery`
+    /// (`-` for a header that was absent), in arrival order.
+    pub received: BTreeMap<String, Vec<String>>,
 }
 
 impl Record {
@@ -71,6 +76,15 @@ impl Record {
     /// Runs past the first, over all deliveries.
     pub fn duplicates(&self) -> usize {
         self.handled.values().map(|n| n - 1).sum()
+    }
+
+    /// The delivery ids whose handler ran more than once.
+    pub fn duplicated_ids(&self) -> std::collections::BTreeSet<String> {
+        self.handled
+            .iter()
+            .filter(|(_, n)| **n > 1)
+            .map(|(id, _)| id.clone())
+            .collect()
     }
 }
 
@@ -153,6 +167,13 @@ impl OctokitApp {
                 }
                 (Some("signature-failure"), _) => record.signature_failures += 1,
                 (Some("error"), _) => record.errors += 1,
+                (Some("received"), Some(id)) => {
+                    record
+                        .received
+                        .entry(id.to_owned())
+                        .or_default()
+                        .push(fields.next().unwrap_or("-").to_owned());
+                }
                 _ => {}
             }
         }

@@ -121,8 +121,9 @@ const WORKER: Table = Table {
             &["handlers", "maintenance", "reconcile", "context"],
         ),
         ("maintenance", &["context"]),
-        ("handlers", &[]),
-        ("reconcile", &[]),
+        ("handlers", &["resolve"]),
+        ("reconcile", &["resolve"]),
+        ("resolve", &[]),
         ("context", &[]),
     ],
 };

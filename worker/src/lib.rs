@@ -29,10 +29,13 @@
 //!   per-source [`Router`].
 //! - [`reconcile`]: the reconciler: GitHub's delivery log against what
 //!   hookinbox holds, and redeliveries of what it never took.
+//! - `resolve`: hosts files consulted before DNS, by `forward` and by the
+//!   reconciler's client of GitHub's API.
 //!
 //! Which of these modules may import which is the table of the test
 //! `tests/tests/layers.rs` (CI runs it: `scripts/check-layers.sh`); the
-//! command line sits on top, and `handlers` uses nothing of this crate.
+//! command line sits on top, and `handlers` and `reconcile` use nothing of
+//! this crate but `resolve`.
 //! It never uses `hookinbox-ingest`, and only the command line uses
 //! `hookinbox-operator` (the compiler sees to the crates).
 
@@ -41,6 +44,7 @@ mod context;
 mod handlers;
 mod maintenance;
 pub mod reconcile;
+mod resolve;
 mod runtime;
 
 pub use cli::Cli;

@@ -214,7 +214,12 @@ pub(super) fn forward_config(
         .unwrap_or(DEFAULT_FORWARD_TIMEOUT);
     let mut config = ForwardConfig::new(url, secret, timeout);
     if let Some(signature) = fields.signature {
-        config.signature = signature_of(at, &signature, config.secret.is_some())?;
+        config.signature = signature_of(
+            &at("signature"),
+            &signature,
+            config.secret.is_some(),
+            "secret or secret_file",
+        )?;
     }
     config.headers = headers(at, fields.headers.unwrap_or_default())?;
     if let Some(networks) = fields.allow_networks {
@@ -231,10 +236,15 @@ pub(super) fn forward_config(
     Ok(config)
 }
 
-fn signature_of(
-    at: &dyn Fn(&str) -> String,
+/// The `signature` setting `value`, named `field` in errors, checked
+/// against whether the destination has a secret (`secret` names the
+/// settings that give it, for the errors): `github` and `hookinbox` sign with it, `none`
+/// must not have one.
+pub(super) fn signature_of(
+    field: &str,
     value: &str,
     has_secret: bool,
+    secret: &str,
 ) -> Result<ForwardSignature, ConfigError> {
     let signature = match value {
         "github" => ForwardSignature::Github,
@@ -242,20 +252,23 @@ fn signature_of(
         "none" => ForwardSignature::None,
         other => {
             return Err(ConfigError::field(
-                &at("signature"),
+                field,
                 format!("'{other}' is not github, hookinbox or none"),
             ));
         }
     };
     match (signature, has_secret) {
         (ForwardSignature::None, true) => Err(ConfigError::field(
-            &at("signature"),
-            "is none, but a secret is given: remove the secret or choose github or hookinbox",
+            field,
+            format!(
+                "is none, but a secret is given ({secret}): remove it or choose github or \
+                 hookinbox"
+            ),
         )),
         (ForwardSignature::Github | ForwardSignature::Hookinbox, false) => Err(ConfigError::field(
-            &at("signature"),
+            field,
             format!(
-                "{} needs the destination's secret (secret or secret_file)",
+                "{} needs the destination's secret ({secret})",
                 signature.as_str()
             ),
         )),

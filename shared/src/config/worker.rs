@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use clap::builder::BoolishValueParser;
 
+use super::forward::signature_of;
 use super::{
     CommonArgs, CommonConfig, ConfigError, DEFAULT_FORWARD_SCHEDULE, DEFAULT_FORWARD_TIMEOUT,
     Destination, DestinationKind, EventFilter, ForwardConfig, GithubSettings, IdValue, Reconcile,
@@ -116,7 +117,8 @@ pub struct WorkerArgs {
     )]
     pub forward_url: Option<String>,
 
-    /// Signs forwarded requests (`X-Hookinbox-Signature-256`) when set.
+    /// Signs forwarded requests (`X-Hookinbox-Signature-256`, or as
+    /// HOOKINBOX_FORWARD_SIGNATURE says) when set.
     #[arg(
         long,
         env = "HOOKINBOX_FORWARD_SECRET",
@@ -124,6 +126,18 @@ pub struct WorkerArgs {
         hide_env_values = true
     )]
     pub forward_secret: Option<String>,
+
+    /// How forwarded requests are signed with HOOKINBOX_FORWARD_SECRET, as
+    /// a destination's `signature`: `github` (`X-Hub-Signature-256` and
+    /// GitHub's User-Agent, for an unmodified octokit or Probot app),
+    /// `hookinbox` (`X-Hookinbox-Signature-256`) or `none`. Default:
+    /// `hookinbox` with a secret, `none` without.
+    #[arg(
+        long,
+        env = "HOOKINBOX_FORWARD_SIGNATURE",
+        value_name = "HOOKINBOX_FORWARD_SIGNATURE"
+    )]
+    pub forward_signature: Option<String>,
 
     /// Milliseconds a forwarded request may take.
     #[arg(
@@ -206,6 +220,17 @@ pub struct WorkerArgs {
         value_name = "HOOKINBOX_GITHUB_API_URL"
     )]
     pub github_api_url: Option<String>,
+
+    /// A hosts file (`ADDRESS NAME…` lines) the reconciler's client of
+    /// GitHub's API consults before DNS, re-read at every resolution; for
+    /// every source, beside HOOKINBOX_CONFIG too. For tests (a GHE.com
+    /// API name served locally) and air-gapped setups.
+    #[arg(
+        long,
+        env = "HOOKINBOX_GITHUB_API_HOSTS_FILE",
+        value_name = "HOOKINBOX_GITHUB_API_HOSTS_FILE"
+    )]
+    pub github_api_hosts_file: Option<PathBuf>,
 
     /// A file holding the token that reads the hook's deliveries.
     #[arg(
@@ -387,6 +412,9 @@ pub struct WorkerConfig {
     pub consumes: Option<Arc<Consumed>>,
     /// The sources that name a GitHub hook to reconcile.
     pub reconcile: Arc<Vec<ReconcileTarget>>,
+    /// A hosts file the reconciler's client of GitHub's API consults
+    /// before DNS (`HOOKINBOX_GITHUB_API_HOSTS_FILE`).
+    pub github_api_hosts_file: Option<PathBuf>,
     /// The sources ingest rate-limits that name no hook to reconcile: a
     /// `429` ingest answers them is final from GitHub's side (GitHub does
     /// not retry a failed delivery), so the worker warns of each at start.
@@ -528,14 +556,23 @@ impl WorkerArgs {
                         "is required with HOOKINBOX_HANDLER=forward",
                     )
                 })?;
-                DestinationKind::Forward(ForwardConfig::new(
+                let mut forward = ForwardConfig::new(
                     parse_forward_url("HOOKINBOX_FORWARD_URL", url)?,
                     self.forward_secret
                         .as_deref()
                         .map(|s| inline_secret("HOOKINBOX_FORWARD_SECRET", s))
                         .transpose()?,
                     Duration::from_millis(self.forward_timeout_ms),
-                ))
+                );
+                if let Some(signature) = &self.forward_signature {
+                    forward.signature = signature_of(
+                        "HOOKINBOX_FORWARD_SIGNATURE",
+                        signature.trim(),
+                        forward.secret.is_some(),
+                        "HOOKINBOX_FORWARD_SECRET",
+                    )?;
+                }
+                DestinationKind::Forward(forward)
             }
         })
     }
@@ -681,6 +718,7 @@ impl WorkerArgs {
             consumes,
             routes: Arc::new(routes),
             reconcile: Arc::new(reconcile),
+            github_api_hosts_file: self.github_api_hosts_file.clone(),
             rate_limited_unreconciled: Arc::new(rate_limited_unreconciled),
             retry,
             common,

@@ -140,6 +140,12 @@ const COPIED_EVENT: &str = "HB200";
 ///   redelivery never adds a leg. Two racing copies of a new delivery both
 ///   try; the primary key lets one in, the other's `on conflict do nothing`
 ///   leaves it nothing, and it reports what the first wrote.
+/// - `asked`, with traces on (the delivery's `traceparent` given), finds
+///   the newest redelivery the reconciler asked GitHub for of each
+///   delivery's source and GUID that kept its span's `traceparent`
+///   (migration 14), by a partial index that holds only those: ingest's
+///   span links to it. Returned with each leg taken, beside the
+///   `traceparent` a reclaimed leg kept from its first claim.
 /// - `guard` records each new delivery's body for the replay guard, once
 ///   per delivery, and the final select raises (rolling everything back)
 ///   `HB409` when the body was recorded before under another delivery id
@@ -190,7 +196,7 @@ with input as (
     reclaimable!("d", "$15"),
     "
     returning d.provider, d.source, d.hook_id, d.delivery_id, d.destination, d.claim_token,
-              d.attempts, d.status, false as inserted
+              d.attempts, d.status, false as inserted, d.traceparent as stored_traceparent
 ), inserted as (
     insert into deliveries as d
         (provider, source, hook_id, delivery_id, destination, event, action, body_sha256,
@@ -212,7 +218,15 @@ with input as (
     order by l.provider, l.source, l.hook_id, l.delivery_id, l.destination
     on conflict do nothing
     returning d.provider, d.source, d.hook_id, d.delivery_id, d.destination, d.claim_token,
-              d.attempts, d.status, true as inserted
+              d.attempts, d.status, true as inserted, null::text as stored_traceparent
+), asked as (
+    select i.provider, i.source, i.hook_id, i.delivery_id,
+           (select r.traceparent from reconcile_redeliveries r
+            where r.source = i.source and r.guid = i.delivery_id and r.traceparent is not null
+            order by r.last_asked_at desc
+            limit 1) as traceparent
+    from input i
+    where i.traceparent is not null
 ), guard as (
     insert into seen_bodies (provider, source, body_sha256, hook_id, delivery_id)
     select distinct on (i.provider, i.source, i.body_sha256)
@@ -224,7 +238,7 @@ with input as (
     returning provider, source, body_sha256, hook_id, delivery_id
 )
 select c.provider, c.source, c.hook_id, c.delivery_id, c.destination, c.claim_token,
-       c.attempts, c.status, c.inserted,
+       c.attempts, c.status, c.inserted, c.stored_traceparent, a.traceparent,
        case when exists (
            select 1 from guard g join input i using (provider, source, body_sha256)
            where i.guarded and g.delivery_id <> i.delivery_id)
@@ -233,7 +247,8 @@ select c.provider, c.source, c.hook_id, c.delivery_id, c.destination, c.claim_to
            select 1 from guard g join input i using (provider, source, body_sha256)
            where i.guarded and g.hook_id <> i.hook_id and not i.pinned)
             then hookinbox_copied_event() end
-from (select * from reclaimed union all select * from inserted) c"
+from (select * from reclaimed union all select * from inserted) c
+left join asked a using (provider, source, hook_id, delivery_id)"
 );
 
 /// What is there of the deliveries whose legs the claim did not all write
@@ -242,7 +257,7 @@ from (select * from reclaimed union all select * from inserted) c"
 const CLAIM_STATE: &str = "
 select d.provider, d.source, d.hook_id, d.delivery_id, d.destination, d.status, d.attempts,
        d.claim_token, d.body_sha256, d.lease_until > now(),
-       d.claimed_at < now() - make_interval(secs => $5)
+       d.claimed_at < now() - make_interval(secs => $5), d.traceparent
 from deliveries d
 join unnest($1::text[], $2::text[], $3::text[], $4::text[])
      as k(provider, source, hook_id, delivery_id)
@@ -271,6 +286,7 @@ struct Existing {
     body_sha256: Vec<u8>,
     lease_live: Option<bool>,
     publish_overdue: bool,
+    traceparent: Option<String>,
 }
 
 impl Existing {
@@ -283,6 +299,7 @@ impl Existing {
             body_sha256: row.get(8),
             lease_live: row.get(9),
             publish_overdue: row.get(10),
+            traceparent: row.get(11),
         })
     }
 
@@ -303,6 +320,38 @@ impl Existing {
     }
 }
 
+/// The traces a claim's request links to, read by the claim itself (no
+/// statement of its own): both `None` with traces off.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClaimLinks {
+    /// The `traceparent` the delivery kept from its first claim, when it
+    /// was stored before this request.
+    pub stored: Option<String>,
+    /// The `traceparent` of the reconciler's span that asked GitHub to
+    /// redeliver it (`reconcile_redeliveries.traceparent`), when one did
+    /// and the claim took a leg. Read only when the request carries a
+    /// `traceparent` of its own (traces on).
+    pub redelivery: Option<String>,
+}
+
+/// A claim's answer, with the traces its request links to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Claimed {
+    /// What the claim decided.
+    pub claim: Claim,
+    /// The traces to link to.
+    pub links: ClaimLinks,
+}
+
+impl Claimed {
+    fn unlinked(claim: Claim) -> Self {
+        Self {
+            claim,
+            links: ClaimLinks::default(),
+        }
+    }
+}
+
 /// Claims one delivery's legs: [`claim_batch`] with one request, the same
 /// statement (so the single and the batched claim cannot disagree). A
 /// delivery that vanished between the statements (retention) is claimed
@@ -312,13 +361,22 @@ pub async fn claim(
     policy: &Policy,
     req: &ClaimRequest,
 ) -> Result<Claim, DbError> {
-    let mut answer = Claim::Legs(Vec::new());
+    Ok(claim_linked(client, policy, req).await?.claim)
+}
+
+/// [`claim`], with the traces the request links to.
+pub async fn claim_linked(
+    client: &impl Session,
+    policy: &Policy,
+    req: &ClaimRequest,
+) -> Result<Claimed, DbError> {
+    let mut answer = Claimed::unlinked(Claim::Legs(Vec::new()));
     for _ in 0..SWEPT_RETRIES {
-        answer = claim_batch(client, policy, std::slice::from_ref(req))
+        answer = claim_batch_linked(client, policy, std::slice::from_ref(req))
             .await?
             .pop()
-            .unwrap_or(Claim::Legs(Vec::new()));
-        if answer != Claim::Legs(Vec::new()) {
+            .unwrap_or_else(|| Claimed::unlinked(Claim::Legs(Vec::new())));
+        if answer.claim != Claim::Legs(Vec::new()) {
             break;
         }
     }
@@ -389,6 +447,19 @@ pub async fn claim_batch(
     policy: &Policy,
     requests: &[ClaimRequest],
 ) -> Result<Vec<Claim>, DbError> {
+    Ok(claim_batch_linked(client, policy, requests)
+        .await?
+        .into_iter()
+        .map(|c| c.claim)
+        .collect())
+}
+
+/// [`claim_batch`], each answer with the traces its request links to.
+pub async fn claim_batch_linked(
+    client: &impl Session,
+    policy: &Policy,
+    requests: &[ClaimRequest],
+) -> Result<Vec<Claimed>, DbError> {
     let mut firsts: BTreeMap<&DeliveryKey, usize> = BTreeMap::new();
     for (i, r) in requests.iter().enumerate() {
         firsts.entry(&r.key).or_insert(i);
@@ -411,17 +482,17 @@ pub async fn claim_batch(
                         .await?
                         .unwrap_or(Claim::Legs(Vec::new()))
                 };
-                return Ok(vec![answer]);
+                return Ok(vec![Claimed::unlinked(answer)]);
             }
             let mut out = Vec::with_capacity(requests.len());
             for request in requests {
-                out.push(Box::pin(claim(client, policy, request)).await?);
+                out.push(Box::pin(claim_linked(client, policy, request)).await?);
             }
             return Ok(out);
         }
         Err(e) => return Err(e),
     };
-    let mut out = Vec::with_capacity(requests.len());
+    let mut out: Vec<Claimed> = Vec::with_capacity(requests.len());
     for (i, r) in requests.iter().enumerate() {
         let first = firsts[&r.key];
         let answer = if first == i {
@@ -429,7 +500,7 @@ pub async fn claim_batch(
                 Some(answer) => answer,
                 // Swept between the statements: claim it again on its own.
                 None => {
-                    let mut again = Claim::Legs(Vec::new());
+                    let mut again = Claimed::unlinked(Claim::Legs(Vec::new()));
                     for _ in 0..SWEPT_RETRIES {
                         let mut answers =
                             Box::pin(claim_firsts(client, policy, std::slice::from_ref(r), &{
@@ -449,25 +520,31 @@ pub async fn claim_batch(
         } else if requests[first].body_sha256 != r.body_sha256 {
             // The statement tried only the first body of this key; this one
             // differs, so decide it exactly as a claim of its own would.
-            Box::pin(claim(client, policy, r)).await?
+            Box::pin(claim_linked(client, policy, r)).await?
         } else {
             // A copy that raced the first in this very batch: a duplicate
-            // of whatever the first made of it.
+            // of whatever the first made of it, linked as the first is.
             match out.get(first) {
-                Some(Claim::Legs(legs)) => Claim::Legs(
-                    legs.iter()
-                        .map(|(d, leg): &(DestinationName, LegClaim)| {
-                            let status = match leg {
-                                LegClaim::Filtered => Status::Filtered,
-                                LegClaim::Duplicate(status) => *status,
-                                _ => Status::Processing,
-                            };
-                            (d.clone(), LegClaim::Duplicate(status))
-                        })
-                        .collect(),
-                ),
+                Some(Claimed {
+                    claim: Claim::Legs(legs),
+                    links,
+                }) => Claimed {
+                    claim: Claim::Legs(
+                        legs.iter()
+                            .map(|(d, leg): &(DestinationName, LegClaim)| {
+                                let status = match leg {
+                                    LegClaim::Filtered => Status::Filtered,
+                                    LegClaim::Duplicate(status) => *status,
+                                    _ => Status::Processing,
+                                };
+                                (d.clone(), LegClaim::Duplicate(status))
+                            })
+                            .collect(),
+                    ),
+                    links: links.clone(),
+                },
                 Some(other) => other.clone(),
-                None => Claim::Legs(Vec::new()),
+                None => Claimed::unlinked(Claim::Legs(Vec::new())),
             }
         };
         out.push(answer);
@@ -484,7 +561,7 @@ async fn claim_firsts(
     policy: &Policy,
     requests: &[ClaimRequest],
     firsts: &BTreeMap<&DeliveryKey, usize>,
-) -> Result<HashMap<usize, Claim>, DbError> {
+) -> Result<HashMap<usize, Claimed>, DbError> {
     let order: Vec<usize> = firsts.values().copied().collect();
     let pick = |f: &dyn Fn(&ClaimRequest) -> Option<&str>| -> Vec<Option<&str>> {
         order.iter().map(|&i| f(&requests[i])).collect()
@@ -540,15 +617,19 @@ async fn claim_firsts(
     )
     .await?;
 
-    // What the statement wrote, by delivery.
+    // What the statement wrote, by delivery, and the traces it found.
     let mut written: HashMap<DeliveryTuple, (bool, Vec<(String, LegClaim)>)> = HashMap::new();
+    let mut linked: HashMap<DeliveryTuple, ClaimLinks> = HashMap::new();
     for r in &rows {
-        let key = (r.get(0), r.get(1), r.get(2), r.get(3));
+        let key: DeliveryTuple = (r.get(0), r.get(1), r.get(2), r.get(3));
         let destination: String = r.get(4);
         let token = ClaimToken(r.get(5));
         let attempts: i32 = r.get(6);
         let status = status_of(r.get(7))?;
         let inserted: bool = r.get(8);
+        let links = linked.entry(key.clone()).or_default();
+        links.stored = links.stored.take().or(r.get(9));
+        links.redelivery = links.redelivery.take().or(r.get(10));
         let leg = match status {
             Status::Filtered => LegClaim::Filtered,
             _ => LegClaim::Claimed {
@@ -603,6 +684,10 @@ async fn claim_firsts(
         let k = delivery_tuple(key);
         let (_, mut legs) = written.remove(&k).unwrap_or_default();
         let there = existing.remove(&k).unwrap_or_default();
+        let mut links = linked.remove(&k).unwrap_or_default();
+        if links.stored.is_none() {
+            links.stored = there.iter().find_map(|e| e.traceparent.clone());
+        }
         let answer = if there
             .iter()
             .any(|e| e.body_sha256.as_slice() != requests[i].body_sha256.as_slice())
@@ -629,7 +714,13 @@ async fn claim_firsts(
                     .collect::<Result<_, _>>()?,
             )
         };
-        answers.insert(i, answer);
+        answers.insert(
+            i,
+            Claimed {
+                claim: answer,
+                links,
+            },
+        );
     }
     Ok(answers)
 }

@@ -64,6 +64,9 @@ pub struct Delivery {
     /// `lost` or an untaken claim whose lease ran out). `State::of` reads
     /// it.
     pub awaiting_redelivery: bool,
+    /// `X-GitHub-Tenant`: the GHE.com enterprise that sent it (`None` for
+    /// github.com and GitHub Enterprise Server).
+    pub github_tenant: Option<String>,
 }
 
 /// Why and when a delivery was dead-lettered: the headers of its copy in
@@ -138,5 +141,6 @@ pub(super) fn delivery(row: &tokio_postgres::Row) -> Result<Delivery, DbError> {
         filter_reason: row.get(24),
         max_attempts: row.get(25),
         awaiting_redelivery: row.get(26),
+        github_tenant: row.get(27),
     })
 }

@@ -16,7 +16,7 @@ use deadpool_postgres::Pool;
 
 use crate::postgres::sql::Session;
 
-use super::{AttemptLog, Claim, ClaimRequest, Completing, Policy, Take, Taking};
+use super::{AttemptLog, ClaimRequest, Claimed, Completing, Policy, Take, Taking};
 use crate::postgres::{BatchShape, Batcher, DbError, Refusal};
 
 /// The destinations' attempt log, many attempts per statement.
@@ -34,9 +34,10 @@ pub fn attempt_log(pool: Pool, shape: BatchShape) -> AttemptLogBatcher {
     })
 }
 
-/// Ingest's claims, `HOOKINBOX_CLAIM_BATCH` per statement; a claim Postgres
-/// refused on its own answers its refusal.
-pub type ClaimBatcher = Batcher<ClaimRequest, Result<Claim, Refusal>>;
+/// Ingest's claims, `HOOKINBOX_CLAIM_BATCH` per statement, each answered
+/// with the traces its request links to; a claim Postgres refused on its
+/// own answers its refusal.
+pub type ClaimBatcher = Batcher<ClaimRequest, Result<Claimed, Refusal>>;
 
 /// Starts the claim collector.
 pub fn claims(pool: Pool, policy: Policy, shape: BatchShape) -> ClaimBatcher {
@@ -44,13 +45,13 @@ pub fn claims(pool: Pool, policy: Policy, shape: BatchShape) -> ClaimBatcher {
         let pool = pool.clone();
         async move {
             let client = pool.get().await?;
-            match super::claim_batch(&client, &policy, &claims).await {
+            match super::claim_batch_linked(&client, &policy, &claims).await {
                 Ok(answers) => Ok(answers.into_iter().map(Ok).collect()),
                 Err(e) if e.refusal().is_some() => {
                     let mut answers = Vec::with_capacity(claims.len());
                     for request in &claims {
                         answers.push(refused_alone(
-                            super::claim(&client, &policy, request).await,
+                            super::claim_linked(&client, &policy, request).await,
                         )?);
                     }
                     Ok(answers)

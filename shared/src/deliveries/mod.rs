@@ -4,7 +4,7 @@
 //!
 //! | file | caller | transitions |
 //! |---|---|---|
-//! | [`claim`](self::claim) | ingest | `claim`, `claim_batch` (a delivery's legs), `park_due`, `park_copy` |
+//! | [`claim`](self::claim) | ingest | `claim`, `claim_batch` (a delivery's legs; `_linked`: with the traces its request links to), `park_due`, `park_copy` |
 //! | [`take`](self::take) | worker | `take` (and the hold of a gated leg), `take_batch`, `renew`, `fence`, `release_lease` |
 //! | [`complete`](self::complete) | worker | `complete`, `complete_batch`, `store_event`, `fail`, `mark_dead_lettered` |
 //! | [`schedule`](self::schedule) | scheduler, reaper | `schedule_due`, `probe_due`, `reschedule`, `exhaust_due`, `needing_copy`, `dead_letter_unreadable`, `reap` |
@@ -205,7 +205,8 @@ macro_rules! delivery_columns {
        completed_at, failed_at, dead_lettered_at is not null, last_error_class, last_error,
        first_failed_at, repository, claimed_at, dead_lettered_at, destination, filter_reason,
        max_attempts, ",
-            awaiting_redelivery!("deliveries")
+            awaiting_redelivery!("deliveries"),
+            ", github_tenant"
         )
     };
 }
@@ -363,7 +364,8 @@ pub use admin::{
     unreplay,
 };
 pub use claim::{
-    Claim, ClaimRequest, LegClaim, LegRequest, Origin, claim, claim_batch, park_copy, park_due,
+    Claim, ClaimLinks, ClaimRequest, Claimed, LegClaim, LegRequest, Origin, claim, claim_batch,
+    claim_batch_linked, claim_linked, park_copy, park_due,
 };
 pub use complete::{
     Completing, StoredEvent, complete, complete_batch, fail, mark_dead_lettered, store_event,

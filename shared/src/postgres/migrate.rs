@@ -83,6 +83,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "0013_github_tenant.sql",
         sql: include_str!("../../migrations/0013_github_tenant.sql"),
     },
+    Migration {
+        version: 14,
+        name: "0014_reconcile_traceparent.sql",
+        sql: include_str!("../../migrations/0014_reconcile_traceparent.sql"),
+    },
 ];
 
 /// Applies every pending migration and returns how many it applied.

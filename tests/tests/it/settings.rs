@@ -244,6 +244,37 @@ fn each_bad_setting_is_refused_by_name() {
         ),
         (
             "hookinbox-worker",
+            vec![
+                ("HOOKINBOX_HANDLER", "forward"),
+                ("HOOKINBOX_FORWARD_URL", "http://app.example/hook"),
+                ("HOOKINBOX_FORWARD_SECRET", "s"),
+                ("HOOKINBOX_FORWARD_SIGNATURE", "sha1"),
+            ],
+            "HOOKINBOX_FORWARD_SIGNATURE: 'sha1' is not github, hookinbox or none",
+        ),
+        (
+            "hookinbox-worker",
+            vec![
+                ("HOOKINBOX_HANDLER", "forward"),
+                ("HOOKINBOX_FORWARD_URL", "http://app.example/hook"),
+                ("HOOKINBOX_FORWARD_SIGNATURE", "github"),
+            ],
+            "HOOKINBOX_FORWARD_SIGNATURE: github needs the destination's secret \
+             (HOOKINBOX_FORWARD_SECRET)",
+        ),
+        (
+            "hookinbox-worker",
+            vec![
+                ("HOOKINBOX_HANDLER", "forward"),
+                ("HOOKINBOX_FORWARD_URL", "http://app.example/hook"),
+                ("HOOKINBOX_FORWARD_SECRET", "s"),
+                ("HOOKINBOX_FORWARD_SIGNATURE", "none"),
+            ],
+            "HOOKINBOX_FORWARD_SIGNATURE: is none, but a secret is given \
+             (HOOKINBOX_FORWARD_SECRET)",
+        ),
+        (
+            "hookinbox-worker",
             vec![("HOOKINBOX_EVENTS_RETENTION_DAYS", "7")],
             "HOOKINBOX_EVENTS_RETENTION_DAYS: is shorter than HOOKINBOX_RETENTION_COMPLETED (30 days)",
         ),

@@ -2,14 +2,17 @@
 //! worker's job to the destination (whose request carries the trace's
 //! `traceparent`), exported over OTLP/HTTP to a local receiver that
 //! decodes the protobuf; a retry and a replay of a dead letter start
-//! traces of their own that link back to the first; with no endpoint, no
-//! trace context anywhere.
+//! traces of their own that link back to the first; a redelivery the
+//! reconciler asked GitHub for (the fake GitHub sends it to ingest) links
+//! to the reconciler's request, and to the first request when the delivery
+//! was stored before; with no endpoint, no trace context anywhere.
 
 use std::time::Duration;
 
+use hookinbox_tests::github::{self, FakeGithub, HookPath};
 use hookinbox_tests::otlp::{Collector, Span, render};
 use hookinbox_tests::receiver::{Receiver, Reply};
-use hookinbox_tests::{Hook, SECRET, Spawned, TestEnv, wait_until, worker_command};
+use hookinbox_tests::{Hook, SECRET, Spawned, TestEnv, fixtures, wait_until, worker_command};
 
 /// ingest and a forwarding worker, both exporting to `collector` (when
 /// given) in batches every 100 ms.
@@ -309,6 +312,153 @@ async fn a_retry_and_a_replayed_dead_letter_link_back_to_the_first_trace() {
     }
     collector.stop().await;
     receiver.stop().await;
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_reconciler_redelivery_links_to_the_reconcilers_request_and_to_the_stored_trace() {
+    let env = TestEnv::new().await;
+    let collector = Collector::start().await;
+    let ingest = env.spawn(
+        "hookinbox-ingest",
+        &[
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &collector.endpoint),
+            ("HOOKINBOX_GITHUB_SECRET", SECRET),
+        ],
+    );
+    ingest.wait_ready().await;
+    let token = "ghp_traces_test_token";
+    let fake = FakeGithub::start(token);
+    let hook = fake.add_hook(github::Hook {
+        path: HookPath::Repo {
+            owner: "acme".into(),
+            repo: "widgets".into(),
+            id: 123456,
+        },
+        hook_id: "123456".into(),
+        target: format!("http://127.0.0.1:{}/webhooks/github", ingest.port),
+        secret: SECRET.to_owned(),
+    });
+    // `never`: GitHub got no answer and hookinbox holds nothing of it.
+    let never = uuid::Uuid::new_v4().to_string();
+    fake.record(
+        hook,
+        &never,
+        "push",
+        &fixtures::unique(&fixtures::own("push")),
+        0,
+        "failed to connect to host",
+        false,
+        chrono::Utc::now() - chrono::Duration::minutes(10),
+        true,
+    );
+    // `stored`: ingest claimed it (traced), GitHub timed out, and the
+    // claim's ingest died before its job was taken: only a redelivery
+    // finishes it.
+    let (stored, status) = fake
+        .deliver(hook, "push", &fixtures::unique(&fixtures::own("push")))
+        .await;
+    assert_eq!(status, 202);
+    fake.mark_timed_out(&stored);
+    env.db
+        .execute(
+            "update deliveries set lease_until = now() - interval '1 second' \
+             where delivery_id = $1",
+            &[&stored],
+        )
+        .await
+        .expect("the claim's lease runs out");
+
+    let token_file = std::env::temp_dir().join(format!("{}-traces-token", env.prefix));
+    std::fs::write(&token_file, format!("{token}\n")).expect("token");
+    let token_file = token_file.to_string_lossy().into_owned();
+    let out = tokio::process::Command::from(worker_command(
+        &env,
+        &["reconcile", "--json"],
+        &[
+            ("HOOKINBOX_RECONCILE_HOOK", "repo:acme/widgets/123456"),
+            ("HOOKINBOX_GITHUB_API_URL", &fake.base),
+            ("HOOKINBOX_GITHUB_TOKEN_FILE", &token_file),
+            ("HOOKINBOX_RECONCILE_MIN_AGE_SECS", "0"),
+            ("HOOKINBOX_RECONCILE_PER_SECOND", "200"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &collector.endpoint),
+        ],
+    ))
+    .output()
+    .await
+    .expect("runs");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!((fake.resent(&never), fake.resent(&stored)), (1, 1));
+
+    // The spans of a delivery: the reconciler's ask, and ingest's requests.
+    let of = |spans: &[Span], name: &str, id: &str| -> Vec<Span> {
+        spans
+            .iter()
+            .filter(|s| s.name == name && s.attribute("delivery_id") == Some(id))
+            .cloned()
+            .collect()
+    };
+    wait_until("the spans of both", Duration::from_secs(30), || async {
+        let spans = collector.spans();
+        of(&spans, "reconcile.redeliver", &never).len() == 1
+            && of(&spans, "reconcile.redeliver", &stored).len() == 1
+            && of(&spans, "ingest.request", &never).len() == 1
+            && of(&spans, "ingest.request", &stored).len() == 2
+    })
+    .await;
+    let spans = collector.spans();
+    let asked_never = &of(&spans, "reconcile.redeliver", &never)[0];
+    let asked_stored = &of(&spans, "reconcile.redeliver", &stored)[0];
+    println!(
+        "the reconciler's pass:\n{}",
+        render(&collector.trace(&asked_never.trace_id))
+    );
+    for asked in [asked_never, asked_stored] {
+        assert_eq!(asked.service, "hookinbox-worker");
+        assert_eq!(asked.kind, "SPAN_KIND_CLIENT");
+        assert_eq!(asked.attribute("result"), Some("accepted"));
+        let pass = spans
+            .iter()
+            .find(|s| s.span_id == asked.parent_span_id)
+            .expect("its parent");
+        assert_eq!(pass.name, "reconcile.pass");
+        assert_eq!(pass.attribute("outcome"), Some("complete"));
+    }
+    let link = |s: &Span| (s.trace_id.clone(), s.span_id.clone());
+
+    // Never stored: the redelivered request is a trace of its own, linked
+    // to the reconciler's ask.
+    let redelivered = &of(&spans, "ingest.request", &never)[0];
+    println!(
+        "the redelivered request:\n{}",
+        render(&collector.trace(&redelivered.trace_id))
+    );
+    assert!(redelivered.parent_span_id.is_empty(), "a root");
+    assert_ne!(redelivered.trace_id, asked_never.trace_id);
+    assert_eq!(redelivered.attribute("outcome"), Some("accepted"));
+    assert_eq!(redelivered.links, vec![link(asked_never)]);
+
+    // Stored before: linked to the ask and to the first request's trace.
+    let mut requests = of(&spans, "ingest.request", &stored);
+    requests.sort_by_key(|s| !s.links.is_empty());
+    let (first, again) = (&requests[0], &requests[1]);
+    assert!(first.links.is_empty(), "GitHub's first send links nowhere");
+    assert_eq!(again.attribute("outcome"), Some("accepted"));
+    assert_eq!(again.links, vec![link(asked_stored), link(first)]);
+    println!(
+        "the stored delivery's redelivered request links to {:?}",
+        again.links
+    );
+    assert_eq!(collector.bad_requests(), 0);
+    let _ = std::fs::remove_file(&token_file);
+    collector.stop().await;
     env.cleanup().await;
 }
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use hookinbox::deliveries::ErrorClass;
 use hookinbox_tests::receiver::{Receiver, Reply};
-use hookinbox_tests::{Hook, SECRET, TestEnv, fixtures, settle, sign};
+use hookinbox_tests::{Hook, SECRET, TestEnv, fixtures, settle, sign, wait_until};
 use hookinbox_worker::{JobOutcome, Worker};
 
 const FORWARD_SECRET: &str = "receiver-shared-secret";
@@ -64,6 +64,54 @@ async fn every_fixture_is_forwarded_once_byte_identical_with_key_headers_and_sig
             "GitHub's signature is not passed on"
         );
     }
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn the_variables_alone_forward_signed_the_github_way_with_the_destinations_secret() {
+    // No HOOKINBOX_CONFIG: the worker binary reads the `default` source's
+    // one destination from the variables, as deployed.
+    let (env, ingest) = TestEnv::with_forward_ingest().await;
+    let receiver = Receiver::ok().await;
+    let _worker = env.spawn(
+        "hookinbox-worker",
+        &[
+            ("HOOKINBOX_HANDLER", "forward"),
+            ("HOOKINBOX_FORWARD_URL", &receiver.url),
+            ("HOOKINBOX_FORWARD_SECRET", FORWARD_SECRET),
+            ("HOOKINBOX_FORWARD_SIGNATURE", "github"),
+        ],
+    );
+    let hook = Hook::fixture("pull_request");
+    assert_eq!(ingest.send(&hook).await.status, 202);
+    wait_until(
+        "the forward to complete",
+        Duration::from_secs(30),
+        || async {
+            env.count("select count(*) from deliveries where status = 'completed'")
+                .await
+                == 1
+        },
+    )
+    .await;
+    let received = receiver.received();
+    assert_eq!(received.len(), 1);
+    let got = &received[0];
+    assert_eq!(got.body, hook.body);
+    assert_eq!(
+        got.header("x-hub-signature-256"),
+        Some(sign(FORWARD_SECRET, &hook.body).as_str()),
+        "signed as GitHub signs, with the destination's secret (an octokit app verifies it)"
+    );
+    assert_ne!(
+        got.header("x-hub-signature-256"),
+        hook.signature.as_deref(),
+        "not GitHub's own signature, made with the source's secret"
+    );
+    assert!(got.header("x-hookinbox-signature-256").is_none());
+    assert_eq!(got.header("user-agent"), Some("GitHub-Hookshot/test"));
+    assert_eq!(got.header("x-github-delivery"), Some(hook.id()));
+    receiver.stop().await;
     env.cleanup().await;
 }
 

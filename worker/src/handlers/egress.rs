@@ -12,15 +12,16 @@
 //! so the handler checks it itself ([`literal_address`]).
 //!
 //! `HOOKINBOX_FORWARD_HOSTS_FILE` names a hosts file consulted before DNS
-//! and re-read at every resolution, for tests and air-gapped setups; its
-//! answers pass the same check as DNS's.
+//! and re-read at every resolution (`crate::resolve`), for tests and
+//! air-gapped setups; its answers pass the same check as DNS's.
 
-use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use hookinbox::egress::{AllowNetworks, Blocked};
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
+
+use crate::resolve::lookup_hosts_file;
 
 /// A resolver that returns only the addresses the policy allows.
 pub(super) struct GuardedResolver {
@@ -76,26 +77,6 @@ fn allowed(allow: &AllowNetworks, addresses: Vec<IpAddr>) -> Result<Vec<SocketAd
         (true, Some(blocked)) => Err(blocked),
         _ => Ok(kept),
     }
-}
-
-/// The addresses `host` has in the hosts file at `path`, if it is there.
-/// The file is read at every call: its changes count at the next attempt,
-/// as a DNS answer's would.
-async fn lookup_hosts_file(path: &Path, host: &str) -> io::Result<Option<Vec<IpAddr>>> {
-    let text = tokio::fs::read_to_string(path).await?;
-    let host = host.trim_end_matches('.');
-    let mut found = Vec::new();
-    for line in text.lines() {
-        let line = line.split('#').next().unwrap_or("");
-        let mut fields = line.split_whitespace();
-        let Some(Ok(ip)) = fields.next().map(str::parse::<IpAddr>) else {
-            continue;
-        };
-        if fields.any(|name| name.trim_end_matches('.').eq_ignore_ascii_case(host)) {
-            found.push(ip);
-        }
-    }
-    Ok((!found.is_empty()).then_some(found))
 }
 
 /// The address a URL names directly, if its host is one (`[::1]` too).
@@ -158,30 +139,5 @@ mod tests {
         );
         let err = allowed(&allow, vec![ip("10.0.0.1"), ip("127.0.0.2")]).expect_err("none left");
         assert_eq!(err.address, ip("10.0.0.1"));
-    }
-
-    #[tokio::test]
-    async fn the_hosts_file_is_read_at_every_lookup() {
-        let path = std::env::temp_dir().join(format!("hookinbox-hosts-{}", uuid::Uuid::new_v4()));
-        std::fs::write(&path, "# test\n127.0.0.1 a.test B.test.\n::1 a.test\n").expect("write");
-        let found = lookup_hosts_file(&path, "b.test").await.expect("read");
-        assert_eq!(found, Some(vec!["127.0.0.1".parse().expect("ip")]));
-        assert_eq!(
-            lookup_hosts_file(&path, "a.test.")
-                .await
-                .expect("read")
-                .map(|v| v.len()),
-            Some(2)
-        );
-        std::fs::write(&path, "10.0.0.1 a.test\n").expect("write");
-        assert_eq!(
-            lookup_hosts_file(&path, "a.test").await.expect("read"),
-            Some(vec!["10.0.0.1".parse().expect("ip")])
-        );
-        assert_eq!(
-            lookup_hosts_file(&path, "c.test").await.expect("read"),
-            None
-        );
-        let _ = std::fs::remove_file(path);
     }
 }

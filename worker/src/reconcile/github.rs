@@ -6,6 +6,8 @@
 //! to a bound; a longer wait is an error.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
@@ -14,6 +16,8 @@ use reqwest::header::{HeaderMap, HeaderValue};
 use reqwest::{Method, StatusCode, Url};
 use serde::Deserialize;
 use tokio::sync::Mutex;
+
+use crate::resolve::HostsFileResolver;
 
 /// The API version the requests ask for.
 const API_VERSION: &str = "2022-11-28";
@@ -149,17 +153,25 @@ pub(crate) struct Api {
 }
 
 impl Api {
+    /// A client of the API at `base` for `hook`, waiting out a rate limit
+    /// at most `max_wait`; `hosts_file` is consulted before DNS
+    /// (`HOOKINBOX_GITHUB_API_HOSTS_FILE`).
     pub(crate) fn new(
         base: Url,
         hook: HookKind,
         auth: GithubAuth,
         source: &str,
         max_wait: Duration,
+        hosts_file: Option<PathBuf>,
     ) -> Result<Self, ApiError> {
-        let http = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .timeout(Duration::from_secs(30))
-            .user_agent(concat!("hookinbox/", env!("CARGO_PKG_VERSION")))
+            .user_agent(concat!("hookinbox/", env!("CARGO_PKG_VERSION")));
+        if let Some(path) = hosts_file {
+            builder = builder.dns_resolver(Arc::new(HostsFileResolver::new(path)));
+        }
+        let http = builder
             .build()
             .map_err(|e| ApiError::Unreachable(e.to_string()))?;
         Ok(Self {
@@ -498,6 +510,7 @@ mod tests {
                 GithubAuth::Token("t".to_owned()),
                 "default",
                 Duration::from_secs(1),
+                None,
             )
             .expect("client");
             let url = api.url(&hook.deliveries_path()).expect("joins");

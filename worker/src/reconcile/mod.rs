@@ -18,7 +18,9 @@ use std::time::Duration;
 use deadpool_postgres::Pool;
 use hookinbox::config::{ReconcileTarget, WorkerConfig};
 use hookinbox::postgres::{DbError, advisory};
+use hookinbox::telemetry::{self, SpanTrace};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 mod github;
 mod judge;
@@ -68,7 +70,10 @@ pub async fn run(
         }
         tokio::time::sleep(LOCK_POLL).await;
     }
-    let result = pass::pass(pool, target, config.retention.completed, options).await;
+    let span = pass_span(source, options.dry_run);
+    let result = pass::pass(pool, target, config, options)
+        .instrument(span.clone())
+        .await;
     if advisory::unlock_named(&leader, advisory::RECONCILE, source)
         .await
         .is_err()
@@ -94,7 +99,28 @@ pub async fn run(
     };
     metrics::counter!(hookinbox::metrics::RECONCILE_RUNS, "source" => source.to_owned(), "outcome" => outcome)
         .increment(1);
+    span.record("outcome", outcome);
     result
+}
+
+/// The span of one pass, when traces are on: the root of the trace its
+/// redelivery requests (`reconcile.redeliver`) belong to. A disabled span
+/// otherwise.
+fn pass_span(source: &str, dry_run: bool) -> tracing::Span {
+    if !telemetry::enabled() {
+        return tracing::Span::none();
+    }
+    let span = tracing::info_span!(
+        "pass",
+        otel.name = "reconcile.pass",
+        source,
+        dry_run,
+        outcome = tracing::field::Empty,
+        trace_id = tracing::field::Empty,
+        span_id = tracing::field::Empty,
+    );
+    span.record_ids();
+    span
 }
 
 /// Says, once per source at the worker's start, that a source ingest

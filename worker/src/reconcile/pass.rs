@@ -10,14 +10,17 @@
 //! no row of (`unexplained`). Each walk has its own watermark.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::Pool;
-use hookinbox::config::ReconcileTarget;
+use hookinbox::config::{ReconcileTarget, WorkerConfig};
 use hookinbox::deliveries;
 use hookinbox::postgres::DbError;
+use hookinbox::telemetry::{self, SpanTrace};
 use serde::Serialize;
+use tracing::Instrument;
 
 use super::github::{Api, LoggedDelivery, Redelivery};
 use super::judge::{Attempts, Rules, Verdict, judge};
@@ -112,7 +115,8 @@ fn ago(now: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
     now - chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
 }
 
-/// Runs one pass, in its steps: walk GitHub's log back to the cutoff,
+/// Runs one pass with `config`'s retention and hosts file, in its steps:
+/// walk GitHub's log back to the cutoff,
 /// group the attempts by GUID, learn the hook id they carry, judge each
 /// GUID against what hookinbox holds, ask GitHub to redeliver (unless a
 /// dry run), and record the pass. The caller holds the source's leader
@@ -120,10 +124,12 @@ fn ago(now: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
 pub(crate) async fn pass(
     pool: &Pool,
     target: &ReconcileTarget,
-    retention: Duration,
+    config: &WorkerConfig,
     options: &PassOptions,
 ) -> Result<Report, ReconcileError> {
-    let mut pass = Pass::start(pool, target, options).await?;
+    let retention = config.retention.completed;
+    let hosts_file = config.github_api_hosts_file.clone();
+    let mut pass = Pass::start(pool, target, hosts_file, options).await?;
     let logged = pass.walk_log().await?;
     let by_guid = group(&logged);
     pass.report.scanned = by_guid.len() as u64;
@@ -153,6 +159,28 @@ struct Pass<'a> {
     report: Report,
 }
 
+/// The span of one redelivery request, when traces are on: its source and
+/// GUID, never a URL or a credential. Its `traceparent` is kept with the
+/// ask, so that ingest's span of the redelivered request links to it. A
+/// disabled span otherwise.
+fn redeliver_span(source: &str, guid: &str) -> tracing::Span {
+    if !telemetry::enabled() {
+        return tracing::Span::none();
+    }
+    let span = tracing::info_span!(
+        "redeliver",
+        otel.name = "reconcile.redeliver",
+        otel.kind = "client",
+        source,
+        delivery_id = guid,
+        result = tracing::field::Empty,
+        trace_id = tracing::field::Empty,
+        span_id = tracing::field::Empty,
+    );
+    span.record_ids();
+    span
+}
+
 /// What the judging found to do.
 struct Judged<'l> {
     /// GUIDs to redeliver, each with the id of the attempt to send again
@@ -179,6 +207,7 @@ impl<'a> Pass<'a> {
     async fn start(
         pool: &Pool,
         target: &'a ReconcileTarget,
+        hosts_file: Option<PathBuf>,
         options: &'a PassOptions,
     ) -> Result<Self, ReconcileError> {
         let settings = &target.settings;
@@ -190,6 +219,7 @@ impl<'a> Pass<'a> {
             settings.auth.clone(),
             source,
             options.max_wait,
+            hosts_file,
         )?;
         let client = pool.get().await.map_err(DbError::from)?;
         let progress = state::progress(&client, source)
@@ -415,27 +445,40 @@ impl<'a> Pass<'a> {
         };
         for (guid, id, _) in &judged.redeliver {
             pace.tick().await;
+            let span = redeliver_span(source, guid);
             // Counted before the request: a crash between the two still
             // counts against the cap.
-            state::ask(&self.client, &self.hook, guid, source).await?;
-            match self.api.redeliver(*id).await {
+            state::ask(
+                &self.client,
+                &self.hook,
+                guid,
+                source,
+                span.traceparent().as_deref(),
+            )
+            .instrument(span.clone())
+            .await?;
+            let answer = self.api.redeliver(*id).instrument(span.clone()).await;
+            let result = match answer {
                 Ok(Redelivery::Accepted) => {
                     state::answered(&self.client, &self.hook, guid, "accepted").await?;
                     self.report.redelivered += 1;
-                    label("accepted");
+                    "accepted"
                 }
                 Ok(Redelivery::Refused(message)) => {
                     state::answered(&self.client, &self.hook, guid, "refused").await?;
                     self.report.refused += 1;
-                    label("refused");
                     tracing::warn!(source, delivery_id = guid, %message, "GitHub refused the redelivery (422)");
+                    "refused"
                 }
                 Err(e) => {
                     let _ = state::answered(&self.client, &self.hook, guid, "failed").await;
                     label("failed");
+                    span.record("result", "failed");
                     return Err(e.into());
                 }
-            }
+            };
+            label(result);
+            span.record("result", result);
         }
         Ok(())
     }

@@ -150,21 +150,26 @@ pub(crate) async fn asked(
 }
 
 const ASK: &str = "
-insert into reconcile_redeliveries (hook, guid, source, asked, last_result)
-values ($1, $2, $3, 1, 'asked')
+insert into reconcile_redeliveries (hook, guid, source, asked, last_result, traceparent)
+values ($1, $2, $3, 1, 'asked', $4)
 on conflict (hook, guid) do update
-    set asked = reconcile_redeliveries.asked + 1, last_asked_at = now(), last_result = 'asked'";
+    set asked = reconcile_redeliveries.asked + 1, last_asked_at = now(), last_result = 'asked',
+        traceparent = excluded.traceparent";
 
 /// Counts a redelivery as asked, before the request to GitHub: a crash
 /// between the two still counts against the cap, and a pass that follows
-/// does not ask again within the minimum age.
+/// does not ask again within the minimum age. Keeps `traceparent`, the
+/// span of this ask (traces on), for ingest's span of the redelivered
+/// request to link to: written before the request, since GitHub may send
+/// the delivery before it answers.
 pub(crate) async fn ask(
     client: &impl Session,
     hook: &str,
     guid: &str,
     source: &str,
+    traceparent: Option<&str>,
 ) -> Result<(), DbError> {
-    sql::execute(client, ASK, &[&hook, &guid, &source]).await?;
+    sql::execute(client, ASK, &[&hook, &guid, &source, &traceparent]).await?;
     Ok(())
 }
 

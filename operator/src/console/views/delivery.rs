@@ -39,6 +39,7 @@ pub(crate) fn delivery(d: &Detail, session: &Session) -> Markup {
                     dt { "Hook id" } dd.mono { @if key.hook_id.as_str().is_empty() { span.muted { "none" } } @else { (key.hook_id.as_str()) } }
                     dt { "Event" } dd { (row.event) @if let Some(a) = &row.action { "." (a) } }
                     dt { "Repository" } dd { (row.repository.as_deref().unwrap_or("—")) }
+                    @if let Some(tenant) = &row.github_tenant { dt { "GHE.com tenant" } dd.mono #tenant { (tenant) } }
                     dt { "Created" } dd { (when(Some(row.created_at))) }
                     @if let Some(e) = &row.last_error {
                     // A delivery that failed and then completed keeps its
