@@ -84,7 +84,11 @@ fn config(n: usize, url: &str) -> String {
 /// Sends at `rate` for `length`, each request on a task of its own (a
 /// request that waits does not hold back the next); returns how many
 /// ingest accepted (202).
-async fn send_at(stack: &Arc<Stack>, rate: u32, length: Duration) -> anyhow::Result<usize> {
+pub(super) async fn send_at(
+    stack: &Arc<Stack>,
+    rate: u32,
+    length: Duration,
+) -> anyhow::Result<usize> {
     let period = Duration::from_secs(1) / rate;
     let total = (length.as_secs_f64() * f64::from(rate)) as usize;
     let start = tokio::time::Instant::now();
