@@ -28,6 +28,7 @@ pub(crate) fn filter_form(
                 }
             }
             label { "Source" input name="source" value=(v("source")) placeholder="default"; }
+            label { "Destination" input name="destination" value=(v("destination")) placeholder="ci"; }
             label { "Event" input name="event" value=(v("event")) placeholder="push"; }
             label { "Action" input name="action" value=(v("action")) placeholder="opened"; }
             label { "Repository" input name="repository" value=(v("repository")) placeholder="owner/name"; }
