@@ -330,9 +330,13 @@ pub async fn load(
     for (i, row) in rows.into_iter().enumerate() {
         let leg_lineage = store::lineage(client, &row.key).await?;
         let mut steps = timeline(&row, &leg_lineage);
+        // The delivery was received once, whatever its legs: one step, of
+        // no leg.
         if i > 0 {
-            // The delivery was received once, whatever its legs.
             steps.retain(|s| s.what != "received");
+        }
+        for step in steps.iter_mut().filter(|s| s.what == "received") {
+            step.destination.clear();
         }
         timeline_steps.extend(steps);
         lineage.extend(leg_lineage);

@@ -514,6 +514,27 @@ async fn a_delivery_with_several_legs_has_one_page_with_each_leg_and_its_attempt
     );
     assert!(!answer.text.contains("dest-ops-token"), "{}", answer.text);
     assert_eq!(legs[0]["attempt_log"], json!([]), "store keeps no log");
+    let received: Vec<&Value> = answer.body["timeline"]
+        .as_array()
+        .expect("a timeline")
+        .iter()
+        .filter(|s| s["event"] == "received")
+        .collect();
+    assert_eq!(received.len(), 1, "received once, whatever its legs");
+    assert_eq!(received[0]["destination"], "");
+    // The list: one row per leg, and a filter by destination.
+    let list = admin
+        .get("/api/v1/deliveries?destination=ci", Some(OPERATOR))
+        .await;
+    let items = list.body["items"].as_array().expect("items");
+    assert_eq!(items.len(), 1, "{}", list.text);
+    assert_eq!(
+        (
+            items[0]["delivery_id"].as_str(),
+            items[0]["destination"].as_str()
+        ),
+        (Some(hook.id()), Some("ci"))
+    );
     let stored: Vec<u8> = env
         .db
         .query_one("select response_excerpt from destination_attempts", &[])

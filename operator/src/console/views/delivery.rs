@@ -85,7 +85,7 @@ pub(crate) fn delivery(d: &Detail, session: &Session) -> Markup {
                     @for s in &d.timeline {
                         li class=(s.what.replace(' ', "-")) {
                             span.when { (stamp(s.at)) }
-                            @if d.legs.len() > 1 { code { (s.destination) } " " }
+                            @if d.legs.len() > 1 && !s.destination.is_empty() { code { (s.destination) } " " }
                             strong { (s.what) }
                             @if let Some(detail) = &s.detail { " " span { (detail) } }
                         }
