@@ -664,3 +664,51 @@ url = "{url}"
     assert_eq!(rows[0].3["filter"]["destination"], "a", "{:?}", rows[0].3);
     env.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_configured_destination_no_worker_registered_yet_can_be_paused_before_it_runs() {
+    let env = TestEnv::new().await;
+    let (config, token) = config(&env, "http://127.0.0.1:9/hook");
+    let admin = env.admin_with(env.admin_config_on(&config)).await;
+    let listed = admin.get("/api/v1/destinations", Some(VIEWER)).await;
+    assert_eq!(listed.status, 200, "{}", listed.text);
+    let ci = listed.body["items"]
+        .as_array()
+        .and_then(|items| items.iter().find(|d| d["name"] == "ci"))
+        .expect("ci, from the configuration")
+        .clone();
+    assert_eq!(
+        (
+            &ci["state"],
+            &ci["registered"],
+            &ci["configured"],
+            &ci["state_since"]
+        ),
+        (&json!("closed"), &json!(false), &json!(true), &Value::Null)
+    );
+    assert_eq!(env.count("select count(*) from destinations").await, 0);
+
+    let paused = admin
+        .post(
+            "/api/v1/destinations/default/ci/pause",
+            Some(OPERATOR),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(paused.status, 200, "{}", paused.text);
+    assert_eq!(
+        (&paused.body["from"], &paused.body["changed"]),
+        (&json!("closed"), &json!(true))
+    );
+    assert_eq!(
+        state(&env, "ci").await,
+        ("paused".to_owned(), Some("olivia".to_owned()))
+    );
+    // A worker starting now keeps the operator's state.
+    let _worker = env.worker_on(&config, Default::default()).await;
+    assert_eq!(state(&env, "ci").await.0, "paused");
+    assert_eq!(state(&env, "archive").await.0, "closed");
+    admin.stop().await;
+    env.cleanup().await;
+    let _ = std::fs::remove_file(token);
+}
