@@ -18,9 +18,13 @@
 //!   in the background for the console or in the foreground for the CLI;
 //!   purge is a job's kind.
 //! - [`audit`]: the audit log both faces write; `actor`: who acts.
+//! - [`destinations`]: each destination's state, waiting legs and
+//!   settings ([`destinations::DestinationView`], the one JSON of a
+//!   destination), and an operator's pause and resume, audited.
 //!
 //! The faces:
-//! - [`cli`]: the operator commands (`deliveries`, `dlq`).
+//! - [`cli`]: the operator commands (`deliveries`, `dlq`, `jobs`,
+//!   `destinations`).
 //! - [`console`]: the admin console (`hookinbox-worker admin`): the web
 //!   page and the JSON API, its sign-in, bulk jobs and audit log.
 //!
@@ -33,6 +37,7 @@ mod age;
 pub mod audit;
 pub mod cli;
 pub mod console;
+pub mod destinations;
 mod dlq;
 pub mod jobs;
 pub mod replay;

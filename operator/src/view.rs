@@ -1,5 +1,6 @@
-//! The one JSON shape of a delivery: the CLI's `--json` and the console's
-//! API (`docs/admin-openapi.json`, `Delivery`) both print it.
+//! The one JSON shape of a delivery (one leg of it, to one destination):
+//! the CLI's `--json` and the console's API (`docs/admin-openapi.json`,
+//! `Delivery`) both print it.
 
 use chrono::{DateTime, Utc};
 use hookinbox::deliveries::{Delivery, ErrorClass, State};
@@ -16,6 +17,9 @@ pub struct DeliveryView<'a> {
     pub hook_id: &'a str,
     /// `X-GitHub-Delivery`.
     pub delivery_id: &'a str,
+    /// The leg's destination (empty for a leg claimed before destinations
+    /// existed).
+    pub destination: &'a str,
     /// `X-GitHub-Event`.
     pub event: &'a str,
     /// The payload's `action`.
@@ -63,6 +67,7 @@ impl<'a> DeliveryView<'a> {
             source: d.key.source.as_str(),
             hook_id: d.key.hook_id.as_str(),
             delivery_id: d.key.delivery_id.as_str(),
+            destination: d.key.destination.as_str(),
             event: &d.event,
             action: d.action.as_deref(),
             repository: d.repository.as_deref(),

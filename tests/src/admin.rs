@@ -44,6 +44,20 @@ impl TestEnv {
         )
     }
 
+    /// [`TestEnv::admin_config`] on the sources of a config file (its
+    /// destinations' settings shown, its secrets masked).
+    pub fn admin_config_on(&self, config: &std::path::Path) -> AdminConfig {
+        let mut args = self.worker_args();
+        args.sources.config = Some(config.to_owned());
+        args.metrics_listen = "127.0.0.1:0".parse().expect("address");
+        let worker = args.validate().expect("valid settings");
+        AdminConfig::new(
+            worker,
+            "127.0.0.1:0".parse().expect("address"),
+            Access::Tokens(Tokens::parse(TOKENS).expect("valid tokens")),
+        )
+    }
+
     /// Starts the admin console on a free port with [`TOKENS`].
     pub async fn admin(&self) -> TestAdmin {
         self.admin_with(self.admin_config()).await

@@ -98,9 +98,24 @@ const INGEST: Table = Table {
 const OPERATOR: Table = Table {
     dir: "operator",
     modules: &[
-        ("cli", &["age", "dlq", "view", "actor", "jobs"]),
-        ("console", &["age", "dlq", "view", "actor", "jobs", "audit"]),
+        (
+            "cli",
+            &["age", "dlq", "view", "actor", "jobs", "destinations"],
+        ),
+        (
+            "console",
+            &[
+                "age",
+                "dlq",
+                "view",
+                "actor",
+                "jobs",
+                "audit",
+                "destinations",
+            ],
+        ),
         ("jobs", &["actor", "audit", "replay", "dlq"]),
+        ("destinations", &["actor", "audit"]),
         ("audit", &["actor"]),
         ("replay", &[]),
         ("view", &[]),

@@ -71,7 +71,7 @@ fn given(matches: &clap::ArgMatches, id: &str) -> bool {
     name = "hookinbox-worker",
     version,
     about,
-    after_help = "Exit codes: 0 done, 1 nothing matched (for dlq replay: nothing replayed, the output saying why), 2 usage or connection error.\n\nExamples:\n  hookinbox-worker                       # run the worker\n  hookinbox-worker migrate\n  hookinbox-worker dlq list --json\n  hookinbox-worker dlq replay --all --dry-run\n  hookinbox-worker deliveries show <X-GitHub-Delivery>\n  hookinbox-worker jobs list\n  hookinbox-worker admin                 # the admin console on 127.0.0.1:9900"
+    after_help = "Exit codes: 0 done, 1 nothing matched (for dlq replay: nothing replayed, the output saying why), 2 usage or connection error.\n\nExamples:\n  hookinbox-worker                       # run the worker\n  hookinbox-worker migrate\n  hookinbox-worker dlq list --json\n  hookinbox-worker dlq replay --all --dry-run\n  hookinbox-worker deliveries show <X-GitHub-Delivery>\n  hookinbox-worker jobs list\n  hookinbox-worker destinations\n  hookinbox-worker admin                 # the admin console on 127.0.0.1:9900"
 )]
 struct CliArgs {
     #[command(subcommand)]

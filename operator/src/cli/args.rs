@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use hookinbox::deliveries::{ErrorClass, Filter, Order, State};
-use hookinbox::key::{DeliveryId, EventName, SourceName};
+use hookinbox::key::{DeliveryId, DestinationName, EventName, SourceName};
 
 use super::OpsError;
 use crate::actor::Identity;
@@ -132,6 +132,13 @@ fn parse_source(s: &str) -> Result<String, String> {
         .map_err(|e| e.to_string())
 }
 
+/// `--destination`: a destination's name, as destinations are named.
+fn parse_destination(s: &str) -> Result<String, String> {
+    DestinationName::parse(s)
+        .map(|n| n.as_str().to_owned())
+        .map_err(|e| e.to_string())
+}
+
 /// `--event`: an event's name, as `X-GitHub-Event` gives it.
 fn parse_event(s: &str) -> Result<String, String> {
     EventName::parse(s.as_bytes())
@@ -180,6 +187,10 @@ pub struct MatchArgs {
     /// Only this source.
     #[arg(long, value_parser = parse_source)]
     pub source: Option<String>,
+    /// Only legs to this destination (its name; with --source when two
+    /// sources have one of that name), e.g. ci.
+    #[arg(long, value_name = "NAME", value_parser = parse_destination)]
+    pub destination: Option<String>,
     /// Only this event, e.g. push.
     #[arg(long, value_parser = parse_event)]
     pub event: Option<String>,
@@ -200,6 +211,7 @@ impl MatchArgs {
     pub fn narrow(&self, filter: Filter) -> Filter {
         Filter {
             source: self.source.clone(),
+            destination: self.destination.clone(),
             event: self.event.clone(),
             action: self.action.clone(),
             repository: self.repository.clone(),
@@ -213,6 +225,7 @@ impl MatchArgs {
         let mut given = BTreeMap::new();
         let fields = [
             ("source", self.source.clone()),
+            ("destination", self.destination.clone()),
             ("event", self.event.clone()),
             ("action", self.action.clone()),
             ("repository", self.repository.clone()),
@@ -232,6 +245,7 @@ impl MatchArgs {
     /// Whether any is given.
     pub fn is_set(&self) -> bool {
         self.source.is_some()
+            || self.destination.is_some()
             || self.event.is_some()
             || self.action.is_some()
             || self.repository.is_some()

@@ -1,5 +1,5 @@
 //! The operator's commands: list, show, replay and purge deliveries and
-//! dead letters. `hookinbox-worker` exposes them as subcommands (with
+//! dead letters; list, pause and resume destinations. `hookinbox-worker` exposes them as subcommands (with
 //! `sweep`, which is the worker's own maintenance). They read Postgres (the record) and keep the dead-letter
 //! queue's copies in step with it.
 //!
@@ -19,6 +19,7 @@ use crate::OperatorError;
 use crate::jobs::Kind;
 
 mod args;
+mod destinations_cmd;
 mod job;
 mod jobs_cmd;
 mod print;
@@ -28,6 +29,7 @@ pub use args::{
     ActorArgs, FilterArgs, ListArgs, MAX_AGE, MAX_AGE_TEXT, MatchArgs, StatusFilter, parse_action,
     parse_age, parse_delivery_id, parse_rate, parse_repository,
 };
+pub use destinations_cmd::{DestinationsArgs, DestinationsCommand, parse_target};
 pub use jobs_cmd::JobsCommand;
 use print::{print_fields, print_rows};
 
@@ -95,6 +97,13 @@ pub enum OpsCommand {
     /// CLI's, one kind of job.
     #[command(subcommand)]
     Jobs(JobsCommand),
+    /// List destinations (state, waiting legs, last error, settings); pause
+    /// or resume one. Exits 1 when there is none (or, for pause and
+    /// resume, when it was in that state already).
+    #[command(
+        after_help = "Examples:\n  hookinbox-worker destinations\n  hookinbox-worker destinations --json\n  hookinbox-worker destinations pause default/ci --as alice\n  hookinbox-worker destinations resume default/ci --as alice"
+    )]
+    Destinations(DestinationsArgs),
 }
 
 /// `deliveries …`
@@ -332,5 +341,6 @@ pub async fn run(
             Ok(Found::from_count(purged as usize))
         }
         OpsCommand::Jobs(command) => jobs_cmd::run(command, &pool, out).await,
+        OpsCommand::Destinations(args) => destinations_cmd::run(args, &pool, config, out).await,
     }
 }

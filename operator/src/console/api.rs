@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 
 use super::auth::{api_identity, require_operator};
 use super::body::{self, JSON_LIMIT};
+use super::destinations::{self, Action};
 use super::error::{AdminError, ApiError};
 use super::jobs::{self, Kind};
 use super::state::State;
@@ -58,7 +59,15 @@ pub(crate) async fn one(
         .map_err(|_| AdminError::field("hook_id", "the only parameter here, 1 to 20 digits"))?;
     let (source, id) = path.into_inner();
     let client = state.pool.get().await?;
-    let d = detail::load(&client, &who, &source, &id, hook.hook_id.as_deref()).await?;
+    let d = detail::load(
+        &client,
+        &who,
+        &source,
+        &id,
+        hook.hook_id.as_deref(),
+        &state.secret_values,
+    )
+    .await?;
     Ok(HttpResponse::Ok().json(detail::to_json(&d)))
 }
 
@@ -324,4 +333,54 @@ pub(crate) async fn revoke_session(
     let id = params::id("session", &id)?;
     session::revoke(&state.pool, &who, id).await?;
     Ok(HttpResponse::Ok().json(json!({"id": id, "revoked": true})))
+}
+
+/// `GET /api/v1/destinations`: every destination, registered or
+/// configured, with its state, waiting legs, last error and settings
+/// (never a secret or a header's value).
+pub(crate) async fn destinations(req: HttpRequest, state: web::Data<State>) -> Answer {
+    api_identity(&req, &state)?;
+    let all = destinations::list(&state).await?;
+    Ok(HttpResponse::Ok().json(json!({
+        "items": all.iter().map(destinations::DestinationView::json).collect::<Vec<_>>(),
+    })))
+}
+
+async fn change_destination(
+    req: HttpRequest,
+    state: web::Data<State>,
+    path: web::Path<(String, String)>,
+    action: Action,
+) -> Answer {
+    let who = api_identity(&req, &state)?;
+    require_operator(&who)?;
+    let (source, name) = path.into_inner();
+    let target = destinations::target(&source, &name)?;
+    let changed = destinations::change(&state, &who, &target, action).await?;
+    Ok(HttpResponse::Ok().json(json!({
+        "source": target.source.as_str(),
+        "name": target.name.as_str(),
+        "state": changed.to.as_str(),
+        "from": changed.from.as_str(),
+        "changed": changed.changed(),
+    })))
+}
+
+/// `POST /api/v1/destinations/{source}/{name}/pause` (operators; audited).
+pub(crate) async fn pause_destination(
+    req: HttpRequest,
+    state: web::Data<State>,
+    path: web::Path<(String, String)>,
+) -> Answer {
+    change_destination(req, state, path, Action::Pause).await
+}
+
+/// `POST /api/v1/destinations/{source}/{name}/resume` (operators;
+/// audited): back to closed from any state.
+pub(crate) async fn resume_destination(
+    req: HttpRequest,
+    state: web::Data<State>,
+    path: web::Path<(String, String)>,
+) -> Answer {
+    change_destination(req, state, path, Action::Resume).await
 }

@@ -27,6 +27,9 @@
 //!   sign-in form, sign-out and the sessions page); `views`: the
 //!   HTML (maud) and the stylesheet; `detail`: one delivery, its headers,
 //!   timeline and payload, for both.
+//! - `destinations`: the console's side of destinations
+//!   (`crate::destinations`, shared with the CLI): the list, pause and
+//!   resume.
 //! - `jobs`: the console's side of bulk jobs (`crate::jobs`, shared with
 //!   the CLI): selections by filter or ids, rates, the limit.
 //! - `state`, `error`, `startup`: what requests share, the error type and
@@ -36,6 +39,7 @@ mod api;
 mod auth;
 mod body;
 mod config;
+mod destinations;
 mod detail;
 mod error;
 mod headers;

@@ -12,6 +12,7 @@ use maud::Markup;
 
 use super::auth::{page_session, require_csrf, require_operator};
 use super::body::{self, FORM_LIMIT};
+use super::destinations::{self, Action};
 use super::error::{AdminError, PageError};
 use super::jobs::{self, Kind};
 use super::params::{self, Checked};
@@ -112,7 +113,15 @@ pub(crate) async fn delivery(
     let hook = hook_param(req.query_string())?;
     let (source, id) = path.into_inner();
     let client = state.pool.get().await?;
-    let d = detail::load(&client, &session.identity, &source, &id, hook.as_deref()).await?;
+    let d = detail::load(
+        &client,
+        &session.identity,
+        &source,
+        &id,
+        hook.as_deref(),
+        &state.secret_values,
+    )
+    .await?;
     Ok(html(views::delivery(&d, &session)))
 }
 
@@ -135,7 +144,9 @@ async fn act_on_one(
         ids: Some(vec![id.clone()]),
         hook_id: Some(hook.clone()),
         states: kind.states().to_vec(),
-        limit: 2,
+        // Each leg of the delivery that the job applies to: one per
+        // destination of its source.
+        limit: 1000,
         ..Filter::default()
     };
     let target =
@@ -319,4 +330,47 @@ pub(crate) async fn stylesheet() -> HttpResponse {
         .content_type("text/css; charset=utf-8")
         .insert_header((header::CACHE_CONTROL, "max-age=3600"))
         .body(views::STYLESHEET)
+}
+
+/// `GET /destinations`: each destination's state, waiting legs, last
+/// error and settings, with (for an operator) its pause or resume button.
+pub(crate) async fn destinations_page(req: HttpRequest, state: web::Data<State>) -> Page {
+    let session = page_session(&req, &state).await?;
+    let all = destinations::list(&state).await?;
+    Ok(html(views::destinations(&all, &session)))
+}
+
+async fn change_destination(
+    req: HttpRequest,
+    state: web::Data<State>,
+    path: web::Path<(String, String)>,
+    payload: web::Payload,
+    action: Action,
+) -> Page {
+    let (session, _, _) = changing_form(&req, &state, payload, &[]).await?;
+    require_operator(&session.identity)?;
+    let (source, name) = path.into_inner();
+    let target = destinations::target(&source, &name)?;
+    destinations::change(&state, &session.identity, &target, action).await?;
+    Ok(see_other("/destinations"))
+}
+
+/// `POST /destinations/{source}/{name}/pause` (audited).
+pub(crate) async fn pause_destination(
+    req: HttpRequest,
+    state: web::Data<State>,
+    path: web::Path<(String, String)>,
+    payload: web::Payload,
+) -> Page {
+    change_destination(req, state, path, payload, Action::Pause).await
+}
+
+/// `POST /destinations/{source}/{name}/resume` (audited).
+pub(crate) async fn resume_destination(
+    req: HttpRequest,
+    state: web::Data<State>,
+    path: web::Path<(String, String)>,
+    payload: web::Payload,
+) -> Page {
+    change_destination(req, state, path, payload, Action::Resume).await
 }

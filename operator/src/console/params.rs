@@ -18,9 +18,10 @@ use super::error::AdminError;
 use crate::age::{MAX_AGE_TEXT, parse_age};
 
 /// The filter's fields, in the order a form shows them.
-pub const FILTER_FIELDS: [&str; 10] = [
+pub const FILTER_FIELDS: [&str; 11] = [
     "status",
     "source",
+    "destination",
     "event",
     "action",
     "repository",
@@ -167,6 +168,7 @@ fn apply(out: &mut Checked, prefix: &str, name: &str, value: &str) -> Result<(),
             })?
         }
         "source" => f.source = Some(bounded(&field, value, 64)?),
+        "destination" => f.destination = Some(bounded(&field, value, 64)?),
         "event" => f.event = Some(bounded(&field, value, 100)?),
         "action" => f.action = Some(bounded(&field, value, 64)?),
         "repository" => f.repository = Some(bounded(&field, value, 140)?),

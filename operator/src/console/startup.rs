@@ -15,6 +15,7 @@ use super::config::{Access, AdminConfig};
 use super::state::State;
 use super::throttle::Throttle;
 use super::{api, headers, pages, session, sign_in};
+use crate::destinations::SecretValues;
 use crate::jobs::{self, Runner};
 
 /// Stops a running console (see [`AdminApp::handle`]).
@@ -70,6 +71,8 @@ impl AdminApp {
             body_timeout: config.body_timeout,
             process_key: rand::random(),
             wake_runner: Arc::new(tokio::sync::Notify::new()),
+            routes: config.worker.routes.clone(),
+            secret_values: SecretValues::of(&config.worker.routes),
         });
         let stop_runner = CancellationToken::new();
         let runner = jobs::spawn(
@@ -106,6 +109,15 @@ impl AdminApp {
                         .route("/purges/{job}", web::delete().to(api::cancel_purge))
                         .route("/jobs", web::get().to(api::jobs_list))
                         .route("/audit", web::get().to(api::audit))
+                        .route("/destinations", web::get().to(api::destinations))
+                        .route(
+                            "/destinations/{source}/{name}/pause",
+                            web::post().to(api::pause_destination),
+                        )
+                        .route(
+                            "/destinations/{source}/{name}/resume",
+                            web::post().to(api::resume_destination),
+                        )
                         .route("/sessions", web::get().to(api::sessions))
                         .route("/sessions/{id}", web::delete().to(api::revoke_session))
                         .default_service(web::to(api_not_found)),
@@ -133,6 +145,15 @@ impl AdminApp {
                 .route("/jobs/{id}", web::get().to(pages::job_page))
                 .route("/jobs/{id}/cancel", web::post().to(pages::job_cancel))
                 .route("/audit", web::get().to(pages::audit_page))
+                .route("/destinations", web::get().to(pages::destinations_page))
+                .route(
+                    "/destinations/{source}/{name}/pause",
+                    web::post().to(pages::pause_destination),
+                )
+                .route(
+                    "/destinations/{source}/{name}/resume",
+                    web::post().to(pages::resume_destination),
+                )
                 .route("/sessions", web::get().to(sign_in::sessions_page))
                 .route(
                     "/sessions/{id}/revoke",

@@ -7,7 +7,9 @@ use deadpool_postgres::Pool;
 
 use super::config::Access;
 use super::throttle::Throttle;
+use crate::destinations::SecretValues;
 use hookinbox::client::TrustedProxies;
+use hookinbox::config::Route;
 
 /// Shared by every request.
 pub(crate) struct State {
@@ -27,4 +29,9 @@ pub(crate) struct State {
     pub(crate) process_key: [u8; 32],
     /// Wakes the job runner when a job is created or cancelled.
     pub(crate) wake_runner: Arc<tokio::sync::Notify>,
+    /// The configured destinations: their settings for display, and the
+    /// ones a pause may register first.
+    pub(crate) routes: Arc<Vec<Route>>,
+    /// Their secret header values, masked wherever an answer is shown.
+    pub(crate) secret_values: SecretValues,
 }

@@ -126,6 +126,11 @@ impl RepositoryFilter {
         Ok(Self((!all.is_empty()).then_some(all)))
     }
 
+    /// The patterns, lower case; empty when every repository is taken.
+    pub fn patterns(&self) -> &[String] {
+        self.0.as_deref().unwrap_or_default()
+    }
+
     /// Whether every repository is taken (no filter).
     pub fn is_all(&self) -> bool {
         self.0.is_none()

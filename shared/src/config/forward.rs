@@ -134,6 +134,71 @@ impl ForwardConfig {
     }
 }
 
+/// What replaces a secret value in an answer shown or kept
+/// ([`mask_secret_values`]).
+pub const REDACTED: &str = "[redacted]";
+
+/// The shortest word of a secret value masked on its own: shorter words
+/// (`Bearer`, `Basic`, `token`) are a scheme, not the secret.
+const MIN_SECRET_WORD: usize = 8;
+
+impl ForwardConfig {
+    /// The values a receiver's answer must never be kept or shown with:
+    /// each header value read from a file (a secret), and each word of it
+    /// long enough to be a credential (the token of `Bearer <token>`), as
+    /// a receiver may echo either. Longest first, so that a value is
+    /// masked whole before its words are. The signing secret is not among
+    /// them: only its HMAC leaves this process.
+    pub fn secret_values(&self) -> Vec<String> {
+        let mut all = Vec::new();
+        for header in self.headers.iter().filter(|h| h.is_secret()) {
+            let Ok(value) = header.value.to_str() else {
+                continue;
+            };
+            all.push(value.to_owned());
+            all.extend(
+                value
+                    .split_whitespace()
+                    .filter(|w| w.len() >= MIN_SECRET_WORD && *w != value)
+                    .map(str::to_owned),
+            );
+        }
+        sort_secret_values(&mut all);
+        all
+    }
+}
+
+/// Orders secret values longest first, without repeats or empty ones.
+pub fn sort_secret_values(values: &mut Vec<String>) {
+    values.retain(|v| !v.is_empty());
+    values.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+    values.dedup();
+}
+
+/// `bytes` with every occurrence of each of `values` (longest first, see
+/// [`ForwardConfig::secret_values`]) replaced by [`REDACTED`].
+pub fn mask_secret_values(bytes: &[u8], values: &[String]) -> Vec<u8> {
+    let mut out = bytes.to_vec();
+    for value in values.iter().map(String::as_bytes) {
+        if value.is_empty() || !out.windows(value.len()).any(|w| w == value) {
+            continue;
+        }
+        let mut masked = Vec::with_capacity(out.len());
+        let mut at = 0;
+        while at < out.len() {
+            if out[at..].starts_with(value) {
+                masked.extend_from_slice(REDACTED.as_bytes());
+                at += value.len();
+            } else {
+                masked.push(out[at]);
+                at += 1;
+            }
+        }
+        out = masked;
+    }
+    out
+}
+
 /// A header's value as written: plain text, or `{ file = "…" }` for a
 /// secret.
 #[derive(Deserialize)]
@@ -514,6 +579,23 @@ mod tests {
         .expect_err("a line break");
         assert!(!err.contains("s3cret"), "{err}");
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn secret_header_values_and_their_long_words_are_masked() {
+        let values = vec![
+            "Bearer t0ken-value-1".to_owned(),
+            "t0ken-value-1".to_owned(),
+        ];
+        let masked = mask_secret_values(
+            b"bad Authorization: Bearer t0ken-value-1; token t0ken-value-1",
+            &values,
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&masked),
+            "bad Authorization: [redacted]; token [redacted]"
+        );
+        assert_eq!(mask_secret_values(b"nothing", &values), b"nothing");
     }
 
     #[test]

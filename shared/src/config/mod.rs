@@ -32,8 +32,8 @@ pub use destinations::{
     Filtered, RepositoryFilter,
 };
 pub use forward::{
-    DEFAULT_FORWARD_TIMEOUT, ExtraHeader, ForwardConfig, ForwardSignature, ForwardTls,
-    parse_forward_url,
+    DEFAULT_FORWARD_TIMEOUT, ExtraHeader, ForwardConfig, ForwardSignature, ForwardTls, REDACTED,
+    mask_secret_values, parse_forward_url, sort_secret_values,
 };
 pub use github::{
     DEFAULT_API_URL, DEFAULT_INTERVAL_SECS, DEFAULT_MAX_REDELIVERIES, DEFAULT_MIN_AGE_SECS,

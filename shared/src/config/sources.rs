@@ -74,6 +74,20 @@ impl EventFilter {
         Ok(Self((!map.is_empty()).then_some(map)))
     }
 
+    /// The entries as written (`push`, `pull_request.opened`), sorted;
+    /// empty when every event is taken. For operators' displays.
+    pub fn entries(&self) -> Vec<String> {
+        let Some(map) = &self.0 else {
+            return Vec::new();
+        };
+        map.iter()
+            .flat_map(|(event, actions)| match actions {
+                None => vec![event.clone()],
+                Some(actions) => actions.iter().map(|a| format!("{event}.{a}")).collect(),
+            })
+            .collect()
+    }
+
     /// Whether any action of `event` may be taken (checked before the body
     /// is parsed).
     pub fn takes_event(&self, event: &EventName) -> bool {

@@ -219,6 +219,28 @@ pub async fn set_by_operator(
     Ok(exists.map(|_| false))
 }
 
+const LOCK: &str = "
+select state from destinations where source = $1 and name = $2 for update";
+
+/// Locks a destination's row for an operator's change in the caller's
+/// transaction, and reads its state; `None` when there is no such row.
+/// The change ([`set_by_operator`]) and its audit row then name the state
+/// it changed from, which no breaker transition can move meanwhile.
+pub async fn lock_destination(
+    client: &impl Session,
+    source: &SourceName,
+    name: &DestinationName,
+) -> Result<Option<BreakerState>, DbError> {
+    let Some(row) = sql::query_opt(client, LOCK, &[source, name]).await? else {
+        return Ok(None);
+    };
+    let state: &str = row.get(0);
+    state
+        .parse()
+        .map(Some)
+        .map_err(|_: UnknownName| DbError::BadRow("state"))
+}
+
 /// One destination's row.
 #[derive(Clone, Debug)]
 pub struct DestinationRow {

@@ -13,7 +13,7 @@
 //! | [`state`](self::state) | operators, the sampler | `State`: the operator's words for a row, `of` a row and `predicate` for a statement |
 //! | [`admin`](self::admin) | operators | `find`, `stored_payload`, `replay`, `unreplay` |
 //! | [`reconcile`](self::reconcile) | the reconciler | `held` (reads only) |
-//! | [`destinations`](self::destinations) | worker, operators | the breaker: `register`, `trip`, `close`, `disable`, `disable_stale`, `set_by_operator`; the attempt log: `log_attempts`, `window`, `leg_attempts` |
+//! | [`destinations`](self::destinations) | worker, operators | the breaker: `register`, `trip`, `close`, `disable`, `disable_stale`, `lock_destination` and `set_by_operator`; the attempt log: `log_attempts`, `window`, `leg_attempts` |
 //! | [`filter`](self::filter) | operators | `list`, `list_page`, `count`, `purge_dead`: the one filter of the CLI and the console |
 //! | [`overview`](self::overview) | operators, the sampler | `overview`: the console's counts and ages; `gauges`: the state gauges |
 //!
@@ -373,8 +373,8 @@ pub use complete::{
 pub use delivery::{DeadLetter, Delivery, get};
 pub use destinations::{
     AttemptLog, AttemptResult, BreakerState, DestinationRow, EXCERPT_BYTES, LoggedAttempt,
-    Registration, Waiting, close, disable, disable_stale, leg_attempts, log_attempts, register,
-    rows, set_by_operator, trip, waiting, window,
+    Registration, Waiting, close, disable, disable_stale, leg_attempts, lock_destination,
+    log_attempts, register, rows, set_by_operator, trip, waiting, window,
 };
 #[doc(hidden)]
 pub use filter::statements_for_explain;

@@ -59,7 +59,7 @@ fn valid(param: &str, value: &str) -> bool {
     }
     let short_printable = value.len() <= 64 && !value.chars().any(char::is_control);
     match param {
-        "source" | "event" | "action" | "repository" => short_printable,
+        "source" | "destination" | "event" | "action" | "repository" => short_printable,
         "delivery_id" => value.len() <= 128 && value.bytes().all(|b| b.is_ascii_graphic()),
         _ => false,
     }
@@ -152,6 +152,24 @@ fn probes() -> Vec<Probe> {
                     format!("/api/v1/deliveries/default/{v}"),
                     Some("delivery_id"),
                 ));
+            }
+            // A destination's source and name: a bad one is named, a valid
+            // one that is not configured is a 404.
+            if !value.contains('\0') {
+                let source = (!source_name(&value)).then(|| "source".to_owned());
+                out.push(Probe {
+                    method: reqwest::Method::POST,
+                    path: format!("/api/v1/destinations/{v}/ci/pause"),
+                    body: None,
+                    refused: source,
+                });
+                let name = (!source_name(&value)).then(|| "destination".to_owned());
+                out.push(Probe {
+                    method: reqwest::Method::POST,
+                    path: format!("/api/v1/destinations/default/{v}/resume"),
+                    body: None,
+                    refused: name,
+                });
             }
             out.push(Probe {
                 method: reqwest::Method::DELETE,

@@ -222,6 +222,27 @@ async fn every_console_list_and_count_reads_deliveries_through_an_index() {
             None,
         ),
         (
+            // No index leads with the destination (each would cost the hot
+            // path an entry per leg): a list reads the newest rows in order
+            // and filters them; a source narrows it through its index.
+            "destination",
+            Filter {
+                destination: Some("ci".into()),
+                ..Filter::default()
+            },
+            None,
+        ),
+        (
+            "dead legs of a destination",
+            Filter {
+                states: vec![State::Dead],
+                source: Some("src1".into()),
+                destination: Some("ci".into()),
+                ..Filter::default()
+            },
+            None,
+        ),
+        (
             "dead of a source since",
             Filter {
                 states: vec![State::Dead],

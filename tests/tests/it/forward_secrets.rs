@@ -1,13 +1,16 @@
 //! A destination's secrets (its signing secret, and extra headers read
 //! from files) reach its receiver and nowhere else: not the logs (at
-//! `RUST_LOG=debug`), not `/metrics`, not the console's pages, not the
-//! API's answers. The binaries run as child processes, as deployed.
+//! `RUST_LOG=debug`), not `/metrics`, not the console's pages (the
+//! Destinations page and a delivery's legs and attempt log among them),
+//! not the API's answers, not `hookinbox-worker destinations` (table or
+//! `--json`), not the attempt log even when a receiver echoes the secret
+//! header it was sent. The binaries run as child processes, as deployed.
 
 use std::time::Duration;
 
 use hookinbox_tests::admin::{OPERATOR, sign_in_at};
 use hookinbox_tests::receiver::{Receiver, Reply};
-use hookinbox_tests::{Hook, SECRET, TestEnv, sign, wait_until};
+use hookinbox_tests::{Hook, SECRET, TestEnv, sign, wait_until, worker_command};
 
 const APP_SECRET: &str = "app-secret-Zq7w1xPvN3";
 const RELAY_SECRET: &str = "relay-secret-Hm4kT9sRb2";
@@ -28,8 +31,23 @@ async fn destination_secrets_and_secret_headers_appear_only_on_the_wire() {
     let token = write("ci-token", TOKEN);
     let api_key = write("api-key", API_KEY);
     // The app refuses the first request (its breaker opens and a probe
-    // follows), so that a failure is logged and recorded too.
-    let app = Receiver::start(|_, seen| Reply::status(if seen == 0 { 401 } else { 200 })).await;
+    // follows), so that a failure is logged and recorded too; its refusal
+    // echoes the credentials it was sent, as some receivers do.
+    let app = Receiver::start(|request, seen| {
+        if seen == 0 {
+            Reply {
+                body: format!(
+                    "bad credentials: {}",
+                    request.header("authorization").unwrap_or("")
+                )
+                .into_bytes(),
+                ..Reply::status(401)
+            }
+        } else {
+            Reply::status(200)
+        }
+    })
+    .await;
     let relay = Receiver::ok().await;
     let config = env.config_file(&format!(
         r#"
@@ -46,8 +64,12 @@ secret_file = "{app_secret}"
 headers = {{ Authorization = {{ file = "{token}" }}, X-Team = "ci" }}
 breaker = {{ probe_secs = 1 }}
 
-# A source of its own, so that each delivery has one leg (the console's
-# page of a delivery shows one).
+# A second leg of each delivery to the source: the page of a delivery
+# shows each leg and each one's attempt log.
+[[sources.destinations]]
+name = "archive"
+kind = "store"
+
 [[sources]]
 name = "relay"
 secrets = ["{SECRET}"]
@@ -77,10 +99,10 @@ headers = {{ X-Api-Key = {{ file = "{api_key}" }} }}
     let mut relayed_hook = Hook::fixture("push");
     relayed_hook.path = "/webhooks/github/relay".into();
     assert_eq!(relayed_hook.post(&http, &base).await.status, 202);
-    wait_until("both legs completed", Duration::from_secs(60), || async {
+    wait_until("every leg completed", Duration::from_secs(60), || async {
         env.count("select count(*) from deliveries where status = 'completed'")
             .await
-            == 2
+            == 3
     })
     .await;
 
@@ -137,6 +159,8 @@ headers = {{ X-Api-Key = {{ file = "{api_key}" }} }}
         ("/audit", true),
         ("/jobs", false),
         ("/jobs", true),
+        ("/destinations", false),
+        ("/destinations", true),
     ] {
         let (place, request) = if api {
             let place = format!("API /api/v1{path}");
@@ -154,6 +178,38 @@ headers = {{ X-Api-Key = {{ file = "{api_key}" }} }}
         let text = answer.text().await.unwrap_or_default();
         assert_eq!(status, 200, "{place}: {text}");
         places.push((place, text));
+    }
+    // The app's refusal was kept, the echoed credentials masked.
+    let detail_api: serde_json::Value = http
+        .get(format!("{}/api/v1{detail}", console.base))
+        .bearer_auth(OPERATOR)
+        .send()
+        .await
+        .expect("answers")
+        .json()
+        .await
+        .expect("JSON");
+    let app_leg = detail_api["legs"]
+        .as_array()
+        .and_then(|legs| legs.iter().find(|l| l["destination"] == "app"))
+        .expect("the app's leg");
+    let refusal = app_leg["attempt_log"]
+        .as_array()
+        .and_then(|log| log.iter().find(|a| a["status_code"] == 401))
+        .expect("the refused attempt");
+    assert_eq!(
+        refusal["response_excerpt"], "bad credentials: [redacted]",
+        "{refusal}"
+    );
+    for args in [&["destinations", "--json"][..], &["destinations"][..]] {
+        let out = worker_command(&env, args, &[("HOOKINBOX_CONFIG", path.as_str())])
+            .output()
+            .expect("runs");
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        places.push((
+            format!("hookinbox-worker {}", args.join(" ")),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        ));
     }
     places.push(("ingest /metrics".into(), ingest.scrape("/metrics").await.1));
     places.push(("worker /metrics".into(), worker.scrape("/metrics").await.1));

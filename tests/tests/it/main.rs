@@ -32,6 +32,7 @@ mod observability;
 mod octokit_front;
 mod operator_audit;
 mod operator_cli;
+mod operator_destinations;
 mod outages;
 mod plans;
 mod postgres_connections;

@@ -27,7 +27,8 @@
 //! DNS or TLS failure are the destination's, not the delivery's
 //! ([`HandlerError::Destination`]); any other answer (400, 422, …) is
 //! permanent for this leg. At most the first 4 KiB of the answer's body
-//! are read, for the attempt log.
+//! are read, for the attempt log, each secret header value in them masked
+//! (a receiver may echo one).
 //!
 //! With traces on, each attempt is a span and the request carries its W3C
 //! `traceparent`, so the receiver's own spans join the delivery's trace.
@@ -40,7 +41,7 @@ use bytes::{Bytes, BytesMut};
 use reqwest::StatusCode;
 use reqwest::header::{CONTENT_TYPE, HeaderMap, RETRY_AFTER, USER_AGENT};
 
-use hookinbox::config::{ForwardConfig, ForwardSignature};
+use hookinbox::config::{ForwardConfig, ForwardSignature, mask_secret_values};
 use hookinbox::deliveries::EXCERPT_BYTES;
 use hookinbox::egress::{Blocked, Reason};
 use hookinbox::job::Job;
@@ -98,6 +99,8 @@ pub struct Forward {
     literal: Option<IpAddr>,
     source: SourceName,
     destination: DestinationName,
+    /// Its secret header values, masked in the answers it keeps.
+    secret_values: Vec<String>,
 }
 
 impl Forward {
@@ -114,6 +117,7 @@ impl Forward {
             config: config.clone(),
             source: source.clone(),
             destination: destination.clone(),
+            secret_values: config.secret_values(),
         })
     }
 
@@ -213,7 +217,8 @@ impl Handler for Forward {
                     self.count_refusal(Reason::Redirect);
                 }
                 let answer = classify(status, response.headers(), SystemTime::now());
-                effect.note_answer(Some(status.as_u16()), excerpt(&mut response).await);
+                let kept = excerpt(&mut response, &self.secret_values).await;
+                effect.note_answer(Some(status.as_u16()), kept);
                 // The receiver has the delivery; the completion has not
                 // committed. A crash here sends it again with the same key.
                 if answer.is_ok() {
@@ -255,8 +260,10 @@ fn attempt_span() -> tracing::Span {
 }
 
 /// At most the first [`EXCERPT_BYTES`] of an answer's body, for the attempt
-/// log; the rest is never read (the connection is dropped with it).
-async fn excerpt(response: &mut reqwest::Response) -> Option<Bytes> {
+/// log, with each of `secrets` masked (a receiver may echo a secret header
+/// it was sent); the rest is never read (the connection is dropped with
+/// it).
+async fn excerpt(response: &mut reqwest::Response, secrets: &[String]) -> Option<Bytes> {
     let mut kept = BytesMut::new();
     while kept.len() < EXCERPT_BYTES {
         match response.chunk().await {
@@ -267,7 +274,15 @@ async fn excerpt(response: &mut reqwest::Response) -> Option<Bytes> {
             Ok(None) | Err(_) => break,
         }
     }
-    (!kept.is_empty()).then(|| kept.freeze())
+    if kept.is_empty() {
+        return None;
+    }
+    if secrets.is_empty() {
+        return Some(kept.freeze());
+    }
+    let mut masked = mask_secret_values(&kept, secrets);
+    masked.truncate(EXCERPT_BYTES);
+    Some(masked.into())
 }
 
 /// A request that got no answer: a name that does not resolve and a TLS

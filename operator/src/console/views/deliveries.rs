@@ -28,6 +28,7 @@ pub(crate) fn filter_form(
                 }
             }
             label { "Source" input name="source" value=(v("source")) placeholder="default"; }
+            label { "Destination" input name="destination" value=(v("destination")) placeholder="ci"; }
             label { "Event" input name="event" value=(v("event")) placeholder="push"; }
             label { "Action" input name="action" value=(v("action")) placeholder="opened"; }
             label { "Repository" input name="repository" value=(v("repository")) placeholder="owner/name"; }
@@ -70,7 +71,7 @@ pub(crate) fn deliveries(checked: &Checked, p: &Page, count: i64, session: &Sess
             }
             table.list {
                 thead { tr {
-                    th { "Delivery" } th { "Source" } th { "Event" } th { "Repository" } th { "State" }
+                    th { "Delivery" } th { "Source" } th { "Destination" } th { "Event" } th { "Repository" } th { "State" }
                     th.num { "Att." } th.num { "Rep." } th { "Error" } th { "Created" }
                 } }
                 tbody {
@@ -78,6 +79,7 @@ pub(crate) fn deliveries(checked: &Checked, p: &Page, count: i64, session: &Sess
                         tr {
                             td.mono { a href=(delivery_href(d.key.source.as_str(), d.key.hook_id.as_str(), d.key.delivery_id.as_str())) { (d.key.delivery_id.as_str()) } }
                             td { (d.key.source.as_str()) }
+                            td { (d.key.destination.as_str()) }
                             td { (d.event) @if let Some(a) = &d.action { span.muted { "." (a) } } }
                             td { (d.repository.as_deref().unwrap_or("")) }
                             td { (badge(State::of(d).as_str())) }
@@ -91,7 +93,7 @@ pub(crate) fn deliveries(checked: &Checked, p: &Page, count: i64, session: &Sess
                             td { (when(Some(d.created_at))) }
                         }
                     }
-                    @if p.items.is_empty() { tr { td colspan="9" .muted { "Nothing matches." } } }
+                    @if p.items.is_empty() { tr { td colspan="10" .muted { "Nothing matches." } } }
                 }
             }
             @if let Some(href) = next { p.pager { a.button href=(href) { "Next page →" } } }

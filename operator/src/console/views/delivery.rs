@@ -1,11 +1,12 @@
-//! One delivery: its key, headers, timeline, payload (operators only) and
-//! the actions that apply to it.
+//! One delivery: its key, its legs (one per destination) with each one's
+//! attempt log, headers, timeline, payload (operators only) and the
+//! actions that apply to it.
 
 use hookinbox::deliveries::{ErrorClass, NO_BODY_TO_REPLAY, Status};
 use maud::{Markup, html};
 
 use super::{badge, page, stamp, when};
-use crate::console::detail::Detail;
+use crate::console::detail::{Detail, Leg};
 use crate::console::session::Session;
 use crate::console::tokens::Role;
 use hookinbox::deliveries::State;
@@ -21,7 +22,11 @@ pub(crate) fn delivery(d: &Detail, session: &Session) -> Markup {
     );
     let operator = session.identity.role == Role::Operator;
     // A delivery in flight changes by itself: look again shortly.
-    let refresh = (row.status == Status::Processing).then_some(2);
+    let refresh = d
+        .legs
+        .iter()
+        .any(|l| l.delivery.status == Status::Processing)
+        .then_some(2);
     page(
         &format!("Delivery {}", key.delivery_id.as_str()),
         Some(session),
@@ -48,20 +53,20 @@ pub(crate) fn delivery(d: &Detail, session: &Session) -> Markup {
                     @else { dt { "Earlier error" } dd.muted { (e) } }
                 }
                 }
-                @if row.status == Status::Failed && !d.parked {
+                @if d.failed_without_body() {
                     // Nothing to publish: say why and what brings it back.
                     p.hint #no-body { (NO_BODY_TO_REPLAY) "." }
                 }
-                @if operator && row.status == Status::Failed {
+                @if operator && d.legs.iter().any(|l| l.delivery.status == Status::Failed) {
                     div.actions {
-                        @if d.parked {
+                        @if d.replayable() {
                             form method="post" action={(base) "/replay"} {
                                 input type="hidden" name="csrf" value=(session.csrf);
                                 input type="hidden" name="hook_id" value=(key.hook_id.as_str());
                                 button #replay type="submit" { "Replay" }
                             }
                         }
-                        @if !row.retryable {
+                        @if d.purgeable() {
                             form method="post" action={(base) "/purge"} {
                                 input type="hidden" name="csrf" value=(session.csrf);
                                 input type="hidden" name="hook_id" value=(key.hook_id.as_str());
@@ -73,12 +78,15 @@ pub(crate) fn delivery(d: &Detail, session: &Session) -> Markup {
                     p.hint { "Signed in as a viewer: no actions, no payload." }
                 }
             }
+            (legs(d))
+            @for leg in &d.legs { (attempt_log(leg)) }
             section.card {
                 h2 { "Timeline" }
                 ol.timeline {
                     @for s in &d.timeline {
                         li class=(s.what.replace(' ', "-")) {
                             span.when { (stamp(s.at)) }
+                            @if d.legs.len() > 1 && !s.destination.is_empty() { code { (s.destination) } " " }
                             strong { (s.what) }
                             @if let Some(detail) = &s.detail { " " span { (detail) } }
                         }
@@ -109,4 +117,88 @@ pub(crate) fn delivery(d: &Detail, session: &Session) -> Markup {
             }
         },
     )
+}
+
+/// A leg's destination as shown (a leg claimed before destinations
+/// existed has none).
+fn destination(leg: &Leg) -> Markup {
+    let name = leg.delivery.key.destination.as_str();
+    html! { @if name.is_empty() { span.muted { "(its source's first)" } } @else { code { (name) } } }
+}
+
+/// Each leg: its destination, state, attempts and why it is where it is.
+fn legs(d: &Detail) -> Markup {
+    html! {
+        section.card #legs {
+            h2 { "Legs" }
+            p.hint { "One leg per destination of its source: each is attempted, retried and dead-lettered on its own." }
+            table {
+                thead { tr {
+                    th { "Destination" } th { "State" } th.num { "Attempts" } th.num { "Replays" }
+                    th { "Next attempt" } th { "Error or reason" }
+                } }
+                tbody {
+                    @for leg in &d.legs {
+                        @let row = &leg.delivery;
+                        tr {
+                            td { (destination(leg)) }
+                            td { (badge(State::of(row).as_str())) }
+                            td.num {
+                                (row.attempts)
+                                @if let Some(max) = row.max_attempts { span.muted { " of " (max) } }
+                            }
+                            td.num { (row.replays) }
+                            td { @if row.status == Status::Failed && row.retryable { (when(row.next_attempt_at)) } @else { span.muted { "—" } } }
+                            td {
+                                @if let Some(reason) = &row.filter_reason { span.muted { (reason) } }
+                                @else if let Some(e) = &row.last_error {
+                                    span class=(if row.status == Status::Failed { "error" } else { "muted" }) {
+                                        @if let Some(c) = row.last_error_class { code { (c.as_str()) } " " }
+                                        (e)
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A leg's attempt log, newest first: time, status code or error,
+/// duration, and the first 4 KiB of the answer (escaped, with every secret
+/// header value masked).
+fn attempt_log(leg: &Leg) -> Markup {
+    html! {
+        @if !leg.attempts.is_empty() {
+            section.card.attempts {
+                h2 { "Attempts to " (destination(leg)) }
+                table {
+                    thead { tr {
+                        th { "Time" } th.num { "#" } th { "Result" } th { "Status or error" }
+                        th.num { "Duration" } th { "Answer (first 4 KiB)" }
+                    } }
+                    tbody {
+                        @for a in &leg.attempts {
+                            tr {
+                                td { (stamp(a.at)) }
+                                td.num { (a.attempt) @if a.probe { span.muted { " probe" } } }
+                                td { (badge(&a.result)) }
+                                td {
+                                    @if let Some(code) = a.status_code { code { (code) } " " }
+                                    @if let Some(e) = &a.error { span.error { (e) } }
+                                }
+                                td.num { (format!("{:.0} ms", a.duration_ms)) }
+                                td { @match &a.excerpt {
+                                    Some(text) if !text.is_empty() => pre.excerpt { code { (text) } },
+                                    _ => span.muted { "—" },
+                                } }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

@@ -12,6 +12,7 @@ use super::session::Session;
 mod bulk;
 mod deliveries;
 mod delivery;
+mod destinations;
 mod overview;
 mod records;
 mod sessions;
@@ -19,6 +20,7 @@ mod sessions;
 pub(crate) use bulk::{bulk, job, jobs};
 pub(crate) use deliveries::deliveries;
 pub(crate) use delivery::delivery;
+pub(crate) use destinations::destinations;
 pub(crate) use overview::overview;
 pub(crate) use records::audit;
 pub(crate) use sessions::sessions;
@@ -53,6 +55,7 @@ pub(crate) fn page(
                             a href="/" { "Overview" }
                             a href="/deliveries" { "Deliveries" }
                             a href="/deliveries?status=dead" { "Dead letters" }
+                            a href="/destinations" { "Destinations" }
                             a href="/bulk?kind=replay&status=dead" { "Bulk" }
                             a href="/jobs" { "Jobs" }
                             a href="/audit" { "Audit" }
