@@ -734,9 +734,9 @@ with moved as (
         last_error_class = 'publish', last_error = $7
     where ",
     key!(),
-    " and ",
-    held_by!("$6"),
-    " and attempts = $8
+    " and claim_token = $6 and attempts = $8
+      and (status || '' = 'processing'
+           or (status || '' = 'failed' and last_error_class = 'lost'))
     returning provider, source, hook_id, delivery_id, destination
 ), ",
     park_moved!(9, 10, 11),
@@ -751,6 +751,13 @@ select count(*) from moved"
 /// `attempts` as the claim saw it (0 for a new claim; a reclaimed retry
 /// keeps its count): if a worker took the job after all (the confirm was
 /// lost, not the message), this changes nothing and never undoes the take.
+///
+/// The claim may also have been reaped `lost` meanwhile (a publish that
+/// failed only after the lease and the reaper's grace ran out): the row
+/// still holds this claim's token and attempts, so no one took it, and
+/// nothing but this body can finish it (ingest answers 202, so GitHub will
+/// never redeliver). It is parked the same way; a take since would have
+/// installed a new token and bumped `attempts`, and the guard refuses.
 /// Returns whether it parked.
 pub async fn park_due(
     client: &impl Session,

@@ -293,3 +293,73 @@ async fn a_half_open_broker_connection_at_ingest_parks_then_reconnects() {
     assert_eq!(env.events().await, sent as i64);
     env.cleanup().await;
 }
+
+/// Ingest's publish failed only after its claim's lease and the reaper's
+/// grace ran out (a broker that stalls for many seconds): the reaper has
+/// marked the claim `lost`, keeping its token. Ingest parks the body all
+/// the same and answers 202, so the scheduler must publish it: nothing but
+/// this body can finish the delivery, GitHub seeing a success and never
+/// redelivering. A claim taken since (a new token) is never parked over.
+#[tokio::test]
+async fn a_publish_that_fails_after_the_reaper_marked_the_claim_lost_still_parks_the_body() {
+    let env = TestEnv::new().await;
+    let worker = env.store_worker().await;
+    let hook = Hook::fixture("push");
+    let pool = env.pool(1);
+    let client = pool.get().await.expect("client");
+    let mut policy = env.policy();
+    policy.lease = std::time::Duration::ZERO;
+    let claim = deliveries::claim(
+        &client,
+        &policy,
+        &ClaimRequest {
+            origin: Default::default(),
+            key: hook.key(),
+            event: "push".into(),
+            action: None,
+            repository: None,
+            body_sha256: Sha256::digest(&hook.body).into(),
+            guarded: false,
+            pinned: false,
+            legs: vec![hookinbox_tests::store_leg()],
+        },
+    )
+    .await
+    .expect("claim");
+    let Some(token) = hookinbox_tests::claimed_token(&claim) else {
+        panic!("{claim:?}")
+    };
+    assert_eq!(env.reap_now().await, 1, "the reaper marks the claim lost");
+
+    // Another token (a take since) is refused: that leg is in flight.
+    let headers = vec![("X-GitHub-Event".to_owned(), "push".to_owned())];
+    let parked = deliveries::ParkedBody {
+        content_type: "application/json",
+        headers: &headers,
+        body: &hook.body,
+    };
+    let other = hookinbox::ClaimToken(uuid::Uuid::new_v4());
+    let refused = deliveries::park_due(&client, &hook.leg(), other, "publish timed out", 0, parked)
+        .await
+        .expect("park");
+    assert!(!refused, "a claim under another token is not parked over");
+
+    let parked_now =
+        deliveries::park_due(&client, &hook.leg(), token, "publish timed out", 0, parked)
+            .await
+            .expect("park");
+    assert!(parked_now, "the lost claim's own publish parks its body");
+    assert_eq!(
+        env.count(
+            "select count(*) from deliveries d join parked_bodies p using (provider, source, hook_id, delivery_id, destination) \
+             where d.status = 'failed' and d.retryable and d.next_attempt_at <= now() and d.last_error_class = 'publish'"
+        )
+        .await,
+        1,
+        "recorded as due with its body"
+    );
+    let outcomes = settle(&env, &worker).await;
+    assert_eq!(outcomes, vec![JobOutcome::Completed]);
+    assert_eq!(env.events().await, 1);
+    env.cleanup().await;
+}
