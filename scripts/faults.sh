@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The fault-injection suite (tests/src/bin/faults.rs) with the binaries
+# The fault-injection suite (tests/src/bin/faults/) with the binaries
 # built with their kill points (`--features failpoints`, a separate target
 # directory, so no other build carries them).
 # Usage: scripts/faults.sh [CYCLES] [WORKER_KILLS_PER_CYCLE]
