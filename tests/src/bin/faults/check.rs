@@ -101,7 +101,13 @@ pub async fn check(
             .push(r);
     }
     let wrong = wrong_arrivals(&by_key, &l);
-    let (repeats, stray) = repeats(&mut by_key, &suite.windows, started);
+    let (repeats, stray) = stray_repeats(
+        by_key
+            .iter()
+            .map(|(key, rs)| (*key, rs.iter().map(|r| r.at).collect())),
+        &suite.windows,
+        started,
+    );
     let lost: Vec<String> = accepted
         .iter()
         .filter(|id| {
@@ -194,29 +200,31 @@ fn wrong_arrivals(by_key: &HashMap<&str, Vec<&Received>>, l: &Ledger) -> usize {
     wrong
 }
 
-/// Arrivals of a key after its first, and those of them that no fault's
-/// window (extended by [`REPEAT_GRACE`]) overlaps: from the first arrival
-/// to the repeat.
-fn repeats(
-    by_key: &mut HashMap<&str, Vec<&Received>>,
+/// Arrivals (or effects) of a key after its first, and those of them
+/// that no fault's window (extended by [`REPEAT_GRACE`]) overlaps: from the
+/// first to the repeat. `started` names their times in the list.
+pub fn stray_repeats<'a>(
+    by_key: impl Iterator<Item = (&'a str, Vec<Instant>)>,
     windows: &[(Instant, Instant)],
     started: Instant,
 ) -> (usize, Vec<String>) {
     let (mut repeats, mut stray) = (0usize, Vec::new());
-    for (key, rs) in by_key.iter_mut() {
-        rs.sort_by_key(|r| r.at);
-        let first = rs[0].at;
-        for r in &rs[1..] {
+    for (key, mut times) in by_key {
+        times.sort();
+        let Some((&first, again)) = times.split_first() else {
+            continue;
+        };
+        for &at in again {
             repeats += 1;
             let around_a_fault = windows
                 .iter()
-                .any(|(begin, end)| *begin <= r.at && *end + REPEAT_GRACE >= first);
+                .any(|(begin, end)| *begin <= at && *end + REPEAT_GRACE >= first);
             if !around_a_fault {
-                let at = |t: Instant| t.saturating_duration_since(started).as_secs_f64();
+                let secs = |t: Instant| t.saturating_duration_since(started).as_secs_f64();
                 stray.push(format!(
                     "{key} (first at {:.1} s, again at {:.1} s)",
-                    at(first),
-                    at(r.at)
+                    secs(first),
+                    secs(at)
                 ));
             }
         }

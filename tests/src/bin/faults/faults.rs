@@ -1,9 +1,12 @@
 //! One cycle of faults, in order, each one function: the kills
 //! (`kills.rs`), a broker restart, a Postgres crash, connections cut,
-//! half-open and slowed, then a quiet stretch. Each records its window.
+//! half-open and slowed, each recording its window, with the destination
+//! faults (`destinations.rs`) after ingest's kill; then a quiet stretch.
 
 use std::time::{Duration, Instant};
 
+use crate::Settings;
+use crate::destinations;
 use crate::stack::Suite;
 
 /// How long after a fault ends a relayed key may still arrive again: a
@@ -29,11 +32,16 @@ enum Which {
 }
 
 /// Cycle `cycle` (from 0): every fault once, the worker kills
-/// `kills_per_cycle` times, then a quiet stretch.
-pub async fn cycle(suite: &mut Suite, cycle: u32, cycles: u32, kills: u32) -> anyhow::Result<()> {
-    eprintln!("faults: cycle {}/{cycles}", cycle + 1);
-    worker_kills(suite, kills).await?;
+/// `kills_per_cycle` times, the destination faults (the long outage in the
+/// first cycle only) after ingest's, then a quiet stretch.
+pub async fn cycle(suite: &mut Suite, settings: &Settings, cycle: u32) -> anyhow::Result<()> {
+    eprintln!("faults: cycle {}/{}", cycle + 1, settings.cycles);
+    worker_kills(suite, settings.kills_per_cycle).await?;
     ingest_kill(suite).await?;
+    // Right after ingest's restart: a fresh ingest, before the broker and
+    // connection faults that leave its publishes failing (and parked) until
+    // its next restart.
+    destinations::faults(suite, (cycle == 0).then_some(settings.outage)).await?;
     lease_steal(suite, cycle).await?;
     broker_restart(suite, cycle)?;
     postgres_crash(suite).await?;
@@ -158,7 +166,9 @@ async fn degrade(suite: &mut Suite, which: Which, stall: bool, what: &'static st
     suite.window(since);
 }
 
-/// A quiet stretch under traffic: any repeat here is a bug.
+/// A quiet stretch under traffic: any repeat here is a bug. The
+/// destination faults' windows are not fault windows: a relayed key, or a
+/// `fanout` key answered 2xx, arriving again then is a bug too.
 async fn quiet() {
     tokio::time::sleep(REPEAT_GRACE + STALL).await;
 }

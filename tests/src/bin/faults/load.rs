@@ -1,5 +1,6 @@
 //! The load: a steady stream of signed deliveries sent by the fake GitHub,
-//! one in ten a redelivery of an earlier one, and the ledger of what was
+//! one in ten a redelivery of an earlier one, over the three sources, and
+//! the ledger of what was
 //! sent and what each send was answered.
 
 use std::collections::HashMap;
@@ -9,11 +10,14 @@ use std::time::{Duration, Instant};
 use hookinbox_tests::fixtures;
 use hookinbox_tests::github::FakeGithub;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::destinations::SOURCE;
 
 /// Deliveries a second.
 pub const RATE: u32 = 40;
 
-/// The fake GitHub and its two hooks.
+/// The fake GitHub and its three hooks.
 #[derive(Clone)]
 pub struct Github {
     /// The fake itself.
@@ -22,14 +26,16 @@ pub struct Github {
     pub store: usize,
     /// The `relay` source's hook.
     pub relay: usize,
+    /// The `fanout` source's hook.
+    pub fanout: usize,
 }
 
 impl Github {
     fn hook(&self, source: &str) -> usize {
-        if source == "relay" {
-            self.relay
-        } else {
-            self.store
+        match source {
+            "relay" => self.relay,
+            SOURCE => self.fanout,
+            _ => self.store,
         }
     }
 }
@@ -50,6 +56,8 @@ pub struct Sent {
     /// Requests for it that got no 2xx (connection cut, ingest killed,
     /// 503): its effect may still have happened, which is allowed.
     pub failures: u32,
+    /// When it was first sent.
+    pub at: Instant,
 }
 
 /// Everything sent, in order.
@@ -73,6 +81,8 @@ pub struct Load {
     pub started: Instant,
     stop: CancellationToken,
     stream: tokio::task::JoinHandle<()>,
+    /// The sends in flight.
+    sends: TaskTracker,
 }
 
 impl Load {
@@ -80,20 +90,35 @@ impl Load {
     pub fn start(github: Github, rate: u32) -> Self {
         let ledger = Arc::new(Mutex::new(Ledger::default()));
         let stop = CancellationToken::new();
-        let stream = tokio::spawn(traffic(github, ledger.clone(), stop.clone(), rate));
+        let sends = TaskTracker::new();
+        let stream = tokio::spawn(traffic(
+            github,
+            ledger.clone(),
+            stop.clone(),
+            rate,
+            sends.clone(),
+        ));
         Self {
             ledger,
             started: Instant::now(),
             stop,
             stream,
+            sends,
         }
     }
 
-    /// Stops sending, and gives the requests in flight 2 s to be answered.
+    /// Stops sending, and waits (at most 30 s) until the requests in
+    /// flight are answered.
     pub async fn stop(&mut self) {
         self.stop.cancel();
         let _ = (&mut self.stream).await;
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        self.sends.close();
+        if tokio::time::timeout(Duration::from_secs(30), self.sends.wait())
+            .await
+            .is_err()
+        {
+            eprintln!("faults: some sends were still in flight 30 s after the load stopped");
+        }
     }
 }
 
@@ -124,6 +149,7 @@ async fn deliver(
         ok: false,
         answers: 0,
         failures: 0,
+        at: Instant::now(),
     });
     entry.ok |= ok;
     entry.answers += 1;
@@ -133,8 +159,15 @@ async fn deliver(
 }
 
 /// The steady stream: new deliveries at `rate` per second, one in ten a
-/// redelivery of an earlier one, one in three to the `relay` source.
-async fn traffic(github: Github, ledger: Arc<Mutex<Ledger>>, stop: CancellationToken, rate: u32) {
+/// redelivery of an earlier one; a third to the `relay` source, a sixth to
+/// `fanout` (three legs each), the rest to `store`.
+async fn traffic(
+    github: Github,
+    ledger: Arc<Mutex<Ledger>>,
+    stop: CancellationToken,
+    rate: u32,
+    sends: TaskTracker,
+) {
     let payloads: Vec<_> = fixtures::all()
         .into_iter()
         .filter(|f| f.event != "ping")
@@ -164,10 +197,10 @@ async fn traffic(github: Github, ledger: Arc<Mutex<Ledger>>, stop: CancellationT
             None => {
                 let f = &payloads[n as usize % payloads.len()];
                 let id = format!("fault-{n}-{}", uuid::Uuid::new_v4().simple());
-                let source = if n.is_multiple_of(3) {
-                    "relay"
-                } else {
-                    "store"
+                let source = match n % 6 {
+                    0 | 3 => "relay",
+                    1 => SOURCE,
+                    _ => "store",
                 };
                 // Each delivery its own body, as GitHub's are: ingest's
                 // replay guard refuses a body seen under another id.
@@ -183,13 +216,14 @@ async fn traffic(github: Github, ledger: Arc<Mutex<Ledger>>, stop: CancellationT
                         ok: false,
                         answers: 0,
                         failures: 0,
+                        at: Instant::now(),
                     },
                 );
                 (id, source, f.event.clone(), body)
             }
         };
         let (github, ledger) = (github.clone(), ledger.clone());
-        tokio::spawn(
+        sends.spawn(
             async move { deliver(&github, &ledger, source, &id, &event, &body, again).await },
         );
     }

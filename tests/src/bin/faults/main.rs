@@ -21,21 +21,34 @@
 //! Its working folder (the processes' logs, the instances' data) is removed
 //! after a passing run; a failing run, or `HOOKINBOX_FAULT_KEEP=1`, keeps it.
 //!
-//! The steps, one module each: `stack` starts the private `services` and
-//! the binaries, `load` sends, `faults` (with `kills`) injects one cycle,
-//! `settle` lets the reconciler finish, `check` does the accounting and
-//! `report` prints it.
+//! A third source, `fanout`, sends each delivery to three destinations
+//! (`store`, and `forward`s to two receivers of the suite's, `steady` and
+//! `flaky`), and each cycle also breaks `flaky`: slow, 503, 404, refusing
+//! connections, resetting them mid-answer, and once a run down for longer
+//! than its retry schedule (`HOOKINBOX_FAULT_OUTAGE_SECS`). At the end no
+//! leg may be lost, dead-lettered, or answered 2xx twice outside a worker
+//! or infrastructure fault, and no 404 may have spent an attempt.
+//!
+//! The steps, one module each: `stack` starts the private `services`, the
+//! receivers (`sink`) and the binaries, `load` sends, `faults` (with
+//! `kills` and `destinations`) injects one cycle, `settle` lets the
+//! reconciler finish, `check` and `legs` do the accounting and `report`
+//! prints it.
 
 mod check;
+mod destinations;
 mod faults;
 mod kills;
+mod legs;
 mod load;
 mod report;
 mod services;
 mod settle;
+mod sink;
 mod stack;
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Context;
 
@@ -54,6 +67,9 @@ pub struct Settings {
     pub report_path: Option<PathBuf>,
     /// The working folder.
     pub root: PathBuf,
+    /// How long the long destination outage lasts
+    /// (`HOOKINBOX_FAULT_OUTAGE_SECS`, 15 s by default).
+    pub outage: Duration,
 }
 
 impl Settings {
@@ -69,6 +85,12 @@ impl Settings {
             ),
             report_path: std::env::var_os("HOOKINBOX_FAULT_REPORT").map(PathBuf::from),
             root: std::env::temp_dir().join(format!("hookinbox-faults-{}", std::process::id())),
+            outage: Duration::from_secs(match std::env::var("HOOKINBOX_FAULT_OUTAGE_SECS") {
+                Ok(v) => v
+                    .parse()
+                    .context("HOOKINBOX_FAULT_OUTAGE_SECS is a number of seconds")?,
+                Err(_) => 15,
+            }),
         })
     }
 }
@@ -79,18 +101,29 @@ async fn main() -> anyhow::Result<()> {
     let mut suite = Suite::start(&settings).await?;
     let mut load = Load::start(suite.github.clone(), RATE);
     for cycle in 0..settings.cycles {
-        faults::cycle(&mut suite, cycle, settings.cycles, settings.kills_per_cycle).await?;
+        faults::cycle(&mut suite, &settings, cycle).await?;
     }
     load.stop().await;
     let settled = settle::settle(&suite, &load.ledger).await?;
     let checked = check::check(&suite, &load.ledger, load.started).await?;
+    let legs = legs::check(&suite, &load.ledger, load.started).await?;
     report::windows(&suite, load.started);
-    let report = report::markdown(&settings, &suite, load.started, &checked, &settled);
+    let mut report = report::markdown(&settings, &suite, load.started, &checked, &settled);
+    report.push_str(&report::destinations(&suite, &legs));
     println!("{report}");
     if let Some(path) = &settings.report_path {
         std::fs::write(path, &report)?;
     }
+    let failures: Vec<String> = [
+        settled.unsettled.clone(),
+        checked.failure(settled.never_brought_back),
+        legs.failure(),
+        suite.receivers.failure(),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
     suite
-        .stop(checked.failure(settled.never_brought_back))
+        .stop((!failures.is_empty()).then(|| failures.join("; ")))
         .await
 }

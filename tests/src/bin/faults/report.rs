@@ -1,14 +1,17 @@
 //! The report: the faults' windows on stderr, then a Markdown report of
 //! the faults injected and the ledger (docs/faults.md keeps the last full
-//! run's).
+//! run's), then the destination faults and the legs' ledger.
 
 use std::time::Instant;
 
 use crate::Settings;
 use crate::check::Checked;
+use crate::destinations::SOURCE;
 use crate::faults::REPEAT_GRACE;
+use crate::legs::Legs;
 use crate::load::RATE;
 use crate::settle::Settled;
+use crate::sink::Answer;
 use crate::stack::Suite;
 
 /// Prints the faults' windows (seconds since `started`) on stderr.
@@ -36,9 +39,10 @@ pub fn markdown(
 ) -> String {
     let mut report = String::new();
     report.push_str(&format!(
-        "Fault-injection run: {} cycle(s), {} worker kill(s) per cycle, {:.0} s, 3 workers, {RATE} deliveries/s (two thirds to a `store` source, one third to a `forward` source){}.\n\n| fault | injected |\n|---|---|\n",
+        "Fault-injection run: {} cycle(s), {} worker kill(s) per cycle, a {} s destination outage, {:.0} s, 3 workers, {RATE} deliveries/s (half to a `store` source, a third to a `forward` source, a sixth to a source with three destinations){}.\n\n| fault | injected |\n|---|---|\n",
         settings.cycles,
         settings.kills_per_cycle,
+        settings.outage.as_secs(),
         started.elapsed().as_secs_f64(),
         if suite.pgbouncer.is_some() {
             "; ingest and workers reach Postgres through PgBouncer in transaction mode"
@@ -86,5 +90,79 @@ pub fn markdown(
         s.late_answers,
         s.never_brought_back,
     ));
+    if let Some(unsettled) = &s.unsettled {
+        report.push_str(&format!("\n**{unsettled}**\n"));
+    }
     report
+}
+
+/// The destination faults, one row each, and the legs' ledger.
+pub fn destinations(suite: &Suite, legs: &Legs) -> String {
+    let r = &suite.receivers;
+    let flaky = r.flaky.arrivals();
+    let mut out = format!(
+        "\n| destination fault (`{SOURCE}`'s `flaky`; `store` and `steady` beside it) | lasted | requests `flaky` read (2xx / other / cut) | breaker | legs waiting at most (held) | back to normal after |\n|---|---|---|---|---|---|\n"
+    );
+    for f in &r.faults {
+        let during: Vec<_> = flaky
+            .iter()
+            .filter(|a| f.begin <= a.at && a.at < f.end)
+            .collect();
+        let count = |pick: fn(&Answer) -> bool| during.iter().filter(|a| pick(&a.answer)).count();
+        out.push_str(&format!(
+            "| {} | {:.1} s | {} ({} / {} / {}) | {} | {} ({}) | {} |\n",
+            f.what,
+            (f.end - f.begin).as_secs_f64(),
+            during.len(),
+            count(|a| *a == Answer::Effect),
+            count(|a| matches!(a, Answer::Status(_))),
+            count(|a| *a == Answer::Cut),
+            match f.opened {
+                Some(at) => format!("opened after {:.1} s", (at - f.begin).as_secs_f64()),
+                None => "stayed closed".to_owned(),
+            },
+            f.waiting.0,
+            f.waiting.1,
+            match f.recovered {
+                Some(at) => format!("{:.1} s", (at - f.end).as_secs_f64()),
+                None => "**not within a minute**".to_owned(),
+            },
+        ));
+    }
+    let [steady, flaky] = &legs.receivers;
+    out.push_str(&format!(
+        "\n| destination legs (`{SOURCE}`: `store`, `steady`, `flaky`) | count |\n|---|---|\n\
+        | deliveries answered 2xx | {} |\n\
+        | legs expected / completed | {} / {} |\n\
+        | **lost legs** (not completed, or no effect, and not dead-lettered) | **{}** |\n\
+        | **dead letters among the legs** | **{}** |\n\
+        | `steady`: requests / effects (2xx) / keys | {} / {} / {} |\n\
+        | `flaky`: requests / effects (2xx) / keys | {} / {} / {} |\n\
+        | keys answered 2xx again around a worker or infrastructure fault (allowed) | {} |\n\
+        | **duplicate effects** (a key answered 2xx again outside those faults, +{}s grace) | **{}** |\n\
+        | requests with a wrong key, delivery id or body | {} |\n\
+        | `flaky`'s 404 answers / **of them spent an attempt** | {} / **{}** |\n\
+        | `steady`'s slowest effect after the send, for deliveries sent during `flaky`'s faults | {} |\n",
+        legs.deliveries,
+        legs.expected,
+        legs.completed,
+        legs.lost.len(),
+        legs.dead,
+        steady.requests,
+        steady.effects,
+        steady.keys,
+        flaky.requests,
+        flaky.effects,
+        flaky.keys,
+        legs.repeats,
+        REPEAT_GRACE.as_secs(),
+        legs.duplicates.len(),
+        legs.wrong,
+        legs.not_found.0,
+        legs.not_found.1,
+        legs.steady_slowest
+            .map(|d| format!("{:.1} s", d.as_secs_f64()))
+            .unwrap_or_else(|| "-".to_owned()),
+    ));
+    out
 }

@@ -7,7 +7,6 @@ use std::collections::HashSet;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use anyhow::bail;
 use tokio::process::Command;
 
 use crate::load::Ledger;
@@ -15,6 +14,9 @@ use crate::stack::Suite;
 
 /// What the reconciler did for the deliveries that failed at GitHub.
 pub struct Settled {
+    /// What was still open when the deadline passed, if anything: the run
+    /// fails, after its report.
+    pub unsettled: Option<String>,
     /// Deliveries that got no 2xx when sent.
     pub failed_at_github: usize,
     /// Redeliveries the reconciler asked for while the faults hit.
@@ -29,8 +31,8 @@ pub struct Settled {
     pub never_brought_back: usize,
 }
 
-/// Runs reconcile passes until the ledger settles (at most 5 minutes),
-/// then marks each delivery of `ledger` answered if any attempt at it got
+/// Runs reconcile passes until the ledger settles (at most 5 minutes; past
+/// that the run goes on to its report and fails), then marks each delivery of `ledger` answered if any attempt at it got
 /// a 2xx.
 pub async fn settle(suite: &Suite, ledger: &Mutex<Ledger>) -> anyhow::Result<Settled> {
     let check = hookinbox_tests::connect(&suite.database_url()).await;
@@ -44,6 +46,7 @@ pub async fn settle(suite: &Suite, ledger: &Mutex<Ledger>) -> anyhow::Result<Set
         .collect();
     let asked_during_the_run = suite.github.fake.redeliveries_total();
     let deadline = Instant::now() + Duration::from_secs(300);
+    let mut unsettled = None;
     loop {
         reconcile_pass(suite).await?;
         let open: i64 = check
@@ -68,9 +71,12 @@ pub async fn settle(suite: &Suite, ledger: &Mutex<Ledger>) -> anyhow::Result<Set
             break;
         }
         if Instant::now() > deadline {
-            bail!(
+            let text = format!(
                 "did not settle: {open} open deliveries, {unanswered} never answered 2xx at GitHub"
             );
+            eprintln!("faults: {text}");
+            unsettled = Some(text);
+            break;
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
@@ -90,6 +96,7 @@ pub async fn settle(suite: &Suite, ledger: &Mutex<Ledger>) -> anyhow::Result<Set
         .filter(|id| !answered.get(*id).copied().unwrap_or(false) && completed.contains(*id))
         .count();
     Ok(Settled {
+        unsettled,
         failed_at_github: failed_at_github.len(),
         asked_during_the_run,
         reconciler_asked: suite.github.fake.redeliveries_total(),

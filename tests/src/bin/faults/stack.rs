@@ -1,7 +1,8 @@
 //! The stack under test and its start and stop: the private services
 //! (`services.rs`), the database with the effect log, the fake GitHub and
-//! the relay's receiver, the sources' configuration, the proxies the faults
-//! cut, then ingest and three workers (built with their kill points).
+//! the receivers (the relay's, and the `fanout` source's `steady` and
+//! `flaky`), the sources' configuration, the proxies the faults cut, then
+//! ingest and three workers (built with their kill points).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -16,6 +17,7 @@ use hookinbox_tests::{SECRET, free_port};
 use tokio::process::{Child, Command};
 
 use crate::Settings;
+use crate::destinations::{LEGS, POLICY, Receivers, SOURCE};
 use crate::load::Github;
 use crate::services::{PrivatePg, PrivatePgbouncer, PrivateRabbit};
 
@@ -60,6 +62,9 @@ pub struct Suite {
     pub pgbouncer: Option<PrivatePgbouncer>,
     /// The relay source's receiver: it records every request.
     pub receiver: Receiver,
+    /// The `fanout` source's receivers, and the faults injected into
+    /// `flaky`.
+    pub receivers: Receivers,
 }
 
 impl Suite {
@@ -75,6 +80,7 @@ impl Suite {
         let db = "faults".to_owned();
         create_database(&pg, &db).await?;
         let receiver = Receiver::ok().await;
+        let receivers = Receivers::start().await?;
         let ingest_port = free_port();
         let github = fake_github(ingest_port);
         let token_file = root.join("github-token");
@@ -82,7 +88,7 @@ impl Suite {
         let config = root.join("sources.toml");
         std::fs::write(
             &config,
-            sources_toml(&github.fake.base, &token_file, &receiver.url),
+            sources_toml(&github.fake.base, &token_file, &receiver.url, &receivers),
         )?;
         let pgbouncer = match std::env::var_os("HOOKINBOX_FAULT_PGBOUNCER") {
             Some(v) if !v.is_empty() => {
@@ -115,13 +121,42 @@ impl Suite {
             github,
             pgbouncer,
             receiver,
+            receivers,
         };
         suite.spawn_ingest(None)?;
         for i in 0..3 {
             suite.spawn_worker(i, None)?;
         }
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        suite.wait_ready().await?;
         Ok(suite)
+    }
+
+    /// Polls (at most a minute) until ingest accepts connections and the
+    /// workers have registered the `fanout` source's destinations.
+    async fn wait_ready(&self) -> anyhow::Result<()> {
+        let db = hookinbox_tests::connect(&self.database_url()).await;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let listening = tokio::net::TcpStream::connect(("127.0.0.1", self.ingest_port))
+                .await
+                .is_ok();
+            let registered: i64 = db
+                .query_one(
+                    "select count(*) from destinations where source = $1",
+                    &[&SOURCE],
+                )
+                .await?
+                .get(0);
+            if listening && registered == LEGS.len() as i64 {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "not ready after a minute: ingest listening {listening}, {registered} destinations registered"
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// Stops the binaries and the private services; fails with `failure`
@@ -297,14 +332,22 @@ fn fake_github(ingest_port: u16) -> Github {
     Github {
         store: fake.add_hook(hook("store")),
         relay: fake.add_hook(hook("relay")),
+        fanout: fake.add_hook(hook(SOURCE)),
         fake,
     }
 }
 
-/// The sources: `store`, and `relay` forwarding to `relay_url`. Each names
-/// its hook: the workers reconcile every 15 s while the faults hit, and the
-/// suite's end runs a pass of its own.
-fn sources_toml(github_api: &str, token_file: &std::path::Path, relay_url: &str) -> String {
+/// The sources: `store`; `relay` forwarding to `relay_url`; and `fanout`
+/// with three destinations, `store` and two `forward`s to the receivers
+/// (`steady` and `flaky`) on the short [`POLICY`]. Each names its hook: the
+/// workers reconcile every 15 s while the faults hit, and the suite's end
+/// runs a pass of its own.
+fn sources_toml(
+    github_api: &str,
+    token_file: &std::path::Path,
+    relay_url: &str,
+    receivers: &Receivers,
+) -> String {
     let reconcile = |repo: &str| {
         format!(
             "[sources.github]\nreconcile_hook = \"repo:acme/{repo}/4242\"\napi_url = \"{}\"\n\
@@ -317,9 +360,16 @@ fn sources_toml(github_api: &str, token_file: &std::path::Path, relay_url: &str)
     format!(
         "[[sources]]\nname = \"store\"\nsecrets = [\"{SECRET}\"]\nhandler = {{ kind = \"store\" }}\n{}\n\
          [[sources]]\nname = \"relay\"\nsecrets = [\"{SECRET}\"]\n\
-         handler = {{ kind = \"forward\", url = \"{}\", timeout_ms = 2000 }}\n{}",
+         handler = {{ kind = \"forward\", url = \"{}\", timeout_ms = 2000 }}\n{}\n\
+         [[sources]]\nname = \"{SOURCE}\"\nsecrets = [\"{SECRET}\"]\n\
+         [[sources.destinations]]\nname = \"store\"\nkind = \"store\"\n\
+         [[sources.destinations]]\nname = \"steady\"\nkind = \"forward\"\nurl = \"{}\"\n{POLICY}\
+         [[sources.destinations]]\nname = \"flaky\"\nkind = \"forward\"\nurl = \"{}\"\n{POLICY}{}",
         reconcile("store"),
         relay_url,
         reconcile("relay"),
+        receivers.steady.url(),
+        receivers.flaky.url(),
+        reconcile(SOURCE),
     )
 }
