@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
-# The fault-injection suite (tests/src/bin/faults.rs) with the binaries
+# The fault-injection suite (tests/src/bin/faults/) with the binaries
 # built with their kill points (`--features failpoints`, a separate target
 # directory, so no other build carries them).
 # Usage: scripts/faults.sh [CYCLES] [WORKER_KILLS_PER_CYCLE]
 #   HOOKINBOX_FAULT_REPORT=path writes the Markdown report there too.
+#   HOOKINBOX_FAULT_OUTAGE_SECS=N: the destination outage of the first
+#   cycle (15 s by default, as in CI; minutes in a full run).
+#   HOOKINBOX_FAULT_PGBOUNCER=1: ingest and workers go through PgBouncer.
+# Each cycle also breaks a `forward` destination (slow, 503, 404, refused,
+# reset mid-answer) at receivers inside the suite, on 127.0.0.1 only.
 #
 # The suite stops what it started when it ends (its private Postgres, its
-# RabbitMQ node, its PgBouncer, ingest and the workers). If it is
+# RabbitMQ node, its PgBouncer, ingest and the workers; the destinations'
+# receivers are threads of the suite and end with it). If it is
 # interrupted or dies first, the trap below does: the suite's processes,
 # then the instances, found by the suite's working folder and node name.
 set -euo pipefail
