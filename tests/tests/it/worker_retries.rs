@@ -50,9 +50,12 @@ async fn transient_three_times_then_ok_takes_four_attempts_with_growing_gaps_nev
             i + 1,
             d / 2
         );
-        // Allow for scheduling latency on a busy box.
+        // Allow for scheduling latency on a busy box, and for one server
+        // login retried behind PgBouncer (`server_login_retry`, 1 s; the
+        // suite's core paths also run through one): late by seconds is
+        // slow, late by the scheduler's sweep would be a lost delay.
         assert!(
-            gap <= d + Duration::from_secs(1),
+            gap <= d + Duration::from_secs(3),
             "retry {} late: {gap:?}",
             i + 1
         );
