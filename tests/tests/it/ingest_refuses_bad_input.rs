@@ -487,7 +487,10 @@ async fn past_the_receiving_limit_ingest_sheds_unverified_bodies_at_once_with_50
     );
     let base = format!("http://127.0.0.1:{}", ingest.port);
     ingest.wait_ready().await;
-    // Bodies still arriving hold the two receiving slots.
+    // Bodies still arriving hold the two receiving slots. Each keeps
+    // above the minimum pace (1 byte/s over 2-s windows) with a byte every
+    // 200 ms, so that a slow first send on a loaded machine does not find
+    // them dropped as too slow and their slots free.
     let mut holders = Vec::new();
     for i in 0..2 {
         let mut holder = TcpStream::connect(("127.0.0.1", ingest.port))
@@ -497,13 +500,20 @@ async fn past_the_receiving_limit_ingest_sheds_unverified_bodies_at_once_with_50
             .write_all(
                 format!(
                     "POST /webhooks/github HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
-                     X-GitHub-Event: push\r\nX-GitHub-Delivery: o{i}\r\nX-Hub-Signature-256: sha256=00\r\nContent-Length: 3\r\n\r\n{{"
+                     X-GitHub-Event: push\r\nX-GitHub-Delivery: o{i}\r\nX-Hub-Signature-256: sha256=00\r\nContent-Length: 100000\r\n\r\n{{"
                 )
                 .as_bytes(),
             )
             .await
             .expect("write");
-        holders.push(holder);
+        holders.push(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                if holder.write_all(b" ").await.is_err() {
+                    return;
+                }
+            }
+        }));
     }
     let body = fixtures::own("push");
     let send = || async {
@@ -537,7 +547,9 @@ async fn past_the_receiving_limit_ingest_sheds_unverified_bodies_at_once_with_50
         "shed at once, not queued: {:?}",
         answer.1
     );
-    drop(holders);
+    for holder in holders {
+        holder.abort();
+    }
     hookinbox_tests::wait_until("the slots to free", Duration::from_secs(20), || async {
         send().await.0 == 202
     })
