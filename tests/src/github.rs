@@ -283,6 +283,39 @@ impl FakeGithub {
         status_code
     }
 
+    /// Adds the repository hook 123456 of `acme/widgets`, sending to
+    /// `target` signed with [`crate::SECRET`]; returns its index.
+    pub fn add_acme_widgets_hook(&self, target: String) -> usize {
+        self.add_hook(Hook {
+            path: HookPath::Repo {
+                owner: "acme".into(),
+                repo: "widgets".into(),
+                id: 123456,
+            },
+            hook_id: "123456".into(),
+            target,
+            secret: crate::SECRET.to_owned(),
+        })
+    }
+
+    /// Logs a push through `hook` that got no answer ten minutes ago (what
+    /// the reconciler brings back) under a new guid; returns the guid.
+    pub fn record_unanswered_push(&self, hook: usize) -> String {
+        let guid = uuid::Uuid::new_v4().to_string();
+        self.record(
+            hook,
+            &guid,
+            "push",
+            &crate::fixtures::unique(&crate::fixtures::own("push")),
+            0,
+            "failed to connect to host",
+            false,
+            Utc::now() - chrono::Duration::minutes(10),
+            true,
+        );
+        guid
+    }
+
     /// Logs an attempt without sending anything: what GitHub's log would
     /// show. `status_code` 0 means no answer.
     #[allow(clippy::too_many_arguments)]

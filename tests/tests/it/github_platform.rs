@@ -3,8 +3,8 @@
 //! shown to operators, and serves its API at `https://api.<tenant>.ghe.com`.
 
 use hookinbox_tests::admin::VIEWER;
-use hookinbox_tests::github::{self, FakeGithub, HookPath};
-use hookinbox_tests::{Hook, SECRET, TestEnv, fixtures, worker_cli, worker_command};
+use hookinbox_tests::github::FakeGithub;
+use hookinbox_tests::{Hook, TestEnv, worker_cli, worker_command};
 
 #[tokio::test]
 async fn the_tenant_header_is_kept_with_the_delivery_and_a_bad_one_is_refused() {
@@ -146,30 +146,10 @@ async fn a_reconcile_pass_asks_a_ghe_com_api_by_its_name_and_redelivers() {
     let (env, ingest) = TestEnv::with_ingest().await;
     let token = "ghp_ghe_com_test_token";
     let fake = FakeGithub::start(token);
-    let hook = fake.add_hook(github::Hook {
-        path: HookPath::Repo {
-            owner: "acme".into(),
-            repo: "widgets".into(),
-            id: 123456,
-        },
-        hook_id: "123456".into(),
-        target: format!("{}/webhooks/github", ingest.base),
-        secret: SECRET.to_owned(),
-    });
+    let hook = fake.add_acme_widgets_hook(format!("{}/webhooks/github", ingest.base));
     // GitHub sent a push ten minutes ago and got no answer: the
     // reconciler's to bring back.
-    let guid = uuid::Uuid::new_v4().to_string();
-    fake.record(
-        hook,
-        &guid,
-        "push",
-        &fixtures::unique(&fixtures::own("push")),
-        0,
-        "failed to connect to host",
-        false,
-        chrono::Utc::now() - chrono::Duration::minutes(10),
-        true,
-    );
+    let guid = fake.record_unanswered_push(hook);
     // The tenant's API by its name, which only the hosts file resolves (to
     // the fake on 127.0.0.1): no DNS, no traffic off this machine.
     let port = fake.base.rsplit(':').next().expect("a port").to_owned();

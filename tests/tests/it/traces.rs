@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use hookinbox_tests::github::{self, FakeGithub, HookPath};
+use hookinbox_tests::github::FakeGithub;
 use hookinbox_tests::otlp::{Collector, Span, render};
 use hookinbox_tests::receiver::{Receiver, Reply};
 use hookinbox_tests::{Hook, SECRET, Spawned, TestEnv, fixtures, wait_until, worker_command};
@@ -330,29 +330,10 @@ async fn a_reconciler_redelivery_links_to_the_reconcilers_request_and_to_the_sto
     ingest.wait_ready().await;
     let token = "ghp_traces_test_token";
     let fake = FakeGithub::start(token);
-    let hook = fake.add_hook(github::Hook {
-        path: HookPath::Repo {
-            owner: "acme".into(),
-            repo: "widgets".into(),
-            id: 123456,
-        },
-        hook_id: "123456".into(),
-        target: format!("http://127.0.0.1:{}/webhooks/github", ingest.port),
-        secret: SECRET.to_owned(),
-    });
+    let hook =
+        fake.add_acme_widgets_hook(format!("http://127.0.0.1:{}/webhooks/github", ingest.port));
     // `never`: GitHub got no answer and hookinbox holds nothing of it.
-    let never = uuid::Uuid::new_v4().to_string();
-    fake.record(
-        hook,
-        &never,
-        "push",
-        &fixtures::unique(&fixtures::own("push")),
-        0,
-        "failed to connect to host",
-        false,
-        chrono::Utc::now() - chrono::Duration::minutes(10),
-        true,
-    );
+    let never = fake.record_unanswered_push(hook);
     // `stored`: ingest claimed it (traced), GitHub timed out, and the
     // claim's ingest died before its job was taken: only a redelivery
     // finishes it.
