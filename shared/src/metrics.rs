@@ -117,6 +117,10 @@ pub const DESTINATION_REQUEST_SECONDS: &str = "hookinbox_destination_request_sec
 /// 1 for a destination's current state (`closed`, `open`, `half_open`,
 /// `paused`, `disabled`), 0 for the others, by `source` and `destination`.
 pub const DESTINATION_STATE: &str = "hookinbox_destination_state";
+/// Legs that waited in a worker, unacked, for their destination to take
+/// legs again (breaker open, paused, disabled), by `source` and
+/// `destination`; the broker keeps the legs behind them.
+pub const DESTINATION_WAITS: &str = "hookinbox_destination_waits_total";
 /// Legs waiting for a destination (processing untaken, retrying, held),
 /// by `source` and `destination`.
 pub const DESTINATION_WAITING: &str = "hookinbox_destination_waiting";
@@ -372,6 +376,10 @@ fn describe() {
     describe_counter!(
         DESTINATION_ATTEMPTS,
         "Attempts of destinations' legs by source, destination and result"
+    );
+    describe_counter!(
+        DESTINATION_WAITS,
+        "Legs that waited unacked in a worker while their destination took no legs"
     );
     describe_counter!(
         DESTINATION_BLOCKED,

@@ -236,6 +236,22 @@ impl Publisher {
         .await
     }
 
+    /// Publishes a destination's probe through the shared work queue, not
+    /// the destination's own: while its breaker is open, that queue holds
+    /// the destination's backlog, and the workers hold its head unacked
+    /// until the breaker closes, so a probe queued behind them would never
+    /// be consumed. Every worker consumes the shared queue and runs the
+    /// probe in its destination's lane. Confirmed like [`Publisher::publish`].
+    pub async fn publish_probe(&self, job: &Job) -> Result<(), BrokerError> {
+        self.publish_raw(
+            &self.topology.work_exchange(),
+            &Topology::leg_routing_key(&job.key.source, &DestinationName::legacy()),
+            &job.body,
+            message::properties(job),
+        )
+        .await
+    }
+
     /// Declares a destination's queue on the current channel, once per
     /// channel: a publish to a queue nobody declared would come back
     /// unroutable.

@@ -231,9 +231,29 @@ macro_rules! parked_body_exists {
     };
 }
 
+/// An untaken leg of a destination that takes no legs now (breaker open,
+/// paused, disabled): its message waits in the destination's queue for as
+/// long as that lasts, so its claim's lease running out says nothing of a
+/// lost message. The reaper leaves it, and it is not
+/// [`awaiting_redelivery!`]. A boolean expression over the alias `$t`.
+macro_rules! waits_for_its_destination {
+    ($t:literal) => {
+        concat!(
+            "(",
+            $t,
+            ".attempts = 0 and exists (select 1 from destinations x where x.source = ",
+            $t,
+            ".source and x.name = ",
+            $t,
+            ".destination and x.state <> 'closed'))"
+        )
+    };
+}
+
 /// A row hookinbox cannot finish on its own, so that only a redelivery from
 /// GitHub can: no body parked, and either reaped `lost` or an untaken claim
-/// whose lease expired (its ingest died between the claim and the publish).
+/// whose lease expired (its ingest died between the claim and the publish)
+/// and whose destination takes legs (see [`waits_for_its_destination!`]).
 /// A boolean expression over the alias `$t`.
 macro_rules! awaiting_redelivery {
     ($t:literal) => {
@@ -250,7 +270,9 @@ macro_rules! awaiting_redelivery {
             $t,
             ".attempts = 0 and ",
             $t,
-            ".lease_until < now())))"
+            ".lease_until < now() and not ",
+            waits_for_its_destination!($t),
+            ")))"
         )
     };
 }

@@ -245,18 +245,23 @@ pub async fn dead_letter_unreadable(
     Ok(n == 1)
 }
 
-const REAP: &str = "
+const REAP: &str = concat!(
+    "
 update deliveries
 set status = 'failed', retryable = true, next_attempt_at = now(),
     failed_at = now(), first_failed_at = coalesce(first_failed_at, now()),
     last_error_class = 'lost',
     last_error = 'lease expired long ago: the holder is presumed dead'
 where ctid in (
-    select ctid from deliveries
-    where status = 'processing' and lease_until < now() - make_interval(secs => $1)
+    select ctid from deliveries d
+    where d.status = 'processing' and d.lease_until < now() - make_interval(secs => $1)
+      and not ",
+    waits_for_its_destination!("d"),
+    "
     limit $2
     for update skip locked
-)";
+)"
+);
 
 /// The reaper: claims whose lease expired more than `after` ago (ingest may
 /// have died between the claim and the publish, the message was lost, or
@@ -264,7 +269,9 @@ where ctid in (
 /// keeping their token. Any message of the delivery still in the queue
 /// takes it (the token may be a dead worker's, which no message carries);
 /// otherwise the next redelivery (or, with a parked body, the scheduler)
-/// takes it at once.
+/// takes it at once. An untaken leg of a destination that takes no legs
+/// now is left alone: its message waits in the destination's queue (see
+/// `waits_for_its_destination!`).
 pub async fn reap(client: &impl Session, after: Duration, limit: i64) -> Result<u64, DbError> {
     sql::execute(client, REAP, &[&secs(after), &limit]).await
 }

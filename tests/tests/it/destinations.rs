@@ -277,6 +277,124 @@ async fn a_destination_that_answers_404_holds_its_legs_and_delivers_them_all_onc
     env.cleanup().await;
 }
 
+/// Under a running worker, the legs of an open destination wait in its
+/// queue: the worker holds only the head, unacked, and writes nothing for
+/// them (no hold, no parked body), while the probe still goes every
+/// `probe_secs` past that head (through the shared queue). Once a probe
+/// succeeds, every leg goes, once.
+#[tokio::test]
+async fn an_open_destinations_legs_wait_in_its_queue_while_its_probes_go() {
+    let env = TestEnv::new().await;
+    let fixed = Arc::new(AtomicBool::new(false));
+    let receiver = Receiver::start({
+        let fixed = fixed.clone();
+        move |_, _| {
+            Reply::status(if fixed.load(Ordering::SeqCst) {
+                200
+            } else {
+                404
+            })
+        }
+    })
+    .await;
+    let config = env.config_file(&format!(
+        "[[sources]]\nname = \"default\"\nsecrets = [\"{SECRET}\"]\n{}",
+        breaking_forward(
+            "ci",
+            &receiver.url,
+            "concurrency = 1\nbreaker = { probe_secs = 1, min_requests = 100 }"
+        )
+    ));
+    let ingest = env.ingest_on(&config).await;
+    let worker = env.worker_on(&config, Default::default()).await;
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn({
+        let worker = worker.clone();
+        let shutdown = shutdown.clone();
+        async move { worker.run(shutdown).await }
+    });
+    let first = about("push", "none", "acme/widgets");
+    assert_eq!(ingest.send(&first).await.status, 202);
+    wait_until(
+        "the 404 to open the breaker",
+        Duration::from_secs(15),
+        || async { state(&env, "ci").await != "closed" },
+    )
+    .await;
+    for _ in 0..10 {
+        let hook = about("push", "none", "acme/widgets");
+        assert_eq!(ingest.send(&hook).await.status, 202);
+    }
+    // Probes pass the waiting head of the queue: the first leg (held when
+    // it failed) is tried again, once a second.
+    wait_until("two probes", Duration::from_secs(20), || async {
+        receiver.received().len() >= 3
+    })
+    .await;
+    assert_eq!(
+        env.count("select count(*) from parked_bodies").await,
+        1,
+        "only the leg that failed is parked; the others wait in the broker"
+    );
+    assert_eq!(
+        env.count("select count(*) from deliveries where status = 'processing' and attempts = 0")
+            .await,
+        10,
+        "untaken, no attempt spent"
+    );
+    let keys: HashSet<String> = receiver
+        .received()
+        .iter()
+        .filter_map(|r| r.header("idempotency-key").map(str::to_owned))
+        .collect();
+    assert_eq!(keys.len(), 1, "only the first leg was sent while broken");
+    // Their claims' leases running out says nothing of a lost message: the
+    // reaper leaves them, and none is awaiting a redelivery from GitHub.
+    env.db
+        .execute(
+            "update deliveries set lease_until = now() - interval '1 day' \
+             where status = 'processing' and attempts = 0",
+            &[],
+        )
+        .await
+        .expect("age the claims");
+    assert_eq!(worker.reap_once().await.expect("reaper"), 0);
+    let client = worker.pool().get().await.expect("a connection");
+    let gauges = hookinbox::deliveries::gauges(&client)
+        .await
+        .expect("gauges");
+    drop(client);
+    assert_eq!(gauges.awaiting_redelivery, 0);
+
+    // Fixed downstream: the next probe closes the breaker, and every leg
+    // goes, once.
+    let broken = receiver.received().len();
+    fixed.store(true, Ordering::SeqCst);
+    wait_until("every leg to complete", Duration::from_secs(30), || async {
+        env.count("select count(*) from deliveries where status = 'completed'")
+            .await
+            == 11
+    })
+    .await;
+    assert_eq!(state(&env, "ci").await, "closed");
+    let after: Vec<String> = receiver
+        .received()
+        .iter()
+        .skip(broken)
+        .filter_map(|r| r.header("idempotency-key").map(str::to_owned))
+        .collect();
+    // A probe that was on its way when the fix landed may add one 404.
+    assert!(
+        (11..=12).contains(&after.len()),
+        "each leg sent once after the fix: {after:?}"
+    );
+    assert_eq!(after.iter().collect::<HashSet<_>>().len(), 11);
+    assert_eq!(env.dead_depth().await, 0, "nothing dead-lettered");
+    shutdown.cancel();
+    running.await.expect("join").expect("worker");
+    env.cleanup().await;
+}
+
 #[tokio::test]
 async fn failures_past_the_ratio_open_the_breaker_and_a_success_closes_it() {
     let env = TestEnv::new().await;

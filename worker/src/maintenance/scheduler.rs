@@ -19,14 +19,15 @@ const COPY_GRACE: Duration = Duration::from_secs(60);
 
 /// One pass of the retry scheduler: dead-letters due retries that used
 /// every attempt, moves due retries back to `processing` under new tokens
-/// and publishes each from its parked body, all confirms in flight at once.
+/// and publishes each from its parked body (a probe through the shared
+/// queue), all confirms in flight at once.
 /// A publish that fails puts its row back as due, token-guarded. Also
 /// writes dead-letter copies that a crash left unwritten. Returns how many
 /// retries it published.
 pub(crate) async fn schedule_once(ctx: &Context) -> Result<usize, RuntimeError> {
     let client = ctx.pool.get().await.map_err(DbError::from)?;
     deliveries::exhaust_due(&client, &ctx.policy, SCHEDULE_BATCH).await?;
-    let mut due = deliveries::schedule_due(&client, &ctx.policy, SCHEDULE_BATCH).await?;
+    let due = deliveries::schedule_due(&client, &ctx.policy, SCHEDULE_BATCH).await?;
     // Breakers: destinations open too long are disabled; each open one
     // whose pause is over gets its probe, published like a retry.
     let disabled = deliveries::disable_stale(&client).await?;
@@ -45,11 +46,15 @@ pub(crate) async fn schedule_once(ctx: &Context) -> Result<usize, RuntimeError> 
             "probing an open destination"
         );
     }
-    due.extend(probes);
+    // A probe goes through the shared queue (see `Publisher::publish_probe`).
+    let due = due
+        .into_iter()
+        .map(|parked| (parked, false))
+        .chain(probes.into_iter().map(|parked| (parked, true)));
     let orphans = deliveries::needing_copy(&client, COPY_GRACE, SCHEDULE_BATCH).await?;
     drop(client);
 
-    let publishes = due.into_iter().map(|parked| async move {
+    let publishes = due.map(|(parked, probe)| async move {
         let parked = match parked {
             Ok(parked) => parked,
             Err(unreadable) => {
@@ -58,7 +63,12 @@ pub(crate) async fn schedule_once(ctx: &Context) -> Result<usize, RuntimeError> 
             }
         };
         let job = &parked.job;
-        let Err(error) = ctx.publisher.publish(job).await else {
+        let published = if probe {
+            ctx.publisher.publish_probe(job).await
+        } else {
+            ctx.publisher.publish(job).await
+        };
+        let Err(error) = published else {
             return true;
         };
         let error = error.to_string();

@@ -104,18 +104,18 @@ impl Worker {
     ) -> Result<(), DbError> {
         let inner = &self.inner;
         let (source, name) = (&lane.source, &lane.destination);
-        let client = inner.pool.get().await?;
         let known = inner.lanes.state(lane);
         let note = |state| inner.lanes.note(source.as_str(), name.as_str(), state);
         match (result, error) {
             // The destination answered: it works. Close the breaker if it
             // may be open (the probe, or a leg that was in flight).
             (AttemptResult::Ok | AttemptResult::Permanent, _) => {
-                if (probe || known != BreakerState::Closed)
-                    && deliveries::close(&client, source, name).await?
-                {
-                    tracing::info!(source = %source, destination = %name, "breaker closed");
-                    note(BreakerState::Closed);
+                if probe || known != BreakerState::Closed {
+                    let client = inner.pool.get().await?;
+                    if deliveries::close(&client, source, name).await? {
+                        tracing::info!(source = %source, destination = %name, "breaker closed");
+                        note(BreakerState::Closed);
+                    }
                 }
             }
             (
@@ -126,6 +126,7 @@ impl Worker {
                     ..
                 }),
             ) => {
+                let client = inner.pool.get().await?;
                 if deliveries::disable(&client, source, name, message).await? {
                     tracing::warn!(source = %source, destination = %name, error = %message, "destination disabled: it answered 410 Gone");
                     note(BreakerState::Disabled);
@@ -134,33 +135,69 @@ impl Worker {
             // The destination itself is wrong, or its address refused:
             // open at once.
             (AttemptResult::Destination | AttemptResult::Blocked, Some(error)) => {
+                let client = inner.pool.get().await?;
                 self.trip(&client, lane, &error.to_string()).await?;
             }
             (_, error) => {
                 let message = error.map(ToString::to_string).unwrap_or_default();
                 if probe {
+                    let client = inner.pool.get().await?;
                     self.trip(&client, lane, &message).await?;
                     return Ok(());
                 }
-                let (attempts, failed) =
-                    deliveries::window(&client, source, name, breaker.window).await?;
-                let ratio = if attempts > 0 {
-                    failed as f64 / attempts as f64
-                } else {
-                    0.0
-                };
-                if attempts >= i64::from(breaker.min_requests) && ratio >= breaker.failure_ratio {
-                    self.trip(
-                        &client,
-                        lane,
-                        &format!(
-                            "{failed} of {attempts} attempts failed within {:?}; last: {message}",
-                            breaker.window
-                        ),
-                    )
-                    .await?;
-                }
+                self.over_the_ratio(lane, breaker, &message).await?;
             }
+        }
+        Ok(())
+    }
+
+    /// Counts the breaker's window after a failure this worker logged, and
+    /// trips it past the ratio.
+    ///
+    /// One count at a time per lane, at most one per [`COUNT_GAP`]: a
+    /// destination failing every leg at hundreds a second would otherwise
+    /// count its whole window once per failure, and that load on Postgres
+    /// is what the other destinations would feel. A failure waits for the
+    /// next count that starts after its own log row was committed, or
+    /// starts it; so every failure is counted by a count that sees it, and
+    /// the breaker opens at most `COUNT_GAP` later than with a count each.
+    /// The connection is taken only once the count is due: one held while
+    /// waiting would be one the other destinations lack.
+    async fn over_the_ratio(
+        &self,
+        lane: &Lane,
+        breaker: hookinbox::config::Breaker,
+        message: &str,
+    ) -> Result<(), DbError> {
+        // The attempt's log row is committed by now (`after_attempt`
+        // awaited it).
+        let logged = Instant::now();
+        let mut counted = lane.window_counted.lock().await;
+        if let Some(last) = *counted {
+            if last >= logged {
+                return Ok(());
+            }
+            tokio::time::sleep_until((last + COUNT_GAP).into()).await;
+        }
+        let client = self.inner.pool.get().await?;
+        *counted = Some(Instant::now());
+        let (source, name) = (&lane.source, &lane.destination);
+        let (attempts, failed) = deliveries::window(&client, source, name, breaker.window).await?;
+        let ratio = if attempts > 0 {
+            failed as f64 / attempts as f64
+        } else {
+            0.0
+        };
+        if attempts >= i64::from(breaker.min_requests) && ratio >= breaker.failure_ratio {
+            self.trip(
+                &client,
+                lane,
+                &format!(
+                    "{failed} of {attempts} attempts failed within {:?}; last: {message}",
+                    breaker.window
+                ),
+            )
+            .await?;
         }
         Ok(())
     }
@@ -204,6 +241,10 @@ impl Worker {
         Ok(())
     }
 }
+
+/// The least time between two counts of one destination's window by one
+/// worker (see `Worker::over_the_ratio`).
+const COUNT_GAP: Duration = Duration::from_millis(100);
 
 /// How often a worker reads the destinations' states.
 pub(super) const READ_EVERY: Duration = Duration::from_secs(1);

@@ -5,7 +5,7 @@
 use lapin::options::BasicGetOptions;
 
 use super::acks::Settle;
-use super::{JobOutcome, Stop, Worker};
+use super::{JobOutcome, Received, Stop, Worker};
 use crate::context::RuntimeError;
 
 /// What [`Worker::drain`] did.
@@ -49,7 +49,7 @@ impl Worker {
         limit: usize,
     ) -> Result<DrainReport, RuntimeError> {
         let inner = &self.inner;
-        for lane in inner.lanes.all() {
+        for lane in inner.lanes.consumed() {
             if !lane.destination.is_legacy() {
                 inner
                     .topology
@@ -64,7 +64,7 @@ impl Worker {
         let mut empty_round = false;
         while report.outcomes.len() < limit && !empty_round {
             empty_round = true;
-            for lane in inner.lanes.all() {
+            for lane in inner.lanes.consumed() {
                 if report.outcomes.len() >= limit {
                     break;
                 }
@@ -80,7 +80,10 @@ impl Worker {
                     .process(
                         delivery.properties,
                         delivery.data,
-                        delivery.redelivered,
+                        Received {
+                            redelivered: delivery.redelivered,
+                            shared: lane.destination.is_legacy(),
+                        },
                         Settle::Alone(delivery.acker),
                         &stop,
                     )

@@ -45,7 +45,8 @@ use super::acks::Settle;
 use super::breaker::Attempted;
 use super::heartbeat::heartbeat;
 use super::lanes::Lane;
-use super::{JobOutcome, Stop, Worker};
+use super::wait::Waited;
+use super::{JobOutcome, Received, Stop, Worker};
 use crate::handlers::{Completion, Effect, HandlerError};
 
 /// How a handler run ended.
@@ -78,13 +79,12 @@ enum Attempt {
 }
 
 impl Worker {
-    /// One message, start to end. `redelivered`: the broker delivered this
-    /// message before (a worker died or gave it back holding it).
+    /// One message, start to end.
     pub(super) async fn process(
         &self,
         properties: lapin::BasicProperties,
         data: Vec<u8>,
-        redelivered: bool,
+        received: Received,
         settle: Settle,
         stop: &Stop,
     ) -> JobOutcome {
@@ -125,7 +125,7 @@ impl Worker {
         span.record_ids();
         let started = std::time::Instant::now();
         let outcome = self
-            .run_job(&job, redelivered, stop)
+            .run_job(&job, received, stop)
             .instrument(span.clone())
             .await;
         span.record("outcome", outcome.as_str());
@@ -152,16 +152,25 @@ impl Worker {
         outcome
     }
 
-    async fn run_job(&self, job: &Job, redelivered: bool, stop: &Stop) -> JobOutcome {
+    async fn run_job(&self, job: &Job, received: Received, stop: &Stop) -> JobOutcome {
+        let inner = &self.inner;
+        let lane = inner.lanes.of(job);
+        // Before anything is written: while its destination takes no legs,
+        // the leg waits unacked and the broker keeps the ones behind it. A
+        // probe (through the shared queue) goes on to its take, which lets
+        // only the probe through.
+        if !received.shared && self.wait_for_destination(lane, stop).await == Waited::Leave {
+            return JobOutcome::Left;
+        }
         // A redelivered message may be the one that crashed a worker: it
         // goes the full way, whose take counts the attempt before the
         // handler runs, so a job that crashes every worker is stopped by
         // `max_attempts`.
-        if !redelivered && let Some(outcome) = self.fused(job, stop).await {
+        if !received.redelivered
+            && let Some(outcome) = self.fused(job, stop).await
+        {
             return outcome;
         }
-        let inner = &self.inner;
-        let lane = inner.lanes.of(job);
         // The destination's pace, before the take: waiting for it is not
         // an attempt.
         tokio::select! {

@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 use std::sync::RwLock;
+use std::time::Instant;
 
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use hookinbox::broker::Topology;
@@ -40,6 +41,14 @@ pub(crate) struct Lane {
     /// Whether its attempts go to the attempt log (`forward`, and any
     /// destination with a breaker, whose window is counted over the log).
     pub(crate) logs_attempts: bool,
+    /// Whether this worker consumes its queue. A worker given only some
+    /// destinations still has a lane for each: a probe of any of them may
+    /// reach it through the shared queue, and runs under its own
+    /// destination's settings and breaker.
+    pub(crate) consumed: bool,
+    /// When this worker last started counting the breaker's window (see
+    /// `Worker::over_the_ratio`): one count at a time per lane.
+    pub(crate) window_counted: tokio::sync::Mutex<Option<Instant>>,
 }
 
 impl Lane {
@@ -73,11 +82,6 @@ impl Lanes {
         let mut lanes: Vec<Lane> = config
             .routes
             .iter()
-            .filter(|route| {
-                config.consumes.as_ref().is_none_or(|chosen| {
-                    chosen.contains(&(route.source.clone(), route.destination.name.clone()))
-                })
-            })
             .map(|route| {
                 let d = &route.destination;
                 let limiter = d.rate_limit.map(|limit| {
@@ -96,6 +100,10 @@ impl Lanes {
                     breaker: d.breaker,
                     logs_attempts: d.breaker.is_some()
                         || matches!(d.kind, DestinationKind::Forward(_)),
+                    window_counted: tokio::sync::Mutex::new(None),
+                    consumed: config.consumes.as_ref().is_none_or(|chosen| {
+                        chosen.contains(&(route.source.clone(), d.name.clone()))
+                    }),
                 }
             })
             .collect();
@@ -109,6 +117,8 @@ impl Lanes {
             retries: Retries::Exponential(config.retry),
             breaker: None,
             logs_attempts: false,
+            consumed: true,
+            window_counted: tokio::sync::Mutex::new(None),
         });
         let by_name = lanes
             .iter()
@@ -123,14 +133,14 @@ impl Lanes {
         }
     }
 
-    /// Every lane, the legacy one last.
-    pub(crate) fn all(&self) -> &[Lane] {
-        &self.lanes
+    /// Every lane whose queue this worker consumes, the legacy one last.
+    pub(crate) fn consumed(&self) -> impl Iterator<Item = &Lane> {
+        self.lanes.iter().filter(|lane| lane.consumed)
     }
 
     /// The lane of a job: its destination's, or the legacy lane for a leg
     /// claimed before destinations existed (and for a destination this
-    /// worker does not know, whose queue it never consumes).
+    /// worker does not know).
     pub(crate) fn of(&self, job: &Job) -> &Lane {
         let i = self
             .by_name

@@ -34,6 +34,7 @@ mod fused;
 mod heartbeat;
 mod job;
 mod lanes;
+mod wait;
 
 pub use drain::DrainReport;
 use heartbeat::reconnect_backoff;
@@ -127,11 +128,25 @@ impl JobOutcome {
     }
 }
 
+/// How a message reached this worker.
+#[derive(Clone, Copy, Debug)]
+struct Received {
+    /// The broker delivered it before (a worker died or gave it back
+    /// holding it).
+    redelivered: bool,
+    /// It came through the shared queue: a legacy leg, or a destination's
+    /// probe, which never waits for its destination.
+    shared: bool,
+}
+
 /// Two-stage stop: the shutdown token stops consuming; `hard` (after the
 /// grace period) cancels jobs still running, which release their leases.
 #[derive(Clone, Default)]
 struct Stop {
     hard: CancellationToken,
+    /// The shutdown token, under the consume loop (a drain has none): a
+    /// leg waiting for its destination leaves at once when it fires.
+    soft: Option<CancellationToken>,
 }
 
 /// A worker: one handler (the router of its destinations), one pool, a
@@ -250,7 +265,10 @@ impl Worker {
     /// stay unacked, so the broker hands them to another worker at once.
     pub async fn run(&self, shutdown: CancellationToken) -> Result<(), RuntimeError> {
         let metrics = self.serve_metrics()?;
-        let stop = Stop::default();
+        let stop = Stop {
+            hard: CancellationToken::new(),
+            soft: Some(shutdown.clone()),
+        };
         let mut jobs = JoinSet::new();
         let background = self.start_background();
         let connections = self.consume_until(&shutdown, &stop, &mut jobs).await;
@@ -375,6 +393,9 @@ impl Worker {
         let mut collectors = Vec::with_capacity(consumers.len());
         let mut cancels = Vec::with_capacity(consumers.len());
         let mut streams = Vec::with_capacity(consumers.len());
+        // The shared queue's consumer is the last: what comes through it
+        // for a destination is a probe (see `Publisher::publish_probe`).
+        let shared = consumers.len().saturating_sub(1);
         for (i, (channel, consumer)) in consumers.into_iter().enumerate() {
             let (lane_acks, collector) = acks::Acks::start();
             acks.push(lane_acks);
@@ -412,7 +433,11 @@ impl Worker {
                             acks: acks[i].clone(),
                         };
                         jobs.spawn(async move {
-                            worker.process(delivery.properties, delivery.data, delivery.redelivered, settle, &stop).await
+                            let received = Received {
+                                redelivered: delivery.redelivered,
+                                shared: i == shared,
+                            };
+                            worker.process(delivery.properties, delivery.data, received, settle, &stop).await
                         });
                     }
                     Some((_, Some(Err(e)))) => {
@@ -493,7 +518,7 @@ impl Worker {
         consumers: &mut Vec<(lapin::Channel, lapin::Consumer)>,
     ) -> Result<(), RuntimeError> {
         let inner = &self.inner;
-        for (i, lane) in inner.lanes.all().iter().enumerate() {
+        for (i, lane) in inner.lanes.consumed().enumerate() {
             let channel = connection.create_channel().await?;
             if i == 0 {
                 inner.topology.declare(&channel).await?;
