@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 use std::sync::RwLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
@@ -73,6 +74,9 @@ pub(crate) struct Lanes {
     /// the runtime, and on this worker's own transitions). Only a hint:
     /// the gate in the take decides.
     states: RwLock<HashMap<(String, String), BreakerState>>,
+    /// Whether any of those states is not `closed`: the common case (all
+    /// closed) is answered without a lookup or an allocation per job.
+    any_not_closed: AtomicBool,
 }
 
 /// The lane of the old shared queue is the last one.
@@ -130,6 +134,7 @@ impl Lanes {
             lanes,
             by_name,
             states: RwLock::new(HashMap::new()),
+            any_not_closed: AtomicBool::new(false),
         }
     }
 
@@ -172,6 +177,9 @@ impl Lanes {
     /// The state this worker last read of `lane`'s destination (closed
     /// when it has none).
     pub(crate) fn state(&self, lane: &Lane) -> BreakerState {
+        if !self.any_not_closed.load(Ordering::Relaxed) {
+            return BreakerState::Closed;
+        }
         let states = self.states.read().unwrap_or_else(|e| e.into_inner());
         states
             .get(&(
@@ -186,6 +194,10 @@ impl Lanes {
     pub(crate) fn note(&self, source: &str, destination: &str, state: BreakerState) {
         let mut states = self.states.write().unwrap_or_else(|e| e.into_inner());
         states.insert((source.to_owned(), destination.to_owned()), state);
+        self.any_not_closed.store(
+            states.values().any(|s| *s != BreakerState::Closed),
+            Ordering::Relaxed,
+        );
     }
 
     /// Replaces every known state with a fresh read.
@@ -193,5 +205,9 @@ impl Lanes {
         let mut states = self.states.write().unwrap_or_else(|e| e.into_inner());
         states.clear();
         states.extend(read);
+        self.any_not_closed.store(
+            states.values().any(|s| *s != BreakerState::Closed),
+            Ordering::Relaxed,
+        );
     }
 }
