@@ -452,6 +452,78 @@ async fn failures_past_the_ratio_open_the_breaker_and_a_success_closes_it() {
 }
 
 #[tokio::test]
+async fn failures_in_a_row_open_the_breaker_though_the_window_still_holds_successes() {
+    let env = TestEnv::new().await;
+    let up = Arc::new(AtomicBool::new(true));
+    let receiver = Receiver::start({
+        let up = up.clone();
+        move |_, _| Reply::status(if up.load(Ordering::SeqCst) { 200 } else { 503 })
+    })
+    .await;
+    let config = env.config_file(&format!(
+        "[[sources]]\nname = \"default\"\nsecrets = [\"{SECRET}\"]\n{}",
+        breaking_forward(
+            "ci",
+            &receiver.url,
+            "breaker = { probe_secs = 1, min_requests = 3, failure_ratio = 0.5, window_secs = 600 }"
+        )
+    ));
+    let ingest = env.ingest_on(&config).await;
+    let worker = env.worker_on(&config, Default::default()).await;
+    let send = || async {
+        assert_eq!(
+            ingest
+                .send(&about("push", "none", "acme/widgets"))
+                .await
+                .status,
+            202
+        );
+    };
+    for _ in 0..20 {
+        send().await;
+    }
+    let report = worker.drain().await.expect("drain");
+    assert_eq!(report.count(JobOutcome::Completed), 20);
+    // Down: 3 failures against 20 successes in the window is a ratio of
+    // 0.13, far under 0.5; 3 in a row open it all the same.
+    up.store(false, Ordering::SeqCst);
+    for _ in 0..8 {
+        send().await;
+    }
+    let report = worker.drain().await.expect("drain");
+    assert_eq!(
+        report.count(JobOutcome::Failed {
+            class: hookinbox::deliveries::ErrorClass::Transient,
+            retryable: true
+        }),
+        3,
+        "three real attempts fail, then the rest wait: {:?}",
+        report.outcomes
+    );
+    assert_eq!(report.count(JobOutcome::Held), 5);
+    assert_eq!(state(&env, "ci").await, "open");
+    let error: String = {
+        let pool = env.pool(1);
+        let client = pool.get().await.expect("client");
+        client
+            .query_one("select last_error from destinations where name = 'ci'", &[])
+            .await
+            .expect("row")
+            .get(0)
+    };
+    assert!(error.contains("3 attempts failed in a row"), "{error}");
+    up.store(true, Ordering::SeqCst);
+    settle(&env, &worker).await;
+    assert_eq!(
+        env.count("select count(*) from deliveries where status = 'completed'")
+            .await,
+        28
+    );
+    assert_eq!(env.dead_depth().await, 0);
+    env.cleanup().await;
+}
+
+#[tokio::test]
 async fn gone_disables_the_destination_until_an_operator_resumes_it() {
     let env = TestEnv::new().await;
     let back = Arc::new(AtomicBool::new(false));

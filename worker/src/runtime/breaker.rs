@@ -6,6 +6,7 @@
 //! so that by the time a failed leg is due (a held one is due at once), its
 //! destination's row already gates it.
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use hookinbox::deliveries::{self, AttemptLog, AttemptResult, BreakerState};
@@ -110,6 +111,7 @@ impl Worker {
             // The destination answered: it works. Close the breaker if it
             // may be open (the probe, or a leg that was in flight).
             (AttemptResult::Ok | AttemptResult::Permanent, _) => {
+                lane.failures_in_row.store(0, Ordering::Relaxed);
                 if probe || known != BreakerState::Closed {
                     let client = inner.pool.get().await?;
                     if deliveries::close(&client, source, name).await? {
@@ -145,10 +147,42 @@ impl Worker {
                     self.trip(&client, lane, &message).await?;
                     return Ok(());
                 }
+                if self.in_a_row(lane, breaker, &message).await? {
+                    return Ok(());
+                }
                 self.over_the_ratio(lane, breaker, &message).await?;
             }
         }
         Ok(())
+    }
+
+    /// Trips the breaker once this worker has seen `min_requests` failed
+    /// attempts of the destination in a row, with no answer between them
+    /// (the ratio over that run is 1, over any `failure_ratio`). The
+    /// window's ratio alone opens late when the window still holds the
+    /// successes from before an outage: a destination that went down
+    /// after a minute of traffic would have every leg attempted and failed
+    /// until as many failures as successes had piled up. Returns whether
+    /// it tripped.
+    async fn in_a_row(
+        &self,
+        lane: &Lane,
+        breaker: hookinbox::config::Breaker,
+        message: &str,
+    ) -> Result<bool, DbError> {
+        let failures = lane.failures_in_row.fetch_add(1, Ordering::Relaxed) + 1;
+        if failures < breaker.min_requests {
+            return Ok(false);
+        }
+        lane.failures_in_row.store(0, Ordering::Relaxed);
+        let client = self.inner.pool.get().await?;
+        self.trip(
+            &client,
+            lane,
+            &format!("{failures} attempts failed in a row; last: {message}"),
+        )
+        .await?;
+        Ok(true)
     }
 
     /// Counts the breaker's window after a failure this worker logged, and

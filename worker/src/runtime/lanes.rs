@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::sync::RwLock;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Instant;
 
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
@@ -50,6 +50,9 @@ pub(crate) struct Lane {
     /// When this worker last started counting the breaker's window (see
     /// `Worker::over_the_ratio`): one count at a time per lane.
     pub(crate) window_counted: tokio::sync::Mutex<Option<Instant>>,
+    /// This worker's failed attempts of the destination since its last
+    /// answer (see `Worker::in_a_row`).
+    pub(crate) failures_in_row: AtomicU32,
 }
 
 impl Lane {
@@ -105,6 +108,7 @@ impl Lanes {
                     logs_attempts: d.breaker.is_some()
                         || matches!(d.kind, DestinationKind::Forward(_)),
                     window_counted: tokio::sync::Mutex::new(None),
+                    failures_in_row: AtomicU32::new(0),
                     consumed: config.consumes.as_ref().is_none_or(|chosen| {
                         chosen.contains(&(route.source.clone(), d.name.clone()))
                     }),
@@ -123,6 +127,7 @@ impl Lanes {
             logs_attempts: false,
             consumed: true,
             window_counted: tokio::sync::Mutex::new(None),
+            failures_in_row: AtomicU32::new(0),
         });
         let by_name = lanes
             .iter()
