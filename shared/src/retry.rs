@@ -187,6 +187,22 @@ impl Retries {
         }
     }
 
+    /// How long a leg's retries may span: the schedule's delays in all,
+    /// or the exponential policy's capped delays before the last attempt.
+    /// A deferred leg's next time may not fall later than this after its
+    /// first deferral.
+    pub fn horizon(&self) -> Duration {
+        match self {
+            Self::Exponential(policy) => (1..policy.max_attempts.max(1))
+                .map(|attempt| {
+                    let shift = u32::try_from(attempt - 1).unwrap_or(u32::MAX).min(31);
+                    policy.base.saturating_mul(1 << shift).min(policy.max)
+                })
+                .sum(),
+            Self::Schedule(schedule) => schedule.span(),
+        }
+    }
+
     /// As [`RetryPolicy::decide`], under this destination's policy.
     pub fn decide(
         &self,
@@ -327,5 +343,28 @@ mod tests {
         let f = policy.decide(ErrorClass::Transient, "later".into(), None, 2);
         assert_eq!(f.class, ErrorClass::Transient);
         assert!(f.retry_in.is_some());
+    }
+
+    #[test]
+    fn the_horizon_is_what_the_retries_span() {
+        let schedule = Retries::Schedule(Schedule::of([
+            Duration::from_secs(5),
+            Duration::from_secs(60),
+            Duration::from_secs(300),
+        ]));
+        assert_eq!(schedule.horizon(), Duration::from_secs(365));
+        // 1, 2, 4, 8, 16, 32, then the cap: seven delays before the 8th take.
+        let exponential = Retries::Exponential(RetryPolicy {
+            base: Duration::from_secs(1),
+            max: Duration::from_secs(60),
+            max_attempts: 8,
+        });
+        assert_eq!(exponential.horizon(), Duration::from_secs(123));
+        let once = Retries::Exponential(RetryPolicy {
+            base: Duration::from_secs(1),
+            max: Duration::from_secs(60),
+            max_attempts: 1,
+        });
+        assert_eq!(once.horizon(), Duration::ZERO);
     }
 }

@@ -13,6 +13,7 @@
 //! poison, a live holder, resolved).
 
 use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
 
 use crate::postgres::sql::{self, Session};
 use chrono::{DateTime, Utc};
@@ -353,6 +354,94 @@ pub async fn fail(
         attempts: row.get(0),
         first_failed_at: row.get(1),
         failed_at: row.get(2),
+    }))
+}
+
+const DEFER: &str = concat!(
+    "
+with moved as (
+    update deliveries
+    set status = 'failed', retryable = t.in_time,
+        next_attempt_at = case when t.in_time then now() + make_interval(secs => $7) end,
+        failed_at = now(), first_failed_at = coalesce(first_failed_at, now()),
+        deferred_since = coalesce(deferred_since, now()),
+        last_error_class = case when t.in_time then 'deferred' else 'deferred_too_long' end,
+        last_error = case when t.in_time then $9 else $13 end,
+        attempts = case when t.in_time then greatest(attempts - 1, 0) else attempts end
+    from (
+        select coalesce(x.deferred_since, now()) + make_interval(secs => $8)
+               >= now() + make_interval(secs => $7) as in_time
+        from deliveries x
+        where ",
+    key!("x"),
+    "
+    ) t
+    where ",
+    key!(),
+    " and ",
+    held_by!("$6"),
+    "
+    returning provider, source, hook_id, delivery_id, destination, t.in_time
+), ",
+    park_moved!(10, 11, 12),
+    "
+select in_time from moved"
+);
+
+/// How a deferral was recorded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Deferral {
+    /// Due at the time asked, its attempt given back.
+    Due,
+    /// The time asked falls past the destination's retry horizon, counted
+    /// from the leg's first deferral: failed for good, class
+    /// `deferred_too_long`, to be dead-lettered.
+    TooLong,
+}
+
+/// Records a handler's "not now, try in `until`": the leg is failed and
+/// retryable, due after `until`, class `deferred`, its attempt given back
+/// (a deferral is not an attempt), its body parked; all in one statement
+/// guarded by the holder's token. Deferrals are bounded by `horizon` from
+/// the leg's first one (`deferred_since`): one that would fall later fails
+/// the leg for good instead ([`Deferral::TooLong`]). Returns `None` when
+/// fenced.
+pub async fn defer(
+    client: &impl Session,
+    key: &LegKey,
+    token: ClaimToken,
+    until: Duration,
+    horizon: Duration,
+    message: &str,
+    parked: ParkedBody<'_>,
+) -> Result<Option<Deferral>, DbError> {
+    let headers = parked.headers_json();
+    let too_long = format!(
+        "{message}: past its retry horizon ({} s from its first deferral)",
+        horizon.as_secs()
+    );
+    let row = query_opt(
+        client,
+        DEFER,
+        key,
+        &[
+            &token.0,
+            &secs(until),
+            &secs(horizon),
+            &redact(message),
+            &parked.content_type,
+            &headers,
+            &parked.body,
+            &redact(&too_long),
+        ],
+    )
+    .await?;
+    Ok(row.map(|row| {
+        if row.get::<_, bool>(0) {
+            Deferral::Due
+        } else {
+            Deferral::TooLong
+        }
     }))
 }
 

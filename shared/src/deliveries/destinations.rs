@@ -348,6 +348,10 @@ pub enum AttemptResult {
     Destination,
     /// Refused before anything was sent (the egress guard).
     Blocked,
+    /// The destination answered "not now" with a time (a `429` or `503`
+    /// with `Retry-After`): it is alive, and the leg waits without
+    /// spending an attempt.
+    Deferred,
 }
 
 impl AttemptResult {
@@ -359,6 +363,7 @@ impl AttemptResult {
             Self::Permanent => "permanent",
             Self::Destination => "destination",
             Self::Blocked => "blocked",
+            Self::Deferred => "deferred",
         }
     }
 

@@ -390,7 +390,8 @@ pub use claim::{
     claim_batch_linked, claim_linked, park_copy, park_due,
 };
 pub use complete::{
-    Completing, StoredEvent, complete, complete_batch, fail, mark_dead_lettered, store_event,
+    Completing, Deferral, StoredEvent, complete, complete_batch, defer, fail, mark_dead_lettered,
+    store_event,
 };
 pub use delivery::{DeadLetter, Delivery, get};
 pub use destinations::{
@@ -514,6 +515,12 @@ pub enum ErrorClass {
     /// an answer that says the destination itself is wrong): no attempt
     /// spent, due once the destination takes legs again.
     Held,
+    /// The handler asked to be tried again at a given time (a `429` or
+    /// `503` with `Retry-After`, a rate limit's reset): no attempt spent.
+    Deferred,
+    /// Deferred past its destination's retry horizon (counted from its
+    /// first deferral): failed for good.
+    DeferredTooLong,
 }
 
 impl ErrorClass {
@@ -529,11 +536,13 @@ impl ErrorClass {
             Self::MaxAttempts => "max_attempts",
             Self::Publish => "publish",
             Self::Held => "held",
+            Self::Deferred => "deferred",
+            Self::DeferredTooLong => "deferred_too_long",
         }
     }
 
     /// Every class, in the order above.
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 11] = [
         Self::Transient,
         Self::Permanent,
         Self::Timeout,
@@ -543,6 +552,8 @@ impl ErrorClass {
         Self::MaxAttempts,
         Self::Publish,
         Self::Held,
+        Self::Deferred,
+        Self::DeferredTooLong,
     ];
 }
 

@@ -88,6 +88,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "0014_reconcile_traceparent.sql",
         sql: include_str!("../../migrations/0014_reconcile_traceparent.sql"),
     },
+    Migration {
+        version: 15,
+        name: "0015_deferred.sql",
+        sql: include_str!("../../migrations/0015_deferred.sql"),
+    },
 ];
 
 /// Applies every pending migration and returns how many it applied.

@@ -12,6 +12,7 @@ mod admin_sign_in_throttle;
 mod broker_restart_serial;
 mod clean_stops;
 mod custom_handler_example;
+mod deferrals;
 mod destinations;
 mod egress;
 mod forward_secrets;

@@ -212,7 +212,17 @@ breaker = false
             "{} {:?} delay {:?}",
             reply.status, reply.headers, reply.delay
         );
-        if *retried {
+        let deferred = reply.status == 429 && !reply.headers.is_empty();
+        if deferred {
+            // A 429 with Retry-After defers the leg: due then, no
+            // attempt spent.
+            assert_eq!(
+                (status.as_str(), attempts),
+                ("completed", 1),
+                "{name}: deferred, then done"
+            );
+            assert_eq!(class.as_deref(), Some("deferred"), "{name}");
+        } else if *retried {
             assert_eq!(
                 (status.as_str(), attempts),
                 ("completed", 2),
@@ -230,7 +240,7 @@ breaker = false
             assert_eq!(class.as_deref(), Some("permanent"), "{name}");
         }
     }
-    // Retry-After was honoured in both forms: the retry came no earlier.
+    // Retry-After was honoured in both forms: the next try came no earlier.
     let received = receiver.received();
     for (i, at_least) in [
         (3usize, Duration::from_secs(2)),

@@ -323,10 +323,11 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     text.to_lowercase()
 }
 
-/// 2xx is done; 408, 429 and 5xx are worth retrying (honouring
-/// `Retry-After`); 401, 403, 404, 405, 410 and redirects say the
-/// destination itself is wrong (410: gone for good); every other answer is
-/// permanent for this leg.
+/// 2xx is done; a 429 or 503 with `Retry-After` defers the leg to that
+/// time (no attempt spent: the receiver is alive and said when); 408, 429
+/// and 5xx are otherwise worth retrying (honouring `Retry-After`); 401,
+/// 403, 404, 405, 410 and redirects say the destination itself is wrong
+/// (410: gone for good); every other answer is permanent for this leg.
 pub fn classify(
     status: StatusCode,
     headers: &HeaderMap,
@@ -337,16 +338,25 @@ pub fn classify(
     }
     let code = status.as_u16();
     let message = format!("receiver answered {code}");
+    let asked = headers
+        .get(RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| retry_after(v, now));
+    if let Some(asked) = asked
+        && (status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE)
+    {
+        return Err(HandlerError::defer(
+            format!("{message} with Retry-After: deferred"),
+            now + asked,
+        ));
+    }
     if status == StatusCode::REQUEST_TIMEOUT
         || status == StatusCode::TOO_MANY_REQUESTS
         || status.is_server_error()
     {
         return Err(HandlerError::Transient {
             message,
-            retry_after: headers
-                .get(RETRY_AFTER)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| retry_after(v, now)),
+            retry_after: asked,
         });
     }
     if status.is_redirection() {
@@ -364,6 +374,36 @@ pub fn classify(
         });
     }
     Err(HandlerError::permanent(message))
+}
+
+/// For a handler that calls GitHub's API: GitHub's answer when it says
+/// "rate limited", as a deferral (see [`HandlerError::Defer`]), following
+/// GitHub's guidance for a `403` or `429`: wait `Retry-After` seconds when
+/// it is present; else, when `x-ratelimit-remaining` is `0`, until
+/// `x-ratelimit-reset` (UTC epoch seconds); else, for a `429`, a minute.
+/// `None` for any other answer (a `403` without these headers is a
+/// permission error, not a limit).
+pub fn github_rate_limit(
+    status: StatusCode,
+    headers: &HeaderMap,
+    now: SystemTime,
+) -> Option<HandlerError> {
+    if status != StatusCode::FORBIDDEN && status != StatusCode::TOO_MANY_REQUESTS {
+        return None;
+    }
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let message = format!("GitHub answered {}: rate limited", status.as_u16());
+    if let Some(asked) = header("retry-after").and_then(|v| retry_after(v, now)) {
+        return Some(HandlerError::defer(message, now + asked));
+    }
+    if header("x-ratelimit-remaining").map(str::trim) == Some("0")
+        && let Some(reset) = header("x-ratelimit-reset").and_then(|v| v.trim().parse::<u64>().ok())
+    {
+        let at = SystemTime::UNIX_EPOCH + Duration::from_secs(reset);
+        return Some(HandlerError::defer(message, at.max(now)));
+    }
+    (status == StatusCode::TOO_MANY_REQUESTS)
+        .then(|| HandlerError::defer(message, now + Duration::from_secs(60)))
 }
 
 /// `Retry-After` in either form: delay-seconds or an HTTP-date. A date in
@@ -533,5 +573,60 @@ mod tests {
                 "{destination}: {err:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_429_or_503_with_retry_after_defers_and_other_retry_afters_stay_transient() {
+        let now = SystemTime::now();
+        let mut asked = HeaderMap::new();
+        asked.insert(RETRY_AFTER, "60".parse().expect("header"));
+        for deferring in [429, 503] {
+            let status = StatusCode::from_u16(deferring).expect("status");
+            let err = classify(status, &asked, now).expect_err("fails");
+            assert!(
+                matches!(err, HandlerError::Defer { until, .. } if until == now + Duration::from_secs(60)),
+                "{deferring}: {err:?}"
+            );
+            assert_eq!(err.class(), hookinbox::deliveries::ErrorClass::Deferred);
+        }
+        for transient in [408, 500, 502, 504] {
+            let status = StatusCode::from_u16(transient).expect("status");
+            let err = classify(status, &asked, now).expect_err("fails");
+            assert!(
+                matches!(err, HandlerError::Transient { retry_after: Some(d), .. } if d == Duration::from_secs(60)),
+                "{transient}: {err:?}"
+            );
+        }
+        // GitHub's limits, for a handler that calls its API.
+        let until = |e: Option<HandlerError>| match e {
+            Some(HandlerError::Defer { until, .. }) => Some(until),
+            _ => None,
+        };
+        let mut primary = HeaderMap::new();
+        primary.insert("x-ratelimit-remaining", "0".parse().expect("header"));
+        primary.insert("x-ratelimit-reset", "4102444800".parse().expect("header"));
+        assert_eq!(
+            until(github_rate_limit(StatusCode::FORBIDDEN, &primary, now)),
+            Some(SystemTime::UNIX_EPOCH + Duration::from_secs(4_102_444_800))
+        );
+        assert_eq!(
+            until(github_rate_limit(StatusCode::FORBIDDEN, &asked, now)),
+            Some(now + Duration::from_secs(60))
+        );
+        assert_eq!(
+            until(github_rate_limit(
+                StatusCode::TOO_MANY_REQUESTS,
+                &HeaderMap::new(),
+                now
+            )),
+            Some(now + Duration::from_secs(60))
+        );
+        assert!(github_rate_limit(StatusCode::FORBIDDEN, &HeaderMap::new(), now).is_none());
+        assert!(github_rate_limit(StatusCode::NOT_FOUND, &primary, now).is_none());
+        // An unreadable Retry-After defers nothing.
+        let mut unreadable = HeaderMap::new();
+        unreadable.insert(RETRY_AFTER, "soon".parse().expect("header"));
+        let err = classify(StatusCode::TOO_MANY_REQUESTS, &unreadable, now).expect_err("fails");
+        assert!(matches!(err, HandlerError::Transient { .. }), "{err:?}");
     }
 }

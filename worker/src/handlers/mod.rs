@@ -30,7 +30,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use hookinbox::config::{DestinationKind, Route};
 use hookinbox::deliveries::{ErrorClass, Failure};
@@ -45,7 +45,9 @@ mod forward;
 mod store;
 
 pub use effect::{Answer, Completion, Effect};
-pub use forward::{Forward, GITHUB_SIGNATURE_HEADER, SIGNATURE_HEADER, classify, retry_after};
+pub use forward::{
+    Forward, GITHUB_SIGNATURE_HEADER, SIGNATURE_HEADER, classify, github_rate_limit, retry_after,
+};
 pub use store::Store;
 
 /// How a handler failed. The runtime records it and decides what follows:
@@ -94,6 +96,19 @@ pub enum HandlerError {
         /// It said it is gone for good (`410 Gone`).
         gone: bool,
     },
+    /// Not now: try again at `until` (a `429` or `503` with `Retry-After`,
+    /// or GitHub's `403`/`429` with `x-ratelimit-reset` in a handler that
+    /// calls GitHub). No attempt is spent and nothing is dead-lettered: the
+    /// leg is due at `until`. Bounded: a leg whose `until` falls past its
+    /// destination's retry horizon, counted from its first deferral, fails
+    /// as `deferred_too_long`.
+    #[error("{message}")]
+    Defer {
+        /// Short description; redacted before it is stored.
+        message: String,
+        /// When to try again.
+        until: SystemTime,
+    },
     /// The egress policy refused every address of the destination
     /// (`hookinbox::egress`): nothing was sent. A failure of the
     /// destination, as an unreachable one: with a breaker, the attempt is
@@ -132,6 +147,7 @@ impl HandlerError {
             }
             Self::Db(_) | Self::Unavailable(_) | Self::Fenced => ErrorClass::Db,
             Self::Destination { .. } | Self::Blocked { .. } => ErrorClass::Held,
+            Self::Defer { .. } => ErrorClass::Deferred,
         }
     }
 
@@ -144,7 +160,16 @@ impl HandlerError {
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             Self::Transient { retry_after, .. } => *retry_after,
+            Self::Defer { until, .. } => Some(until_now(*until)),
             _ => None,
+        }
+    }
+
+    /// A deferral until `until` (see [`HandlerError::Defer`]).
+    pub fn defer(message: impl Into<String>, until: SystemTime) -> Self {
+        Self::Defer {
+            message: message.into(),
+            until,
         }
     }
 
@@ -155,6 +180,13 @@ impl HandlerError {
     /// is recorded as what it would otherwise be.
     pub fn failure(&self, retries: &Retries, attempts: i32, breaker: bool) -> Failure {
         match self {
+            // Recorded by `deliveries::defer`, which bounds it; this is
+            // what the log says of it.
+            Self::Defer { message, until } => Failure {
+                class: ErrorClass::Deferred,
+                message: message.clone(),
+                retry_in: Some(until_now(*until)),
+            },
             Self::Destination { message, .. } | Self::Blocked { message } if breaker => Failure {
                 class: ErrorClass::Held,
                 message: message.clone(),
@@ -174,6 +206,13 @@ impl HandlerError {
             _ => retries.decide(self.class(), self.to_string(), self.retry_after(), attempts),
         }
     }
+}
+
+/// The time from now until `until`; zero when it has passed.
+fn until_now(until: SystemTime) -> Duration {
+    until
+        .duration_since(SystemTime::now())
+        .unwrap_or(Duration::ZERO)
 }
 
 impl From<DbError> for HandlerError {

@@ -37,6 +37,7 @@ pub(super) fn result_of(outcome: Result<(), &HandlerError>) -> AttemptResult {
         Ok(()) => AttemptResult::Ok,
         Err(HandlerError::Destination { .. }) => AttemptResult::Destination,
         Err(HandlerError::Blocked { .. }) => AttemptResult::Blocked,
+        Err(HandlerError::Defer { .. }) => AttemptResult::Deferred,
         Err(HandlerError::Permanent { .. }) => AttemptResult::Permanent,
         Err(e) if !e.is_transient() => AttemptResult::Permanent,
         Err(_) => AttemptResult::Transient,
@@ -110,7 +111,7 @@ impl Worker {
         match (result, error) {
             // The destination answered: it works. Close the breaker if it
             // may be open (the probe, or a leg that was in flight).
-            (AttemptResult::Ok | AttemptResult::Permanent, _) => {
+            (AttemptResult::Ok | AttemptResult::Permanent | AttemptResult::Deferred, _) => {
                 lane.failures_in_row.store(0, Ordering::Relaxed);
                 if probe || known != BreakerState::Closed {
                     let client = inner.pool.get().await?;

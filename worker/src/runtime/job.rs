@@ -29,10 +29,10 @@
 //! instead of spinning on requeue.
 
 use std::panic::AssertUnwindSafe;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use futures::FutureExt;
-use hookinbox::deliveries::{self, ErrorClass, ParkedBody, Status, Take};
+use hookinbox::deliveries::{self, Deferral, ErrorClass, ParkedBody, Status, Take};
 use hookinbox::job::Job;
 use hookinbox::key::ClaimToken;
 use hookinbox::postgres::DbError;
@@ -431,6 +431,11 @@ impl Worker {
                 lane.retries
                     .decide(ErrorClass::Timeout, timed_out.to_string(), None, attempts)
             }
+            Ran::Returned(Err(HandlerError::Defer { message, until })) => {
+                effect.rollback().await;
+                drop(effect);
+                return self.deferred(job, lane, token, &message, until, stop).await;
+            }
             Ran::Returned(Err(error)) => {
                 effect.rollback().await;
                 drop(effect);
@@ -471,6 +476,68 @@ impl Worker {
             },
             Err(e) => {
                 tracing::warn!(error = %e, "recording the failure failed");
+                Attempt::RetryTake
+            }
+        }
+    }
+
+    /// Records a handler's deferral: the leg due at `until` with its
+    /// attempt given back, or, past the destination's retry horizon, failed
+    /// for good and dead-lettered.
+    async fn deferred(
+        &self,
+        job: &Job,
+        lane: &Lane,
+        token: ClaimToken,
+        message: &str,
+        until: SystemTime,
+        stop: &Stop,
+    ) -> Attempt {
+        let delay = until
+            .duration_since(SystemTime::now())
+            .unwrap_or(Duration::ZERO);
+        let horizon = lane.retries.horizon();
+        tracing::info!(
+            retry_in_ms = delay.as_millis() as u64,
+            "the handler deferred the leg: no attempt spent"
+        );
+        let recorded = async {
+            match self.inner.pool.get().await {
+                Ok(client) => {
+                    deliveries::defer(
+                        &client,
+                        &job.key,
+                        token,
+                        delay,
+                        horizon,
+                        message,
+                        ParkedBody::from(job),
+                    )
+                    .await
+                }
+                Err(e) => Err(DbError::from(e)),
+            }
+        }
+        .instrument(step("worker.defer"))
+        .await;
+        match recorded {
+            Ok(None) => Attempt::Done(JobOutcome::Fenced),
+            Ok(Some(Deferral::Due)) => Attempt::Done(JobOutcome::Deferred),
+            Ok(Some(Deferral::TooLong)) => {
+                tracing::warn!(
+                    horizon_secs = horizon.as_secs(),
+                    "deferred past the retry horizon: failed as deferred_too_long"
+                );
+                match self.ensure_dead_letter_copy(job, stop).await {
+                    JobOutcome::Left => Attempt::Done(JobOutcome::Left),
+                    _ => Attempt::Done(JobOutcome::Failed {
+                        class: ErrorClass::DeferredTooLong,
+                        retryable: false,
+                    }),
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "recording the deferral failed");
                 Attempt::RetryTake
             }
         }

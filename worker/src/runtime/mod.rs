@@ -97,6 +97,10 @@ pub enum JobOutcome {
     Held,
     /// The delivery was already resolved (completed or failed) or is gone.
     Duplicate,
+    /// The handler deferred it (not now, try at a time it named): due
+    /// then, no attempt spent. Labelled `postponed` (`deferred` is a copy
+    /// that waits for another holder's lease).
+    Deferred,
     /// The message could not be read as a job; the broker dead-letters it.
     Malformed,
     /// The handler panicked; the message went back to the queue and the
@@ -120,6 +124,7 @@ impl JobOutcome {
             } => "dead_lettered",
             Self::Poisoned => "poisoned",
             Self::Held => "held",
+            Self::Deferred => "postponed",
             Self::Duplicate => "duplicate",
             Self::Malformed => "malformed",
             Self::Requeued => "requeued",

@@ -11,6 +11,8 @@
 //! - `mixed`: destinations A (healthy), B (down, then back) and C
 //!   (filtered) under one stream of mixed deliveries; A's latency is
 //!   compared with a run of A alone.
+//! - `defer`: a destination rate-limited until a reset ahead (`429` with
+//!   `Retry-After`): deferrals spend no attempt.
 //! - `fanout`: one source forwarding to 1, 3 and 10 destinations: CPU µs
 //!   per leg of each process at a fixed rate, and the highest rate whose
 //!   legs all keep up (S).
@@ -87,6 +89,16 @@ enum Scenario {
         #[arg(long, default_value_t = 1)]
         pairs: usize,
     },
+    /// A destination rate-limited until a reset ahead: every leg is
+    /// deferred to it (`429` with `Retry-After`), then delivered.
+    Defer {
+        /// Deliveries sent while it is limited.
+        #[arg(long, default_value_t = 1000)]
+        deliveries: usize,
+        /// Seconds from the start until the limit resets.
+        #[arg(long, default_value_t = 60)]
+        reset_secs: u64,
+    },
     /// One source forwarding every delivery to N destinations (one local
     /// receiver): CPU per leg at a fixed rate, then S.
     Fanout {
@@ -124,6 +136,10 @@ async fn main() -> anyhow::Result<()> {
             rate,
             pairs,
         } => mixed(deliveries, rate, pairs).await,
+        Scenario::Defer {
+            deliveries,
+            reset_secs,
+        } => defer(deliveries, Duration::from_secs(reset_secs)).await,
         Scenario::Fanout {
             destinations,
             rate,
@@ -169,6 +185,9 @@ struct SinkState {
     /// `ms - 10,000`).
     mode: AtomicU16,
     slow_ms: AtomicU64,
+    /// Until then, every request is answered `429` with `Retry-After`
+    /// naming it (whole seconds, rounded up): a rate limit's reset.
+    limited_until: Mutex<Option<Instant>>,
 }
 
 /// A local receiver that records each request's `Idempotency-Key` and
@@ -188,9 +207,17 @@ async fn sink(req: HttpRequest, state: web::Data<SinkState>) -> HttpResponse {
             .unwrap_or("")
             .to_owned()
     };
-    let status = match state.mode.load(Ordering::Relaxed) {
-        0 => 200,
-        n => n,
+    let now = Instant::now();
+    let reset_in = state
+        .limited_until
+        .lock()
+        .expect("lock")
+        .and_then(|until| until.checked_duration_since(now))
+        .filter(|left| !left.is_zero());
+    let status = match (reset_in, state.mode.load(Ordering::Relaxed)) {
+        (Some(_), _) => 429,
+        (None, 0) => 200,
+        (None, n) => n,
     };
     state.seen.lock().expect("lock").push(Seen {
         key: header("idempotency-key"),
@@ -202,7 +229,13 @@ async fn sink(req: HttpRequest, state: web::Data<SinkState>) -> HttpResponse {
     if slow > 0 {
         tokio::time::sleep(Duration::from_millis(slow)).await;
     }
-    HttpResponse::build(actix_web::http::StatusCode::from_u16(status).unwrap_or_default()).finish()
+    let mut response =
+        HttpResponse::build(actix_web::http::StatusCode::from_u16(status).unwrap_or_default());
+    if let Some(left) = reset_in {
+        let secs = left.as_secs() + u64::from(left.subsec_nanos() > 0);
+        response.insert_header(("retry-after", secs.to_string()));
+    }
+    response.finish()
 }
 
 impl Sink {
@@ -231,6 +264,11 @@ impl Sink {
         };
         self.state.mode.store(status, Ordering::Relaxed);
         self.state.slow_ms.store(slow, Ordering::Relaxed);
+    }
+
+    /// Answers `429` with `Retry-After` until `until`.
+    fn limit_until(&self, until: Instant) {
+        *self.state.limited_until.lock().expect("lock") = Some(until);
     }
 
     fn serve(&self, listener: TcpListener) {
@@ -560,6 +598,81 @@ url = "{}"
     stack.stop().await;
     if dead > 0 || !delivered {
         bail!("dead letters or legs not delivered");
+    }
+    Ok(())
+}
+
+/// A destination answering `429` with `Retry-After` until a reset
+/// `reset` from the start: every leg deferred to it, none spending an
+/// attempt, then all delivered.
+async fn defer(deliveries: usize, reset: Duration) -> anyhow::Result<()> {
+    let app = Sink::start(Mode::Ok).await;
+    let config = format!(
+        r#"
+[[sources]]
+name = "default"
+secrets = ["{SECRET}"]
+[[sources.destinations]]
+name = "app"
+kind = "forward"
+url = "{}"
+"#,
+        app.url()
+    );
+    let stack = Stack::start(&config, &[]).await?;
+    let start = Instant::now();
+    let reset_at = start + reset;
+    app.limit_until(reset_at);
+    for _ in 0..deliveries {
+        stack
+            .send(&about("default", "push", "none", "acme/widgets", 1))
+            .await?;
+    }
+    let sent_in = start.elapsed();
+    let completed = "select count(*) from deliveries where status = 'completed'";
+    let delivered = wait_for(reset + Duration::from_secs(300), || async {
+        stack.count(completed).await == deliveries as i64
+    })
+    .await;
+    let done_at = Instant::now();
+    let seen = app.seen();
+    let deferred_answers = seen.iter().filter(|s| !s.taken).count();
+    let first_ok = seen.iter().filter(|s| s.taken).map(|s| s.at).min();
+    let extra_attempts = stack
+        .count("select coalesce(sum(attempts - 1), 0) from deliveries")
+        .await;
+    let logged = stack
+        .count("select count(*) from destination_attempts where result = 'deferred'")
+        .await;
+    let dead = stack
+        .count("select count(*) from deliveries where status = 'failed' and not retryable")
+        .await;
+    let (keys, duplicates) = app.duplicates();
+    println!("| figure | value |\n|---|---|");
+    println!(
+        "| deliveries sent while limited | {deliveries} in {} s |",
+        secs(sent_in)
+    );
+    println!("| the reset, from the start | {} s |", secs(reset));
+    println!("| answers 429 with Retry-After (deferrals) | {deferred_answers} |");
+    println!("| deferrals in the attempt log | {logged} |");
+    println!("| attempts spent beyond each leg's one success | {extra_attempts} |");
+    println!("| dead-lettered | {dead} |");
+    println!(
+        "| first success after the reset | {} s |",
+        first_ok.map_or("none".to_owned(), |at| secs(
+            at.saturating_duration_since(reset_at)
+        ))
+    );
+    println!(
+        "| every leg delivered | {delivered}, {} s after the reset ({} s after the start) |",
+        secs(done_at.saturating_duration_since(reset_at)),
+        secs(done_at.duration_since(start))
+    );
+    println!("| keys taken (2xx), keys taken twice | {keys}, {duplicates} |");
+    stack.stop().await;
+    if dead > 0 || !delivered || extra_attempts > 0 || duplicates > 0 {
+        bail!("dead letters, spent attempts, missing legs or duplicates");
     }
     Ok(())
 }
