@@ -193,12 +193,20 @@ impl Retries {
     /// first deferral.
     pub fn horizon(&self) -> Duration {
         match self {
-            Self::Exponential(policy) => (1..policy.max_attempts.max(1))
-                .map(|attempt| {
-                    let shift = u32::try_from(attempt - 1).unwrap_or(u32::MAX).min(31);
-                    policy.base.saturating_mul(1 << shift).min(policy.max)
-                })
-                .sum(),
+            Self::Exponential(policy) => {
+                // Doubling until the cap (at most 32 steps), then the cap
+                // for each delay left.
+                let delays = u32::try_from(policy.max_attempts.max(1) - 1).unwrap_or(0);
+                let mut total = Duration::ZERO;
+                let mut d = policy.base;
+                let mut i = 0;
+                while i < delays && d < policy.max && i < 32 {
+                    total = total.saturating_add(d);
+                    d = d.saturating_mul(2);
+                    i += 1;
+                }
+                total.saturating_add(policy.max.saturating_mul(delays - i))
+            }
             Self::Schedule(schedule) => schedule.span(),
         }
     }

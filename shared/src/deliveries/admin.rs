@@ -20,7 +20,7 @@ update deliveries d
 set status = 'processing', retryable = false, claim_token = gen_random_uuid(),
     attempts = 0, replays = d.replays + 1, next_attempt_at = null,
     lease_until = now() + make_interval(secs => $6), claimed_at = now(),
-    dead_lettered_at = null
+    dead_lettered_at = null, deferred_since = null
 from parked_bodies p
 where ",
     key!("d"),

@@ -362,19 +362,26 @@ const DEFER: &str = concat!(
 with moved as (
     update deliveries
     set status = 'failed', retryable = t.in_time,
-        next_attempt_at = case when t.in_time then now() + make_interval(secs => $7) end,
+        next_attempt_at = case when t.in_time then now() + make_interval(secs => t.delay) end,
         failed_at = now(), first_failed_at = coalesce(first_failed_at, now()),
         deferred_since = coalesce(deferred_since, now()),
         last_error_class = case when t.in_time then 'deferred' else 'deferred_too_long' end,
         last_error = case when t.in_time then $9 else $13 end,
         attempts = case when t.in_time then greatest(attempts - 1, 0) else attempts end
     from (
-        select coalesce(x.deferred_since, now()) + make_interval(secs => $8)
-               >= now() + make_interval(secs => $7) as in_time
-        from deliveries x
-        where ",
+        select delay,
+               coalesce(deferred_since, now()) + make_interval(secs => $8)
+               >= now() + make_interval(secs => delay) as in_time
+        from (
+            select x.deferred_since,
+                   greatest($7, $14,
+                            extract(epoch from now() - coalesce(x.deferred_since, now()))::float8
+                            * $15) as delay
+            from deliveries x
+            where ",
     key!("x"),
     "
+        ) y
     ) t
     where ",
     key!(),
@@ -399,10 +406,19 @@ pub enum Deferral {
     TooLong,
 }
 
+/// The shortest deferral, whatever the handler asked.
+pub const DEFER_AT_LEAST: Duration = Duration::from_secs(1);
+
+/// Each deferral waits at least this share of the time the leg has been
+/// deferred already: a destination that keeps asking for "now" is asked
+/// again about a hundred times over a day's horizon, not once a second.
+pub const DEFER_GROWTH: f64 = 0.1;
+
 /// Records a handler's "not now, try in `until`": the leg is failed and
-/// retryable, due after `until`, class `deferred`, its attempt given back
-/// (a deferral is not an attempt), its body parked; all in one statement
-/// guarded by the holder's token. Deferrals are bounded by `horizon` from
+/// retryable, due after `until` (at least [`DEFER_AT_LEAST`], and at least
+/// [`DEFER_GROWTH`] of the time since its first deferral), class
+/// `deferred`, its attempt given back (a deferral is not an attempt), its
+/// body parked; all in one statement guarded by the holder's token. Deferrals are bounded by `horizon` from
 /// the leg's first one (`deferred_since`): one that would fall later fails
 /// the leg for good instead ([`Deferral::TooLong`]). Returns `None` when
 /// fenced.
@@ -433,6 +449,8 @@ pub async fn defer(
             &headers,
             &parked.body,
             &redact(&too_long),
+            &secs(DEFER_AT_LEAST),
+            &DEFER_GROWTH,
         ],
     )
     .await?;

@@ -64,6 +64,8 @@ with due as (
         join parked_bodies p using (provider, source, hook_id, delivery_id, destination)
         where d.source = due.source and d.destination = due.name
           and d.status = 'failed' and d.retryable
+          -- A deferred leg goes no earlier than the time it asked for.
+          and not (d.last_error_class = 'deferred' and d.next_attempt_at > now())
         order by d.next_attempt_at
         limit 1
         for update of d skip locked

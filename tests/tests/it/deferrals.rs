@@ -18,7 +18,8 @@ fn push() -> Hook {
 }
 
 /// A source forwarding to `url` as destination `ci`: two attempts in all,
-/// its retries spanning 30 s (the bound on deferrals).
+/// its retries spanning 30 s (deferrals are bounded by an hour and a
+/// minute at least).
 fn forwarding(env: &TestEnv, url: &str) -> std::path::PathBuf {
     env.config_file(&format!(
         r#"[[sources]]
@@ -104,8 +105,10 @@ async fn a_429_or_503_with_retry_after_defers_the_leg_without_spending_an_attemp
 #[tokio::test]
 async fn a_deferral_past_the_retry_horizon_fails_the_leg_as_deferred_too_long() {
     let env = TestEnv::new().await;
-    // Two minutes, past the 30-s horizon of its retries.
-    let receiver = Receiver::start(|_, _| asked(429, "120")).await;
+    // Two hours: past the 30-s span of its retries and past the hour and
+    // a minute every deferral may wait at least (GitHub's rate limits
+    // reset within the hour).
+    let receiver = Receiver::start(|_, _| asked(429, "7200")).await;
     let config = forwarding(&env, &receiver.url);
     let ingest = env.ingest_on(&config).await;
     let worker = env.worker_on(&config, Default::default()).await;
@@ -139,5 +142,35 @@ async fn a_deferral_past_the_retry_horizon_fails_the_leg_as_deferred_too_long() 
         "{error}"
     );
     assert_eq!(env.dead_depth().await, 1, "dead-lettered, visibly");
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_deferral_asking_for_now_still_waits_at_least_a_second() {
+    let env = TestEnv::new().await;
+    let receiver = Receiver::start(|_, _| asked(503, "0")).await;
+    let config = forwarding(&env, &receiver.url);
+    let ingest = env.ingest_on(&config).await;
+    let worker = env.worker_on(&config, Default::default()).await;
+    let hook = push();
+    assert_eq!(ingest.send(&hook).await.status, 202);
+    let report = worker.drain().await.expect("drain");
+    assert_eq!(
+        report.count(JobOutcome::Deferred),
+        1,
+        "{:?}",
+        report.outcomes
+    );
+    let wait: f64 = env
+        .db
+        .query_one(
+            "select extract(epoch from next_attempt_at - failed_at)::float8 from deliveries \
+             where delivery_id = $1 and last_error_class = 'deferred'",
+            &[&hook.id()],
+        )
+        .await
+        .expect("a deferred leg")
+        .get(0);
+    assert!(wait >= 0.99, "due after {wait} s");
     env.cleanup().await;
 }

@@ -347,7 +347,7 @@ pub fn classify(
     {
         return Err(HandlerError::defer(
             format!("{message} with Retry-After: deferred"),
-            now + asked,
+            later(now, asked),
         ));
     }
     if status == StatusCode::REQUEST_TIMEOUT
@@ -394,16 +394,25 @@ pub fn github_rate_limit(
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     let message = format!("GitHub answered {}: rate limited", status.as_u16());
     if let Some(asked) = header("retry-after").and_then(|v| retry_after(v, now)) {
-        return Some(HandlerError::defer(message, now + asked));
+        return Some(HandlerError::defer(message, later(now, asked)));
     }
     if header("x-ratelimit-remaining").map(str::trim) == Some("0")
         && let Some(reset) = header("x-ratelimit-reset").and_then(|v| v.trim().parse::<u64>().ok())
     {
-        let at = SystemTime::UNIX_EPOCH + Duration::from_secs(reset);
+        let at = SystemTime::UNIX_EPOCH
+            .checked_add(Duration::from_secs(reset))
+            .unwrap_or_else(|| later(now, Duration::MAX));
         return Some(HandlerError::defer(message, at.max(now)));
     }
     (status == StatusCode::TOO_MANY_REQUESTS)
         .then(|| HandlerError::defer(message, now + Duration::from_secs(60)))
+}
+
+/// `at + wait`, saturating at a century from `at` (a far side's number can
+/// be anything; the runtime fails a deferral past its horizon anyway).
+fn later(at: SystemTime, wait: Duration) -> SystemTime {
+    const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    at.checked_add(wait.min(CENTURY)).unwrap_or(at + CENTURY)
 }
 
 /// `Retry-After` in either form: delay-seconds or an HTTP-date. A date in
@@ -622,6 +631,18 @@ mod tests {
             Some(now + Duration::from_secs(60))
         );
         assert!(github_rate_limit(StatusCode::FORBIDDEN, &HeaderMap::new(), now).is_none());
+        // Numbers too large for a time saturate; nothing panics.
+        let mut huge = HeaderMap::new();
+        huge.insert("retry-after", u64::MAX.to_string().parse().expect("header"));
+        assert!(until(github_rate_limit(StatusCode::TOO_MANY_REQUESTS, &huge, now)).is_some());
+        assert!(classify(StatusCode::TOO_MANY_REQUESTS, &huge, now).is_err());
+        let mut far = HeaderMap::new();
+        far.insert("x-ratelimit-remaining", "0".parse().expect("header"));
+        far.insert(
+            "x-ratelimit-reset",
+            u64::MAX.to_string().parse().expect("header"),
+        );
+        assert!(until(github_rate_limit(StatusCode::FORBIDDEN, &far, now)).is_some());
         assert!(github_rate_limit(StatusCode::NOT_FOUND, &primary, now).is_none());
         // An unreadable Retry-After defers nothing.
         let mut unreadable = HeaderMap::new();

@@ -111,7 +111,17 @@ impl Worker {
         match (result, error) {
             // The destination answered: it works. Close the breaker if it
             // may be open (the probe, or a leg that was in flight).
-            (AttemptResult::Ok | AttemptResult::Permanent | AttemptResult::Deferred, _) => {
+            // "Not now": neither a success nor a failure of the
+            // destination (a `503` with `Retry-After` is often a
+            // maintenance page), so it moves no count. A deferred probe
+            // says the destination takes no work yet: open again.
+            (AttemptResult::Deferred, _) => {
+                if probe {
+                    let client = inner.pool.get().await?;
+                    self.trip(&client, lane, "the probe was deferred").await?;
+                }
+            }
+            (AttemptResult::Ok | AttemptResult::Permanent, _) => {
                 lane.failures_in_row.store(0, Ordering::Relaxed);
                 if probe || known != BreakerState::Closed {
                     let client = inner.pool.get().await?;
@@ -171,11 +181,21 @@ impl Worker {
         breaker: hookinbox::config::Breaker,
         message: &str,
     ) -> Result<bool, DbError> {
-        let failures = lane.failures_in_row.fetch_add(1, Ordering::Relaxed) + 1;
-        if failures < breaker.min_requests {
+        // Counted only while this worker knows the destination closed:
+        // failures still in flight when it opened say nothing new.
+        if self.inner.lanes.state(lane) != BreakerState::Closed {
             return Ok(false);
         }
-        lane.failures_in_row.store(0, Ordering::Relaxed);
+        let failures = lane.failures_in_row.fetch_add(1, Ordering::Relaxed) + 1;
+        // One caller trips: the one that takes the count back to 0.
+        if failures < breaker.min_requests
+            || lane
+                .failures_in_row
+                .compare_exchange(failures, 0, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            return Ok(false);
+        }
         let client = self.inner.pool.get().await?;
         self.trip(
             &client,

@@ -493,10 +493,13 @@ impl Worker {
         until: SystemTime,
         stop: &Stop,
     ) -> Attempt {
+        let horizon = lane.retries.horizon().max(DEFER_HORIZON_AT_LEAST);
+        // A time past the horizon fails the leg either way: one just past
+        // it keeps the interval within what Postgres can hold.
         let delay = until
             .duration_since(SystemTime::now())
-            .unwrap_or(Duration::ZERO);
-        let horizon = lane.retries.horizon();
+            .unwrap_or(Duration::ZERO)
+            .min(horizon + Duration::from_secs(1));
         tracing::info!(
             retry_in_ms = delay.as_millis() as u64,
             "the handler deferred the leg: no attempt spent"
@@ -588,3 +591,8 @@ pub(super) fn completed_since(received_at: chrono::DateTime<chrono::Utc>) {
     metrics::histogram!(hookinbox::metrics::END_TO_END_SECONDS)
         .record(e2e.to_std().unwrap_or_default());
 }
+
+/// The shortest horizon a deferral is bounded by, whatever the
+/// destination's retries span: GitHub's rate limits reset within the hour,
+/// and a handler waiting for one must not be failed for it.
+const DEFER_HORIZON_AT_LEAST: Duration = Duration::from_secs(3600 + 60);
