@@ -3,9 +3,9 @@
 //! destination's retry horizon; past it, the leg fails as
 //! `deferred_too_long`, visibly.
 
-use hookinbox_tests::receiver::{Receiver, Reply};
-use hookinbox_tests::{Hook, SECRET, TestEnv, settle};
-use hookinbox_worker::JobOutcome;
+use hookinbox_tests::receiver::{Received, Receiver, Reply};
+use hookinbox_tests::{Hook, SECRET, TestEnv, TestIngest, settle};
+use hookinbox_worker::{JobOutcome, Worker};
 
 fn push() -> Hook {
     Hook::new(
@@ -35,6 +35,21 @@ retry = ["30s"]
     ))
 }
 
+/// Ingest and a worker on [`forwarding`] to a receiver answering as
+/// `script` does, and one push sent through them (202).
+async fn one_push(
+    env: &TestEnv,
+    script: impl Fn(&Received, usize) -> Reply + Send + Sync + 'static,
+) -> (Receiver, TestIngest, Worker, Hook) {
+    let receiver = Receiver::start(script).await;
+    let config = forwarding(env, &receiver.url);
+    let ingest = env.ingest_on(&config).await;
+    let worker = env.worker_on(&config, Default::default()).await;
+    let hook = push();
+    assert_eq!(ingest.send(&hook).await.status, 202);
+    (receiver, ingest, worker, hook)
+}
+
 fn asked(status: u16, retry_after: &str) -> Reply {
     Reply {
         headers: vec![("retry-after".into(), retry_after.into())],
@@ -47,17 +62,12 @@ async fn a_429_or_503_with_retry_after_defers_the_leg_without_spending_an_attemp
     let env = TestEnv::new().await;
     // Three deferrals, then a success: with two attempts in all, a
     // deferral that spent one would dead-letter the leg.
-    let receiver = Receiver::start(|_, earlier| match earlier {
+    let (receiver, _ingest, worker, hook) = one_push(&env, |_, earlier| match earlier {
         0 | 2 => asked(429, "1"),
         1 => asked(503, "1"),
         _ => Reply::status(200),
     })
     .await;
-    let config = forwarding(&env, &receiver.url);
-    let ingest = env.ingest_on(&config).await;
-    let worker = env.worker_on(&config, Default::default()).await;
-    let hook = push();
-    assert_eq!(ingest.send(&hook).await.status, 202);
     let outcomes = settle(&env, &worker).await;
     assert_eq!(
         outcomes
@@ -108,12 +118,7 @@ async fn a_deferral_past_the_retry_horizon_fails_the_leg_as_deferred_too_long() 
     // Two hours: past the 30-s span of its retries and past the hour and
     // a minute every deferral may wait at least (GitHub's rate limits
     // reset within the hour).
-    let receiver = Receiver::start(|_, _| asked(429, "7200")).await;
-    let config = forwarding(&env, &receiver.url);
-    let ingest = env.ingest_on(&config).await;
-    let worker = env.worker_on(&config, Default::default()).await;
-    let hook = push();
-    assert_eq!(ingest.send(&hook).await.status, 202);
+    let (_receiver, _ingest, worker, hook) = one_push(&env, |_, _| asked(429, "7200")).await;
     let report = worker.drain().await.expect("drain");
     assert_eq!(
         report.count(JobOutcome::Failed {
@@ -148,12 +153,7 @@ async fn a_deferral_past_the_retry_horizon_fails_the_leg_as_deferred_too_long() 
 #[tokio::test]
 async fn a_deferral_asking_for_now_still_waits_at_least_a_second() {
     let env = TestEnv::new().await;
-    let receiver = Receiver::start(|_, _| asked(503, "0")).await;
-    let config = forwarding(&env, &receiver.url);
-    let ingest = env.ingest_on(&config).await;
-    let worker = env.worker_on(&config, Default::default()).await;
-    let hook = push();
-    assert_eq!(ingest.send(&hook).await.status, 202);
+    let (_receiver, _ingest, worker, hook) = one_push(&env, |_, _| asked(503, "0")).await;
     let report = worker.drain().await.expect("drain");
     assert_eq!(
         report.count(JobOutcome::Deferred),

@@ -160,7 +160,6 @@ impl HandlerError {
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             Self::Transient { retry_after, .. } => *retry_after,
-            Self::Defer { until, .. } => Some(until_now(*until)),
             _ => None,
         }
     }

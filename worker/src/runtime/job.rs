@@ -467,17 +467,22 @@ impl Worker {
                 class: failure.class,
                 retryable: true,
             }),
-            Ok(Some(_)) => match self.ensure_dead_letter_copy(job, stop).await {
-                JobOutcome::Left => Attempt::Done(JobOutcome::Left),
-                _ => Attempt::Done(JobOutcome::Failed {
-                    class: failure.class,
-                    retryable: false,
-                }),
-            },
+            Ok(Some(_)) => self.dead_lettered(job, failure.class, stop).await,
             Err(e) => {
                 tracing::warn!(error = %e, "recording the failure failed");
                 Attempt::RetryTake
             }
+        }
+    }
+
+    /// After a leg failed for good under `class`: its dead-letter copy.
+    async fn dead_lettered(&self, job: &Job, class: ErrorClass, stop: &Stop) -> Attempt {
+        match self.ensure_dead_letter_copy(job, stop).await {
+            JobOutcome::Left => Attempt::Done(JobOutcome::Left),
+            _ => Attempt::Done(JobOutcome::Failed {
+                class,
+                retryable: false,
+            }),
         }
     }
 
@@ -531,13 +536,8 @@ impl Worker {
                     horizon_secs = horizon.as_secs(),
                     "deferred past the retry horizon: failed as deferred_too_long"
                 );
-                match self.ensure_dead_letter_copy(job, stop).await {
-                    JobOutcome::Left => Attempt::Done(JobOutcome::Left),
-                    _ => Attempt::Done(JobOutcome::Failed {
-                        class: ErrorClass::DeferredTooLong,
-                        retryable: false,
-                    }),
-                }
+                self.dead_lettered(job, ErrorClass::DeferredTooLong, stop)
+                    .await
             }
             Err(e) => {
                 tracing::warn!(error = %e, "recording the deferral failed");

@@ -390,6 +390,23 @@ impl Stack {
     }
 }
 
+/// The source `default` forwarding to `app` as destination `app`, with
+/// `extra` settings (TOML lines) for it.
+fn one_forward(app: &Sink, extra: &str) -> String {
+    format!(
+        r#"
+[[sources]]
+name = "default"
+secrets = ["{SECRET}"]
+[[sources.destinations]]
+name = "app"
+kind = "forward"
+url = "{}"
+{extra}"#,
+        app.url()
+    )
+}
+
 /// Polls `check` every 100 ms until it holds (true) or `limit` passes.
 async fn wait_for<F, Fut>(limit: Duration, mut check: F) -> bool
 where
@@ -522,18 +539,7 @@ kind = "store"
 /// A 404 destination, fixed, then resumed.
 async fn misconfigured(deliveries: usize) -> anyhow::Result<()> {
     let app = Sink::start(Mode::Status(404)).await;
-    let config = format!(
-        r#"
-[[sources]]
-name = "default"
-secrets = ["{SECRET}"]
-[[sources.destinations]]
-name = "app"
-kind = "forward"
-url = "{}"
-"#,
-        app.url()
-    );
+    let config = one_forward(&app, "");
     let stack = Stack::start(&config, &[]).await?;
     for _ in 0..deliveries {
         stack
@@ -607,18 +613,7 @@ url = "{}"
 /// attempt, then all delivered.
 async fn defer(deliveries: usize, reset: Duration) -> anyhow::Result<()> {
     let app = Sink::start(Mode::Ok).await;
-    let config = format!(
-        r#"
-[[sources]]
-name = "default"
-secrets = ["{SECRET}"]
-[[sources.destinations]]
-name = "app"
-kind = "forward"
-url = "{}"
-"#,
-        app.url()
-    );
+    let config = one_forward(&app, "");
     let stack = Stack::start(&config, &[]).await?;
     let start = Instant::now();
     let reset_at = start + reset;
@@ -680,19 +675,9 @@ url = "{}"
 /// A destination down for `down` at `rate`.
 async fn outage(rate: u32, down: Duration, probe_secs: u64) -> anyhow::Result<()> {
     let app = Sink::start(Mode::Ok).await;
-    let config = format!(
-        r#"
-[[sources]]
-name = "default"
-secrets = ["{SECRET}"]
-[[sources.destinations]]
-name = "app"
-kind = "forward"
-url = "{}"
-timeout_ms = 2000
-breaker = {{ probe_secs = {probe_secs} }}
-"#,
-        app.url()
+    let config = one_forward(
+        &app,
+        &format!("timeout_ms = 2000\nbreaker = {{ probe_secs = {probe_secs} }}\n"),
     );
     let stack = Arc::new(Stack::start(&config, &[]).await?);
     app.down().await;
