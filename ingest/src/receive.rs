@@ -285,9 +285,10 @@ async fn read_and_verify(
 struct Delivery {
     key: DeliveryKey,
     event: EventName,
-    action: Option<String>,
-    /// `repository.full_name`, stored with the claim for operators' filters.
-    repository: Option<String>,
+    /// The payload's `action`, its `repository.full_name` (stored with
+    /// the claim for operators' filters), and what an ordered destination
+    /// keys its legs by.
+    fields: payload::Fields,
     /// `X-GitHub-Tenant` (GHE.com), kept with the claim.
     github_tenant: Option<String>,
 }
@@ -351,8 +352,8 @@ fn check_headers(
         Reject::new(StatusCode::BAD_REQUEST, Outcome::BadPayload, e.to_string())
     };
     let json = payload::json_text(content_type, body).map_err(bad_payload)?;
-    let payload::Fields { action, repository } = payload::fields(&json).map_err(bad_payload)?;
-    if !source.events.takes(&event, action.as_deref()) {
+    let fields = payload::fields(&json).map_err(bad_payload)?;
+    if !source.events.takes(&event, fields.action.as_deref()) {
         return Ok(ignored());
     }
     let key = DeliveryKey::github(source.name.clone(), hook_id, delivery_id);
@@ -367,13 +368,12 @@ fn check_headers(
         );
         span.record("delivery_id", key.delivery_id.as_str());
         span.record("event", event.as_str());
-        span.record("action", action.as_deref().unwrap_or(""));
+        span.record("action", fields.action.as_deref().unwrap_or(""));
     }
     Ok(Checked::Delivery(Delivery {
         key,
         event,
-        action,
-        repository,
+        fields,
         github_tenant,
     }))
 }
@@ -417,11 +417,12 @@ async fn claim(
             filtered: d
                 .takes(
                     &delivery.event,
-                    delivery.action.as_deref(),
-                    delivery.repository.as_deref(),
+                    delivery.fields.action.as_deref(),
+                    delivery.fields.repository.as_deref(),
                 )
                 .err()
                 .map(|why| why.reason()),
+            order_key: d.ordering.and_then(|o| o.key(&delivery.fields)),
         })
         .collect();
     let request = ClaimRequest {
@@ -431,8 +432,8 @@ async fn claim(
         },
         key: delivery.key.clone(),
         event: delivery.event.as_str().to_owned(),
-        action: delivery.action.clone(),
-        repository: delivery.repository.clone(),
+        action: delivery.fields.action.clone(),
+        repository: delivery.fields.repository.clone(),
         body_sha256: Sha256::digest(body).into(),
         guarded: source.replay_guard,
         pinned: source.hook_ids.is_some(),
@@ -566,7 +567,7 @@ async fn publish_or_park(
                 },
                 key: delivery.key.clone().leg(destination),
                 event: delivery.event.clone(),
-                action: delivery.action.clone(),
+                action: delivery.fields.action.clone(),
                 token,
                 attempts: Some(attempts),
                 content_type: content_type.clone(),

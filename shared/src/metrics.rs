@@ -127,6 +127,13 @@ pub const DESTINATION_WAITING: &str = "hookinbox_destination_waiting";
 /// Age of a destination's oldest waiting leg, by `source` and
 /// `destination`.
 pub const DESTINATION_OLDEST_WAITING_SECONDS: &str = "hookinbox_destination_oldest_waiting_seconds";
+/// Keys of an ordered destination halted by a leg that failed for good,
+/// by `source` and `destination`: their later legs wait for an operator's
+/// skip or retry.
+pub const ORDERING_HALTED_KEYS: &str = "hookinbox_ordering_halted_keys";
+/// How long a leg of an ordered destination waited behind earlier legs of
+/// its key, by `source` and `destination`.
+pub const ORDERING_WAIT_SECONDS: &str = "hookinbox_ordering_wait_seconds";
 /// The lease this process gives a claim or a take
 /// (`HOOKINBOX_LEASE_SECS`), set at start: the stuck-processing alert's
 /// threshold is a multiple of it.
@@ -402,6 +409,15 @@ fn describe() {
         DESTINATION_OLDEST_WAITING_SECONDS,
         Unit::Seconds,
         "Age of a destination's oldest waiting leg"
+    );
+    describe_gauge!(
+        ORDERING_HALTED_KEYS,
+        "Keys of an ordered destination halted by a leg that failed for good"
+    );
+    describe_histogram!(
+        ORDERING_WAIT_SECONDS,
+        Unit::Seconds,
+        "How long a leg of an ordered destination waited behind its key"
     );
     describe_gauge!(QUEUE_MESSAGES, "Ready messages by queue");
     describe_gauge!(QUEUE_CONSUMERS, "Consumers by queue");

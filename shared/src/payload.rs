@@ -66,14 +66,36 @@ struct Head<'a> {
     action: Option<Cow<'a, str>>,
     #[serde(default)]
     repository: Option<Repository>,
+    #[serde(default)]
+    pull_request: Option<Repository>,
+    #[serde(default)]
+    issue: Option<Repository>,
+    #[serde(default)]
+    number: Option<Count>,
 }
 
-/// `repository.full_name`, read leniently: a `repository` that is not an
-/// object, or a `full_name` that is not a string, reads as absent rather
-/// than refusing a payload ingest accepted before it read the field.
+/// An object's `full_name`, `id` and `number` (a repository's, a pull
+/// request's, an issue's), read leniently: a value that is not an object,
+/// or a field of another type, reads as absent rather than refusing a
+/// payload ingest accepted before it read the field.
 #[derive(Default)]
 struct Repository {
     full_name: Option<String>,
+    id: Option<u64>,
+    number: Option<u64>,
+}
+
+/// A non-negative integer, or anything else read as absent. Read from
+/// the raw text, never converted as a number first: a value such as
+/// `1e999999` is valid JSON that no number type holds, and must not make
+/// the payload unreadable.
+struct Count(Option<u64>);
+
+impl<'de> Deserialize<'de> for Count {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = <&serde_json::value::RawValue>::deserialize(d)?;
+        Ok(Count(raw.get().parse().ok()))
+    }
 }
 
 impl<'de> Deserialize<'de> for Repository {
@@ -96,6 +118,10 @@ impl<'de> serde::de::Visitor<'de> for RepositoryVisitor {
         while let Some(key) = map.next_key::<Cow<'de, str>>()? {
             if key == "full_name" {
                 repo.full_name = map.next_value::<Text>()?.0;
+            } else if key == "id" {
+                repo.id = map.next_value::<Count>()?.0;
+            } else if key == "number" {
+                repo.number = map.next_value::<Count>()?.0;
             } else {
                 map.next_value::<serde::de::IgnoredAny>()?;
             }
@@ -133,13 +159,16 @@ struct Text(Option<String>);
 
 impl<'de> Deserialize<'de> for Text {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let value = serde_json::Value::deserialize(d)?;
-        Ok(Text(value.as_str().map(str::to_owned)))
+        // From the raw text, as `Count`: a number no type holds reads as
+        // absent, not as an unreadable payload.
+        let raw = <&serde_json::value::RawValue>::deserialize(d)?;
+        Ok(Text(serde_json::from_str(raw.get()).ok()))
     }
 }
 
-/// The top-level fields ingest stores beside a claim: `action`, and the
-/// `repository.full_name` operators filter by.
+/// The top-level fields ingest stores beside a claim: `action`, the
+/// `repository.full_name` operators filter by, and what an ordered
+/// destination keys its legs by.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Fields {
     /// The payload's `action`, when it has one.
@@ -147,6 +176,13 @@ pub struct Fields {
     /// `repository.full_name` (`owner/name`), when the event has a
     /// repository.
     pub repository: Option<String>,
+    /// `repository.id`: stable across renames and transfers, unlike the
+    /// name.
+    pub repository_id: Option<u64>,
+    /// The pull request's or issue's number: `pull_request.number`, else
+    /// `issue.number`, else the top-level `number` (which `pull_request`
+    /// and `issues` events also carry).
+    pub number: Option<u64>,
 }
 
 /// Keeps a stored label short and printable: it labels logs and pages.
@@ -163,14 +199,21 @@ fn label(value: &str, max: usize) -> String {
 /// the rest without building it.
 pub fn fields(json: &str) -> Result<Fields, PayloadError> {
     let head: Head<'_> = serde_json::from_str(json).map_err(|_| PayloadError::NotJson)?;
+    let number = [head.pull_request, head.issue]
+        .into_iter()
+        .flatten()
+        .find_map(|o| o.number)
+        .or(head.number.and_then(|n| n.0));
+    let (repository, repository_id) = match head.repository {
+        Some(r) => (r.full_name, r.id),
+        None => (None, None),
+    };
     Ok(Fields {
         action: head.action.map(|a| label(&a, 64)),
         // GitHub's owner (39) + '/' + name (100).
-        repository: head
-            .repository
-            .and_then(|r| r.full_name)
-            .map(|n| label(&n, 140))
-            .filter(|n| !n.is_empty()),
+        repository: repository.map(|n| label(&n, 140)).filter(|n| !n.is_empty()),
+        repository_id,
+        number,
     })
 }
 
@@ -219,6 +262,28 @@ mod tests {
         assert_eq!(action("[1]"), Err(PayloadError::NotJson));
         assert_eq!(action("{"), Err(PayloadError::NotJson));
         assert_eq!(action(r#"{"action":"a\nb"}"#), Ok(Some("ab".to_owned())));
+    }
+
+    #[test]
+    fn the_repository_id_and_the_number_are_read_leniently() {
+        let f = fields(
+            r#"{"number":3,"pull_request":{"number":5,"head":{"repo":{"id":9}}},
+                "repository":{"id":42,"full_name":"octo/hello"}}"#,
+        )
+        .expect("object");
+        assert_eq!((f.repository_id, f.number), (Some(42), Some(5)));
+        let f = fields(r#"{"issue":{"number":7},"repository":{"id":1}}"#).expect("object");
+        assert_eq!((f.repository_id, f.number), (Some(1), Some(7)));
+        let f = fields(r#"{"number":8,"repository":{"id":"x"}}"#).expect("object");
+        assert_eq!((f.repository_id, f.number), (None, Some(8)));
+        let f = fields(r#"{"number":-1,"issue":null,"pull_request":[1]}"#).expect("object");
+        assert_eq!((f.repository_id, f.number), (None, None));
+        let f = fields(r#"{"number":1e999999,"repository":{"id":1e999999,"full_name":1e999999}}"#)
+            .expect("object");
+        assert_eq!(
+            (f.repository_id, f.number, f.repository),
+            (None, None, None)
+        );
     }
 
     #[test]

@@ -63,6 +63,7 @@ pub fn store_leg() -> hookinbox::deliveries::LegRequest {
     hookinbox::deliveries::LegRequest {
         destination: store_destination(),
         filtered: None,
+        order_key: None,
     }
 }
 
@@ -539,6 +540,7 @@ impl TestEnv {
                 legs: vec![LegRequest {
                     destination: store_destination(),
                     filtered: None,
+                    order_key: None,
                 }],
             },
         )

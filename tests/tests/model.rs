@@ -409,6 +409,7 @@ impl Sut {
                             .map(|d| LegRequest {
                                 destination: DestinationName::parse(d).expect("name"),
                                 filtered: (filter_b && *d == "b").then_some("model"),
+                                order_key: None,
                             })
                             .collect(),
                     },

@@ -199,6 +199,48 @@ impl Filtered {
     }
 }
 
+/// How an ordered destination keys its legs (`ordering = "…"`): per key,
+/// one leg in flight, in claim order (docs/architecture.md, "Ordered
+/// legs").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ordering {
+    /// `"repository"`: the payload's `repository.id`.
+    Repository,
+    /// `"pull_request"`: `repository.id` and the pull request's or issue's
+    /// number.
+    PullRequest,
+}
+
+impl Ordering {
+    /// Reads the setting's value.
+    pub fn parse(value: &str) -> Option<Self> {
+        match value {
+            "repository" => Some(Self::Repository),
+            "pull_request" => Some(Self::PullRequest),
+            _ => None,
+        }
+    }
+
+    /// The setting's value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Repository => "repository",
+            Self::PullRequest => "pull_request",
+        }
+    }
+
+    /// A delivery's key under this ordering, from its payload's fields;
+    /// `None` (the leg is unordered) for an event without a repository,
+    /// or, ordered by pull request, without a number.
+    pub fn key(self, fields: &crate::payload::Fields) -> Option<String> {
+        let repository = fields.repository_id?;
+        match self {
+            Self::Repository => Some(repository.to_string()),
+            Self::PullRequest => fields.number.map(|n| format!("{repository}#{n}")),
+        }
+    }
+}
+
 /// One destination of a source.
 #[derive(Clone, Debug)]
 pub struct Destination {
@@ -221,6 +263,8 @@ pub struct Destination {
     /// How long the breaker may stay open before the destination is
     /// disabled.
     pub disable_after: Duration,
+    /// Its legs' order per key, if ordered.
+    pub ordering: Option<Ordering>,
 }
 
 impl Destination {
@@ -240,6 +284,7 @@ impl Destination {
             retry: None,
             breaker,
             disable_after: DEFAULT_DISABLE_AFTER,
+            ordering: None,
         }
     }
 
@@ -290,6 +335,7 @@ pub(super) struct FileDestination {
     retry: Option<Vec<String>>,
     breaker: Option<FileBreaker>,
     disable_after: Option<String>,
+    ordering: Option<String>,
 }
 
 /// `breaker = false`, or its settings (each optional).
@@ -429,6 +475,17 @@ impl FileDestination {
             Some(text) => parse_duration_text(&text)
                 .map_err(|p| ConfigError::field(&at("disable_after"), p))?,
         };
+        let ordering = self
+            .ordering
+            .map(|value| {
+                Ordering::parse(&value).ok_or_else(|| {
+                    ConfigError::field(
+                        &at("ordering"),
+                        format!("'{value}' is not repository or pull_request"),
+                    )
+                })
+            })
+            .transpose()?;
         Ok(Destination {
             name,
             kind,
@@ -439,6 +496,7 @@ impl FileDestination {
             retry,
             breaker,
             disable_after,
+            ordering,
         })
     }
 }

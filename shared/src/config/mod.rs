@@ -29,7 +29,7 @@ mod worker;
 
 pub use destinations::{
     Breaker, DEFAULT_DISABLE_AFTER, DEFAULT_FORWARD_SCHEDULE, Destination, DestinationKind,
-    Filtered, RepositoryFilter,
+    Filtered, Ordering, RepositoryFilter,
 };
 pub use forward::{
     DEFAULT_FORWARD_TIMEOUT, ExtraHeader, ForwardConfig, ForwardSignature, ForwardTls, REDACTED,

@@ -492,6 +492,7 @@ disable_after = "24h"
 [[sources.destinations]]
 name = "archive"
 kind = "store"
+ordering = "pull_request"
 
 [[sources.destinations]]
 name = "counter"
@@ -518,6 +519,8 @@ breaker = false
         assert_eq!(d[0].disable_after, Duration::from_secs(24 * 3600));
         assert!(matches!(d[1].kind, DestinationKind::Store));
         assert!(d[1].breaker.is_none());
+        assert_eq!(d[0].ordering, None);
+        assert_eq!(d[1].ordering, Some(crate::config::Ordering::PullRequest));
         assert!(matches!(&d[2].kind, DestinationKind::Custom(k) if k == "commit_counter"));
         assert!(d[2].breaker.is_some());
         assert!(d[3].breaker.is_none());
@@ -558,6 +561,10 @@ breaker = false
             (
                 "name = \"x\"\nkind = \"store\"\nconcurrency = 0\n",
                 "sources[0].destinations[0].concurrency",
+            ),
+            (
+                "name = \"x\"\nkind = \"store\"\nordering = \"event\"\n",
+                "sources[0].destinations[0].ordering",
             ),
             (
                 "name = \"x\"\nkind = \"store\"\nretry = []\n",

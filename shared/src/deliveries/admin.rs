@@ -14,13 +14,34 @@ use crate::key::{ClaimToken, LegKey};
 use crate::postgres::DbError;
 use crate::postgres::sql;
 
+/// A leg of an ordered key keeps its place, so the retry of a halted key
+/// runs its halting leg first; a leg an operator skipped takes a new place
+/// at the back of its key (the key went on without it), under the key's
+/// advisory lock as a claim's place is (see `claim`), and holds the key
+/// again.
 const REPLAY: &str = concat!(
     "
+with skipped as (
+    select x.source, x.destination, x.order_key from deliveries x
+    where ",
+    key!("x"),
+    "
+      and x.status = 'failed' and x.order_key is not null and x.order_skipped_at is not null
+), place as (
+    select nextval('deliveries_order_seq') as seq
+    from (select count(*) from (
+              select pg_advisory_xact_lock(hashtextextended(
+                  s.source || '/' || s.destination || '/' || s.order_key, 0))
+              from skipped s) l) locked
+    where exists (select 1 from skipped)
+)
 update deliveries d
 set status = 'processing', retryable = false, claim_token = gen_random_uuid(),
     attempts = 0, replays = d.replays + 1, next_attempt_at = null,
     lease_until = now() + make_interval(secs => $6), claimed_at = now(),
-    dead_lettered_at = null, deferred_since = null
+    dead_lettered_at = null, deferred_since = null,
+    order_seq = coalesce((select seq from place), d.order_seq),
+    order_skipped_at = null, order_skipped_by = null
 from parked_bodies p
 where ",
     key!("d"),

@@ -64,6 +64,9 @@ pub struct LegRequest {
     /// `Some(reason)`: the destination's filters do not take the delivery,
     /// and the leg is recorded `filtered` with the reason.
     pub filtered: Option<&'static str>,
+    /// The leg's key, when its destination is ordered and the payload has
+    /// one: the leg takes the next place in the key's claim order.
+    pub order_key: Option<String>,
 }
 
 /// What a claim decided for one leg.
@@ -167,9 +170,25 @@ with input as (
 ), legs as (
     select i.provider, i.source, i.hook_id, i.delivery_id, l.destination, l.filter_reason,
            i.event, i.action, i.body_sha256, i.repository, i.traceparent,
-           i.github_tenant
-    from unnest($11::int8[], $12::text[], $13::text[]) as l(ix, destination, filter_reason)
+           i.github_tenant, case when l.filter_reason is null then l.order_key end as order_key
+    from unnest($11::int8[], $12::text[], $13::text[], $18::text[])
+        as l(ix, destination, filter_reason, order_key)
     join input i using (ix)
+), ordered as (
+    -- Why before the insert: a key's places (`order_seq`) must follow the
+    -- order its claims commit in, or a take could see a leg while an
+    -- earlier place of its key is still uncommitted and start ahead of it.
+    -- Each ordered key's advisory lock is held to the end of the
+    -- transaction, taken in one order (so batches cannot deadlock), and
+    -- the count makes every lock precede the first `nextval` below.
+    select count(*) from (
+        select pg_advisory_xact_lock(k.h)
+        from (select distinct hashtextextended(
+                  l.source || '/' || l.destination || '/' || l.order_key, 0) as h
+              from legs l
+              where l.order_key is not null and l.filter_reason is null
+              order by 1 offset 0) k
+    ) locked
 ), candidates as (
     select d.provider, d.source, d.hook_id, d.delivery_id, d.destination
     from deliveries d join input i using (provider, source, hook_id, delivery_id)
@@ -201,7 +220,7 @@ with input as (
     insert into deliveries as d
         (provider, source, hook_id, delivery_id, destination, event, action, body_sha256,
          status, claim_token, lease_until, claimed_at, repository, filter_reason, completed_at,
-         traceparent, github_tenant)
+         traceparent, github_tenant, order_key, order_seq)
     select l.provider, l.source, l.hook_id, l.delivery_id, l.destination, l.event, l.action,
            l.body_sha256,
            case when l.filter_reason is null then 'processing' else 'filtered' end,
@@ -209,8 +228,9 @@ with input as (
            case when l.filter_reason is null then now() + make_interval(secs => $14) end,
            now(), l.repository, l.filter_reason,
            case when l.filter_reason is not null then now() end,
-           l.traceparent, l.github_tenant
-    from legs l
+           l.traceparent, l.github_tenant, l.order_key,
+           case when l.order_key is not null then nextval('deliveries_order_seq') end
+    from legs l cross join ordered
     where not exists (
         select 1 from deliveries x
         where x.provider = l.provider and x.source = l.source
@@ -584,12 +604,14 @@ async fn claim_firsts(
     let mut leg_ix: Vec<i64> = Vec::new();
     let mut leg_destination: Vec<&str> = Vec::new();
     let mut leg_filtered: Vec<Option<&str>> = Vec::new();
+    let mut leg_order_key: Vec<Option<&str>> = Vec::new();
     for (position, &i) in order.iter().enumerate() {
         for leg in &requests[i].legs {
             // `with ordinality` numbers the deliveries from 1.
             leg_ix.push(position as i64 + 1);
             leg_destination.push(leg.destination.as_str());
             leg_filtered.push(leg.filtered);
+            leg_order_key.push(leg.order_key.as_deref());
         }
     }
     let rows = sql::query(
@@ -613,6 +635,7 @@ async fn claim_firsts(
             &policy.max_attempts,
             &traceparents,
             &tenants,
+            &leg_order_key,
         ],
     )
     .await?;

@@ -7,7 +7,7 @@
 //! | [`claim`](self::claim) | ingest | `claim`, `claim_batch` (a delivery's legs; `_linked`: with the traces its request links to), `park_due`, `park_copy` |
 //! | [`take`](self::take) | worker | `take` (and the hold of a gated leg), `take_batch`, `renew`, `fence`, `release_lease` |
 //! | [`complete`](self::complete) | worker | `complete`, `complete_batch`, `store_event`, `fail`, `mark_dead_lettered` |
-//! | [`schedule`](self::schedule) | scheduler, reaper | `schedule_due`, `probe_due`, `reschedule`, `exhaust_due`, `needing_copy`, `dead_letter_unreadable`, `reap` |
+//! | [`schedule`](self::schedule) | scheduler, reaper | `wake_ordered`, `schedule_due`, `probe_due`, `reschedule`, `exhaust_due`, `needing_copy`, `dead_letter_unreadable`, `reap` |
 //! | [`retention`](self::retention) | sweeper, operators | `sweep`, `purge` |
 //! | [`delivery`](self::delivery) | every caller | `Delivery`, `DeadLetter`, `get` (reads only) |
 //! | [`state`](self::state) | operators, the sampler | `State`: the operator's words for a row, `of` a row and `predicate` for a statement |
@@ -15,6 +15,7 @@
 //! | [`reconcile`](self::reconcile) | the reconciler | `held` (reads only) |
 //! | [`destinations`](self::destinations) | worker, operators | the breaker: `register`, `trip`, `close`, `disable`, `disable_stale`, `lock_destination` and `set_by_operator`; the attempt log: `log_attempts`, `window`, `leg_attempts` |
 //! | [`filter`](self::filter) | operators | `list`, `list_page`, `count`, `purge_dead`: the one filter of the CLI and the console |
+//! | [`ordering`](self::ordering) | operators, the sampler | `halted`, `skip` and `retry` (an ordered key's halting leg), `halted_counts` |
 //! | [`overview`](self::overview) | operators, the sampler | `overview`: the console's counts and ages; `gauges`: the state gauges |
 //!
 //! `parked` holds the parked-body form of a job, `row` reads rows back into
@@ -168,6 +169,31 @@ macro_rules! takeable {
             ".status = 'failed' and ",
             $t,
             ".last_error_class = 'lost'))"
+        )
+    };
+}
+
+/// The order gate on a leg `$t` (docs/architecture.md, "Ordered legs"):
+/// its destination is ordered and an earlier leg of its key, by claim
+/// order, is still open: processing, failed and retryable, or failed for
+/// good and not skipped (it halts the key). Such a leg may not be taken,
+/// so per key only the first open leg runs. Shared by [`take`],
+/// [`take_batch`] and the wait of a leg behind its key.
+macro_rules! behind {
+    ($t:literal) => {
+        concat!(
+            "(",
+            $t,
+            ".order_key is not null and exists (select 1 from deliveries o where o.source = ",
+            $t,
+            ".source and o.destination = ",
+            $t,
+            ".destination and o.order_key = ",
+            $t,
+            ".order_key and o.order_seq < ",
+            $t,
+            ".order_seq and o.order_key is not null and o.status in ('processing', 'failed') \
+             and o.order_skipped_at is null))"
         )
     };
 }
@@ -372,6 +398,7 @@ mod delivery;
 mod destinations;
 mod filter;
 pub mod group_commit;
+mod ordering;
 mod overview;
 mod parked;
 mod reconcile;
@@ -402,6 +429,7 @@ pub use destinations::{
 #[doc(hidden)]
 pub use filter::statements_for_explain;
 pub use filter::{Cursor, CursorError, Filter, Order, Page, count, list, list_page, purge_dead};
+pub use ordering::{HaltedKey, halted, halted_counts, retry, skip};
 #[doc(hidden)]
 pub use overview::GAUGES as GAUGES_STATEMENT;
 #[doc(hidden)]
@@ -412,6 +440,7 @@ pub use reconcile::{Held, ReconcilerState, held, reconciler_states};
 pub use retention::{Retention, Swept, purge, sweep};
 pub use schedule::{
     dead_letter_unreadable, exhaust_due, needing_copy, probe_due, reap, reschedule, schedule_due,
+    wake_ordered,
 };
 pub use state::{FAILED, State};
 pub use take::{Take, Taking, fence, release_lease, renew, take, take_batch};
@@ -521,6 +550,9 @@ pub enum ErrorClass {
     /// Deferred past its destination's retry horizon (counted from its
     /// first deferral): failed for good.
     DeferredTooLong,
+    /// Waiting behind an earlier open leg of its key (an ordered
+    /// destination): no attempt spent, due once it is its key's first.
+    Ordered,
 }
 
 impl ErrorClass {
@@ -538,11 +570,12 @@ impl ErrorClass {
             Self::Held => "held",
             Self::Deferred => "deferred",
             Self::DeferredTooLong => "deferred_too_long",
+            Self::Ordered => "ordered",
         }
     }
 
     /// Every class, in the order above.
-    pub const ALL: [Self; 11] = [
+    pub const ALL: [Self; 12] = [
         Self::Transient,
         Self::Permanent,
         Self::Timeout,
@@ -554,6 +587,7 @@ impl ErrorClass {
         Self::Held,
         Self::Deferred,
         Self::DeferredTooLong,
+        Self::Ordered,
     ];
 }
 

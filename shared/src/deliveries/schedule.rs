@@ -66,6 +66,9 @@ with due as (
           and d.status = 'failed' and d.retryable
           -- A deferred leg goes no earlier than the time it asked for.
           and not (d.last_error_class = 'deferred' and d.next_attempt_at > now())
+          -- A leg behind its ordered key is not the one to probe with: its
+          -- take would only wait again.
+          and d.last_error_class is distinct from 'ordered'
         order by d.next_attempt_at
         limit 1
         for update of d skip locked
@@ -92,6 +95,49 @@ select m.provider, m.source, m.hook_id, m.delivery_id, m.destination, m.event, m
        m.claim_token, m.attempts, p.content_type, p.headers, p.body, m.traceparent
 from moved m
 join parked_bodies p using (provider, source, hook_id, delivery_id, destination)";
+
+/// The wake of ordered keys (docs/architecture.md, "Ordered legs"): each
+/// key's first open leg, when it is a leg that waited behind the key
+/// (class `ordered`, not due), becomes due now, and the same pass's
+/// [`schedule_due`] publishes it. Reads each ordered key's open legs in
+/// claim order through their partial index. Run by every pass, so a wait
+/// that raced with the end of the leg before it is woken by the next.
+///
+/// `materialized`: the heads are computed once, then each woken leg is
+/// found by its key (inlined, a planner without statistics can evaluate
+/// them again for every waiting leg); the rows are locked in key order
+/// and `skip locked`, so the passes of several workers never deadlock
+/// (a leg one of them is waking is woken once).
+const WAKE: &str = "
+with heads as materialized (
+    select distinct on (source, destination, order_key)
+           provider, source, hook_id, delivery_id, destination, status, last_error_class,
+           next_attempt_at
+    from deliveries
+    where order_key is not null and status in ('processing', 'failed')
+      and order_skipped_at is null
+    order by source, destination, order_key, order_seq
+), woken as (
+    select d.provider, d.source, d.hook_id, d.delivery_id, d.destination
+    from heads h
+    join deliveries d using (provider, source, hook_id, delivery_id, destination)
+    where h.status = 'failed' and h.last_error_class = 'ordered' and h.next_attempt_at is null
+    order by d.provider, d.source, d.hook_id, d.delivery_id, d.destination
+    for update of d skip locked
+)
+update deliveries d
+set next_attempt_at = now()
+from woken w
+where d.provider = w.provider and d.source = w.source and d.hook_id = w.hook_id
+  and d.delivery_id = w.delivery_id and d.destination = w.destination
+  and d.status = 'failed' and d.retryable and d.last_error_class = 'ordered'
+  and d.next_attempt_at is null";
+
+/// Makes each ordered key's first open leg due when it waited behind the
+/// key (see [`WAKE`]); returns how many it woke.
+pub async fn wake_ordered(client: &impl Session) -> Result<u64, DbError> {
+    sql::execute(client, WAKE, &[]).await
+}
 
 /// Picks the probes that are due (see [`PROBE`]); the caller publishes
 /// each like a scheduled retry.

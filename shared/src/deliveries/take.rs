@@ -32,6 +32,9 @@ pub enum Take {
         /// Whether this leg is its destination's probe: its result closes
         /// the breaker or opens it again.
         probe: bool,
+        /// How long it waited behind an earlier leg of its key, when it
+        /// did (by the database clock).
+        waited: Option<Duration>,
     },
     /// Attempts were exhausted: the delivery is now failed, class `poison`,
     /// its body parked, and it must be dead-lettered without running the
@@ -50,6 +53,11 @@ pub enum Take {
     /// `held`, its body parked and its attempts kept. Ack it; the scheduler
     /// publishes it once the destination is closed again.
     Held,
+    /// An earlier leg of its ordered key is still open: the leg now waits,
+    /// failed and retryable with class `ordered`, not due, its body parked
+    /// and its attempts kept. Ack it; the scheduler makes it due once it
+    /// is its key's first open leg.
+    Waiting,
     /// Nothing to do for this message: the delivery is completed, failed,
     /// or no longer exists. Ack it.
     Resolved(Option<Status>),
@@ -89,6 +97,20 @@ macro_rules! gated {
     };
 }
 
+/// The seconds a leg `$t` waited behind its key (`failed_at` is when its
+/// wait began), or null for a leg that did not wait.
+macro_rules! waited {
+    ($t:literal) => {
+        concat!(
+            "case when ",
+            $t,
+            ".last_error_class = 'ordered' then greatest(extract(epoch from now() - ",
+            $t,
+            ".failed_at), 0)::float8 end"
+        )
+    };
+}
+
 const TAKE: &str = concat!(
     "
 with prev as (
@@ -113,9 +135,14 @@ where ",
   and not ",
     gated!("d", "$6"),
     "
+  and not ",
+    behind!("d"),
+    "
 returning d.attempts, prev.claim_token <> $6 and d.last_error_class is distinct from 'lost',
           d.created_at, ",
     is_probe!("d", "$6"),
+    ", ",
+    waited!("d"),
     "
 "
 );
@@ -171,6 +198,33 @@ with moved as (
 select 1 from moved"
 );
 
+/// A leg behind an open leg of its key, while it is ours to take: waits,
+/// failed and retryable with class `ordered`, not due (`next_attempt_at`
+/// null: the scheduler's wake makes it due when it is its key's first open
+/// leg), no attempt spent, its body parked, in one statement.
+const WAIT: &str = concat!(
+    "
+with moved as (
+    update deliveries d
+    set status = 'failed', retryable = true, next_attempt_at = null, failed_at = now(),
+        last_error_class = 'ordered',
+        last_error = 'waiting for an earlier leg of its key'
+    where ",
+    key!("d"),
+    "
+      and ",
+    takeable!("d", "$6"),
+    "
+      and ",
+    behind!("d"),
+    "
+    returning provider, source, hook_id, delivery_id, destination
+), ",
+    park_moved!(7, 8, 9),
+    "
+select 1 from moved"
+);
+
 const TAKE_STATE: &str = concat!(
     "
 select status, greatest(extract(epoch from lease_until - now()), 0)::float8
@@ -187,7 +241,9 @@ where ",
 /// runs: a job that crashes its worker every time still reaches
 /// `max_attempts`, and is then failed as `poison` instead of run again. It
 /// also passes the breaker's gate: a leg whose destination takes no legs
-/// now is held instead ([`Take::Held`]), without spending an attempt.
+/// now is held instead ([`Take::Held`]), without spending an attempt, and
+/// the order gate: a leg behind an open leg of its ordered key waits
+/// ([`Take::Waiting`]), without spending one either.
 pub async fn take(
     client: &impl Session,
     policy: &Policy,
@@ -213,6 +269,7 @@ pub async fn take(
                 takeover: row.get(1),
                 created_at: row.get(2),
                 probe: row.get(3),
+                waited: seconds(row.get(4)),
             });
         }
         if let Some(row) = sql::query_opt(
@@ -234,6 +291,22 @@ pub async fn take(
             return Ok(Take::Poisoned {
                 attempts: row.get(0),
             });
+        }
+        // Order before the breaker: a leg behind its key waits for its
+        // key whatever its destination's state; only a key's first leg is
+        // held, and it is the one the scheduler brings back.
+        if sql::query_opt(
+            client,
+            WAIT,
+            &params(
+                key,
+                &[&presented.0, &parked.content_type, &headers, &parked.body],
+            ),
+        )
+        .await?
+        .is_some()
+        {
+            return Ok(Take::Waiting);
         }
         if sql::query_opt(
             client,
@@ -294,10 +367,15 @@ where d.provider = i.provider and d.source = i.source and d.hook_id = i.hook_id
   and not ",
     gated!("d", "i.presented"),
     "
+  and not ",
+    behind!("d"),
+    "
 returning d.provider, d.source, d.hook_id, d.delivery_id, d.destination, d.attempts,
           p.prev_token <> i.presented and d.last_error_class is distinct from 'lost',
           d.created_at, ",
     is_probe!("d", "i.presented"),
+    ", ",
+    waited!("d"),
     "
 "
 );
@@ -343,12 +421,12 @@ pub async fn take_batch(
         &keys.params(&[&presented, &new_tokens, &max_attempts, &secs(policy.lease)]),
     )
     .await?;
-    let mut taken: HashMap<KeyTuple, (i32, bool, DateTime<Utc>, bool)> = rows
+    let mut taken: HashMap<KeyTuple, TakenRow> = rows
         .iter()
         .map(|r| {
             (
                 (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)),
-                (r.get(5), r.get(6), r.get(7), r.get(8)),
+                (r.get(5), r.get(6), r.get(7), r.get(8), r.get(9)),
             )
         })
         .collect();
@@ -361,16 +439,26 @@ pub async fn take_batch(
             if firsts.get(key) != Some(&i) {
                 return None;
             }
-            let (attempts, takeover, created_at, probe) = taken.remove(&key_tuple(key))?;
+            let (attempts, takeover, created_at, probe, waited) = taken.remove(&key_tuple(key))?;
             Some(Take::Taken {
                 token: tokens[&i],
                 attempts,
                 takeover,
                 created_at,
                 probe,
+                waited: seconds(waited),
             })
         })
         .collect())
+}
+
+/// What [`TAKE_BATCH`] returns of a leg it took: attempts, takeover,
+/// created at, probe, and the seconds it waited behind its key.
+type TakenRow = (i32, bool, DateTime<Utc>, bool, Option<f64>);
+
+/// A wait in seconds, as read back (never negative, never NaN).
+fn seconds(value: Option<f64>) -> Option<Duration> {
+    value.and_then(|s| Duration::try_from_secs_f64(s).ok())
 }
 
 const RENEW: &str = concat!(

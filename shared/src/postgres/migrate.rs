@@ -93,6 +93,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "0015_deferred.sql",
         sql: include_str!("../../migrations/0015_deferred.sql"),
     },
+    Migration {
+        version: 16,
+        name: "0016_ordering.sql",
+        sql: include_str!("../../migrations/0016_ordering.sql"),
+    },
 ];
 
 /// Applies every pending migration and returns how many it applied.

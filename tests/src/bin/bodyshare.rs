@@ -262,6 +262,7 @@ async fn postgres(
                 legs: vec![deliveries::LegRequest {
                     destination: hookinbox_tests::store_destination(),
                     filtered: None,
+                    order_key: None,
                 }],
             })
             .collect();

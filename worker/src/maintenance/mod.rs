@@ -54,6 +54,7 @@ pub(crate) async fn maintain(ctx: &Context, stop: CancellationToken) {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(ctx.config.scheduler_interval) => {}
+            _ = ctx.wake.notified() => {}
         }
     }
 }

@@ -95,6 +95,23 @@ impl Sampler {
         ctx: &Context,
     ) -> Result<(), RuntimeError> {
         let waiting = hookinbox::deliveries::waiting(client).await?;
+        let halted = hookinbox::deliveries::halted_counts(client).await?;
+        for route in ctx.config.routes.iter() {
+            let (source, name) = (route.source.as_str(), route.destination.name.as_str());
+            if route.destination.ordering.is_none() {
+                continue;
+            }
+            let n = halted
+                .iter()
+                .find(|(s, d, _)| s == source && d == name)
+                .map_or(0, |(_, _, n)| *n);
+            metrics::gauge!(
+                hookinbox::metrics::ORDERING_HALTED_KEYS,
+                "source" => source.to_owned(),
+                "destination" => name.to_owned()
+            )
+            .set(n as f64);
+        }
         for route in ctx.config.routes.iter() {
             let (source, name) = (route.source.as_str(), route.destination.name.as_str());
             let found = waiting

@@ -27,6 +27,8 @@ const COPY_GRACE: Duration = Duration::from_secs(60);
 pub(crate) async fn schedule_once(ctx: &Context) -> Result<usize, RuntimeError> {
     let client = ctx.pool.get().await.map_err(DbError::from)?;
     deliveries::exhaust_due(&client, &ctx.policy, SCHEDULE_BATCH).await?;
+    // Before the pick: a key's next leg, woken here, goes out in this pass.
+    deliveries::wake_ordered(&client).await?;
     let due = deliveries::schedule_due(&client, &ctx.policy, SCHEDULE_BATCH).await?;
     // Breakers: destinations open too long are disabled; each open one
     // whose pause is over gets its probe, published like a retry.

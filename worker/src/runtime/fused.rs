@@ -52,10 +52,11 @@ impl Worker {
         let attempts = job.attempts?;
         let lane = inner.lanes.of(job);
         // A destination with a breaker goes the full way: its take is the
-        // breaker's gate.
+        // breaker's gate; so does an ordered one: its take is the order's.
         if !inner.config.fused_take
             || attempts >= lane.max_attempts()
             || lane.breaker.is_some()
+            || lane.ordered
             || lane.limiter.is_some()
             || !inner.handler.database_only(job)
         {

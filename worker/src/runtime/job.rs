@@ -229,13 +229,26 @@ impl Worker {
                     tracing::info!("destination not taking legs now; held");
                     return JobOutcome::Held;
                 }
+                Take::Waiting => {
+                    tracing::debug!("an earlier leg of its key is open; waiting");
+                    return JobOutcome::Waiting;
+                }
                 Take::Taken {
                     token,
                     attempts,
                     takeover,
                     created_at,
                     probe,
+                    waited,
                 } => {
+                    if let Some(waited) = waited.filter(|_| !takeover) {
+                        metrics::histogram!(
+                            hookinbox::metrics::ORDERING_WAIT_SECONDS,
+                            "source" => job.key.source.as_str().to_owned(),
+                            "destination" => job.key.destination.as_str().to_owned(),
+                        )
+                        .record(waited.as_secs_f64());
+                    }
                     tracing::Span::current().record("attempt", attempts);
                     hookinbox::kill_point!("worker.after_take");
                     if takeover {
@@ -262,7 +275,14 @@ impl Worker {
                         Attempt::Done(JobOutcome::Fenced) if self.is_lost(job).await => {
                             presented = token;
                         }
-                        Attempt::Done(outcome) => return outcome,
+                        Attempt::Done(outcome) => {
+                            // Its key's next leg may be due now: the
+                            // scheduler's next pass makes it so at once.
+                            if lane.ordered && outcome == JobOutcome::Completed {
+                                inner.wake.notify_one();
+                            }
+                            return outcome;
+                        }
                         Attempt::RetryTake => {
                             presented = token;
                             if !self.wait_for_db(stop).await {

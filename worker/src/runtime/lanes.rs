@@ -53,6 +53,9 @@ pub(crate) struct Lane {
     /// This worker's failed attempts of the destination since its last
     /// answer (see `Worker::in_a_row`).
     pub(crate) failures_in_row: AtomicU32,
+    /// Whether the destination orders its legs per key: a leg that ends
+    /// wakes the scheduler, whose next pass makes the key's next leg due.
+    pub(crate) ordered: bool,
 }
 
 impl Lane {
@@ -109,6 +112,7 @@ impl Lanes {
                         || matches!(d.kind, DestinationKind::Forward(_)),
                     window_counted: tokio::sync::Mutex::new(None),
                     failures_in_row: AtomicU32::new(0),
+                    ordered: d.ordering.is_some(),
                     consumed: config.consumes.as_ref().is_none_or(|chosen| {
                         chosen.contains(&(route.source.clone(), d.name.clone()))
                     }),
@@ -128,6 +132,7 @@ impl Lanes {
             consumed: true,
             window_counted: tokio::sync::Mutex::new(None),
             failures_in_row: AtomicU32::new(0),
+            ordered: false,
         });
         let by_name = lanes
             .iter()

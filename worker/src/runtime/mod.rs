@@ -101,6 +101,9 @@ pub enum JobOutcome {
     /// then, no attempt spent. Labelled `postponed` (`deferred` is a copy
     /// that waits for another holder's lease).
     Deferred,
+    /// An earlier leg of its ordered key is open: the leg waits in
+    /// Postgres, no attempt spent, until it is its key's first.
+    Waiting,
     /// The message could not be read as a job; the broker dead-letters it.
     Malformed,
     /// The handler panicked; the message went back to the queue and the
@@ -125,6 +128,7 @@ impl JobOutcome {
             Self::Poisoned => "poisoned",
             Self::Held => "held",
             Self::Deferred => "postponed",
+            Self::Waiting => "waiting",
             Self::Duplicate => "duplicate",
             Self::Malformed => "malformed",
             Self::Requeued => "requeued",
