@@ -1,7 +1,9 @@
 //! `destinations [--json]`, `destinations pause SOURCE/NAME` and
 //! `destinations resume SOURCE/NAME`: each destination's state, waiting
 //! legs, last error and settings; an operator's pause and resume, audited
-//! like `dlq replay` (`--as NAME`, by default the OS user).
+//! like `dlq replay` (`--as NAME`, by default the OS user). For an ordered
+//! destination, `destinations halted SOURCE/NAME` lists its halted keys,
+//! and `destinations skip|retry SOURCE/NAME KEY` acts on one, audited.
 
 use std::io::Write;
 use std::time::Duration;
@@ -12,7 +14,9 @@ use hookinbox::postgres::DbError;
 
 use super::args::ActorArgs;
 use super::{Found, OpsError};
-use crate::destinations::{self, Action, DestinationView, RetrySetting, Settings, Target};
+use crate::destinations::{
+    self, Action, DestinationView, KeyAction, RetrySetting, Settings, Target,
+};
 
 /// `destinations …`
 #[derive(clap::Args, Debug)]
@@ -61,6 +65,49 @@ pub enum DestinationsCommand {
         #[command(flatten)]
         actor: ActorArgs,
     },
+    /// List an ordered destination's halted keys: each with the leg that
+    /// failed for good ahead of the others (its delivery, event, error)
+    /// and how many legs wait behind it. Exits 1 when none is halted.
+    #[command(after_help = "Example:\n  hookinbox-worker destinations halted default/ci --json")]
+    Halted {
+        /// The destination: SOURCE/NAME.
+        #[arg(value_name = "SOURCE/NAME", value_parser = parse_target)]
+        target: Target,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Skip the leg that halts a key: it stays failed (a dead letter, still
+    /// replayable), and the key resumes with its next leg. Audited.
+    #[command(
+        after_help = "Example:\n  hookinbox-worker destinations skip default/ci 1296269 --as alice"
+    )]
+    Skip {
+        /// The destination: SOURCE/NAME.
+        #[arg(value_name = "SOURCE/NAME", value_parser = parse_target)]
+        target: Target,
+        /// The key, as `halted` lists it: a repository's id, or `ID#NUMBER`.
+        key: String,
+        /// Who skips.
+        #[command(flatten)]
+        actor: ActorArgs,
+    },
+    /// Retry the leg that halts a key, in its place and with fresh
+    /// attempts: the scheduler publishes it, and the key's later legs wait
+    /// for it as before. Audited.
+    #[command(
+        after_help = "Example:\n  hookinbox-worker destinations retry default/ci 1296269#7 --as alice"
+    )]
+    Retry {
+        /// The destination: SOURCE/NAME.
+        #[arg(value_name = "SOURCE/NAME", value_parser = parse_target)]
+        target: Target,
+        /// The key, as `halted` lists it.
+        key: String,
+        /// Who retries.
+        #[command(flatten)]
+        actor: ActorArgs,
+    },
 }
 
 /// `SOURCE/NAME`, each name checked.
@@ -91,6 +138,15 @@ pub(super) async fn run(
         }
         Some(DestinationsCommand::Pause { target, actor }) => (Action::Pause, target, actor),
         Some(DestinationsCommand::Resume { target, actor }) => (Action::Resume, target, actor),
+        Some(DestinationsCommand::Halted { target, json }) => {
+            return halted(pool, config, &target, json || args.json, out).await;
+        }
+        Some(DestinationsCommand::Skip { target, key, actor }) => {
+            return act(pool, config, &target, &key, &actor, KeyAction::Skip, out).await;
+        }
+        Some(DestinationsCommand::Retry { target, key, actor }) => {
+            return act(pool, config, &target, &key, &actor, KeyAction::Retry, out).await;
+        }
     };
     let who = actor.identity()?;
     let changed = destinations::change(pool, &config.routes, &who, &target, action).await?;
@@ -112,6 +168,82 @@ pub(super) async fn run(
     } else {
         Found::Nothing
     })
+}
+
+/// `destinations halted SOURCE/NAME [--json]`.
+async fn halted(
+    pool: &Pool,
+    config: &WorkerConfig,
+    target: &Target,
+    json: bool,
+    out: &mut impl Write,
+) -> Result<Found, OpsError> {
+    let keys = destinations::halted(pool, &config.routes, target).await?;
+    if json {
+        let items: Vec<_> = keys.iter().map(destinations::halted_json).collect();
+        writeln!(out, "{}", serde_json::Value::Array(items))?;
+        return Ok(Found::from_count(keys.len()));
+    }
+    if keys.is_empty() {
+        writeln!(out, "no key of {target} is halted")?;
+        return Ok(Found::Nothing);
+    }
+    writeln!(
+        out,
+        "{:<24} {:<38} {:<28} {:>7} {:<10} ERROR",
+        "KEY", "HALTED BY", "EVENT", "WAITING", "FOR"
+    )?;
+    for k in &keys {
+        let event = match &k.action {
+            Some(action) => format!("{}.{action}", k.event),
+            None => k.event.clone(),
+        };
+        writeln!(
+            out,
+            "{:<24} {:<38} {:<28} {:>7} {:<10} {}: {}",
+            k.key,
+            k.halted_by.delivery_id.as_str(),
+            event,
+            k.waiting,
+            k.failed_at
+                .map_or("-".to_owned(), |t| short_secs(seconds_since(t))),
+            k.error_class.as_deref().unwrap_or("-"),
+            k.error.as_deref().unwrap_or(""),
+        )?;
+    }
+    if keys.len() as i64 >= destinations::HALTED_LIMIT {
+        writeln!(out, "(the first {} only)", destinations::HALTED_LIMIT)?;
+    }
+    Ok(Found::Some)
+}
+
+/// `destinations skip|retry SOURCE/NAME KEY`.
+async fn act(
+    pool: &Pool,
+    config: &WorkerConfig,
+    target: &Target,
+    key: &str,
+    actor: &ActorArgs,
+    action: KeyAction,
+    out: &mut impl Write,
+) -> Result<Found, OpsError> {
+    let who = actor.identity()?;
+    let leg = destinations::act(pool, &config.routes, &who, target, key, action).await?;
+    match action {
+        KeyAction::Skip => writeln!(
+            out,
+            "skipped delivery {} of {target} key {key}: it stays failed, and the key resumes \
+             with its next leg",
+            leg.delivery_id.as_str()
+        )?,
+        KeyAction::Retry => writeln!(
+            out,
+            "retrying delivery {} of {target} key {key} in its place: the key's later legs wait \
+             for it",
+            leg.delivery_id.as_str()
+        )?,
+    }
+    Ok(Found::Some)
 }
 
 async fn list(

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 
 use super::auth::{api_identity, require_operator};
 use super::body::{self, JSON_LIMIT};
-use super::destinations::{self, Action};
+use super::destinations::{self, Action, KeyAction};
 use super::error::{AdminError, ApiError};
 use super::jobs::{self, Kind};
 use super::state::State;
@@ -383,4 +383,66 @@ pub(crate) async fn resume_destination(
     path: web::Path<(String, String)>,
 ) -> Answer {
     change_destination(req, state, path, Action::Resume).await
+}
+
+/// `GET /api/v1/destinations/{source}/{name}/halted`: the halted keys of
+/// an ordered destination, oldest halt first, each with the leg that
+/// halts it and the legs waiting behind it.
+pub(crate) async fn halted(
+    req: HttpRequest,
+    state: web::Data<State>,
+    path: web::Path<(String, String)>,
+) -> Answer {
+    api_identity(&req, &state)?;
+    let (source, name) = path.into_inner();
+    let target = destinations::target(&source, &name)?;
+    let keys = destinations::halted(&state, &target).await?;
+    Ok(HttpResponse::Ok().json(json!({
+        "items": keys.iter().map(destinations::halted_json).collect::<Vec<_>>(),
+    })))
+}
+
+async fn act_on_key(
+    req: HttpRequest,
+    state: web::Data<State>,
+    path: web::Path<(String, String, String)>,
+    action: KeyAction,
+) -> Answer {
+    let who = api_identity(&req, &state)?;
+    require_operator(&who)?;
+    let (source, name, key) = path.into_inner();
+    let target = destinations::target(&source, &name)?;
+    let leg = destinations::act(&state, &who, &target, &key, action).await?;
+    Ok(HttpResponse::Ok().json(json!({
+        "source": target.source.as_str(),
+        "name": target.name.as_str(),
+        "key": key,
+        "delivery_id": leg.delivery_id.as_str(),
+        "action": match action {
+            KeyAction::Skip => "skipped",
+            KeyAction::Retry => "retried",
+        },
+    })))
+}
+
+/// `POST /api/v1/destinations/{source}/{name}/halted/{key}/skip`
+/// (operators; audited): the halting leg stays dead, and the key resumes
+/// with its next leg.
+pub(crate) async fn skip_halted(
+    req: HttpRequest,
+    state: web::Data<State>,
+    path: web::Path<(String, String, String)>,
+) -> Answer {
+    act_on_key(req, state, path, KeyAction::Skip).await
+}
+
+/// `POST /api/v1/destinations/{source}/{name}/halted/{key}/retry`
+/// (operators; audited): the halting leg goes again in its place, and
+/// the key waits for it.
+pub(crate) async fn retry_halted(
+    req: HttpRequest,
+    state: web::Data<State>,
+    path: web::Path<(String, String, String)>,
+) -> Answer {
+    act_on_key(req, state, path, KeyAction::Retry).await
 }

@@ -1,11 +1,14 @@
 //! The console's side of destinations (`crate::destinations`, shared with
 //! the CLI): a destination named by a path's two segments, each checked
-//! and named when bad; the list; pause and resume as the caller, audited.
+//! and named when bad; the list; pause and resume as the caller, audited;
+//! an ordered destination's halted keys, and the skip or retry of one.
 
+use hookinbox::LegKey;
+use hookinbox::deliveries::HaltedKey;
 use hookinbox::key::{DestinationName, SourceName};
 
 use crate::destinations::{self, DestinationError, Target};
-pub use crate::destinations::{Action, Changed, DestinationView};
+pub use crate::destinations::{Action, Changed, DestinationView, KeyAction, halted_json};
 
 use super::error::AdminError;
 use super::state::State;
@@ -15,7 +18,12 @@ impl From<DestinationError> for AdminError {
     fn from(e: DestinationError) -> Self {
         match e {
             DestinationError::BadTarget(problem) => AdminError::field("destination", problem),
-            DestinationError::Unknown(_) => AdminError::NotFound(e.to_string()),
+            DestinationError::Unknown(_) | DestinationError::NotOrdered(_) => {
+                AdminError::NotFound(e.to_string())
+            }
+            DestinationError::NotHalted(_) | DestinationError::NoBody(_) => {
+                AdminError::Conflict(e.to_string())
+            }
             DestinationError::Db(e) => e.into(),
         }
     }
@@ -54,4 +62,54 @@ pub async fn change(
     action: Action,
 ) -> Result<Changed, AdminError> {
     Ok(destinations::change(&state.pool, &state.routes, who, target, action).await?)
+}
+
+/// The halted keys of `target`, oldest halt first (404 when it is unknown
+/// or not ordered).
+pub async fn halted(state: &State, target: &Target) -> Result<Vec<HaltedKey>, AdminError> {
+    Ok(destinations::halted(&state.pool, &state.routes, target).await?)
+}
+
+/// The halted keys of each destination this console's configuration
+/// orders, in the configuration's order (for the page).
+pub async fn halted_by_destination(
+    state: &State,
+) -> Result<Vec<(Target, Vec<HaltedKey>)>, AdminError> {
+    let mut all = Vec::new();
+    for route in state
+        .routes
+        .iter()
+        .filter(|r| r.destination.ordering.is_some())
+    {
+        let target = Target {
+            source: route.source.clone(),
+            name: route.destination.name.clone(),
+        };
+        let keys = halted(state, &target).await?;
+        all.push((target, keys));
+    }
+    Ok(all)
+}
+
+/// A key as a path names it (`123` or `123#45`), checked (a bad one is a
+/// 400 naming `key`).
+pub fn key(key: &str) -> Result<&str, AdminError> {
+    destinations::parse_key(key).map_err(|e| match e {
+        DestinationError::BadTarget(problem) => AdminError::field("key", problem),
+        other => other.into(),
+    })
+}
+
+/// Skips or retries the leg that halts `key` of `target` as `who` (an
+/// operator), audited; returns that leg (409 when the key is not halted,
+/// or, retried, its leg has no body).
+pub async fn act(
+    state: &State,
+    who: &Identity,
+    target: &Target,
+    key_text: &str,
+    action: KeyAction,
+) -> Result<LegKey, AdminError> {
+    let key_text = key(key_text)?;
+    Ok(destinations::act(&state.pool, &state.routes, who, target, key_text, action).await?)
 }

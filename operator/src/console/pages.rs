@@ -12,7 +12,7 @@ use maud::Markup;
 
 use super::auth::{page_session, require_csrf, require_operator};
 use super::body::{self, FORM_LIMIT};
-use super::destinations::{self, Action};
+use super::destinations::{self, Action, KeyAction};
 use super::error::{AdminError, PageError};
 use super::jobs::{self, Kind};
 use super::params::{self, Checked};
@@ -333,11 +333,14 @@ pub(crate) async fn stylesheet() -> HttpResponse {
 }
 
 /// `GET /destinations`: each destination's state, waiting legs, last
-/// error and settings, with (for an operator) its pause or resume button.
+/// error and settings, with (for an operator) its pause or resume button;
+/// and each ordered destination's halted keys, with (for an operator)
+/// their skip and retry buttons.
 pub(crate) async fn destinations_page(req: HttpRequest, state: web::Data<State>) -> Page {
     let session = page_session(&req, &state).await?;
     let all = destinations::list(&state).await?;
-    Ok(html(views::destinations(&all, &session)))
+    let halted = destinations::halted_by_destination(&state).await?;
+    Ok(html(views::destinations(&all, &halted, &session)))
 }
 
 async fn change_destination(
@@ -373,4 +376,41 @@ pub(crate) async fn resume_destination(
     payload: web::Payload,
 ) -> Page {
     change_destination(req, state, path, payload, Action::Resume).await
+}
+
+async fn act_on_key(
+    req: HttpRequest,
+    state: web::Data<State>,
+    path: web::Path<(String, String, String)>,
+    payload: web::Payload,
+    action: KeyAction,
+) -> Page {
+    let (session, _, _) = changing_form(&req, &state, payload, &[]).await?;
+    require_operator(&session.identity)?;
+    let (source, name, key) = path.into_inner();
+    let target = destinations::target(&source, &name)?;
+    destinations::act(&state, &session.identity, &target, &key, action).await?;
+    Ok(see_other("/destinations"))
+}
+
+/// `POST /destinations/{source}/{name}/halted/{key}/skip` (audited): the
+/// halting leg stays dead and the key resumes.
+pub(crate) async fn skip_halted(
+    req: HttpRequest,
+    state: web::Data<State>,
+    path: web::Path<(String, String, String)>,
+    payload: web::Payload,
+) -> Page {
+    act_on_key(req, state, path, payload, KeyAction::Skip).await
+}
+
+/// `POST /destinations/{source}/{name}/halted/{key}/retry` (audited): the
+/// halting leg goes again in its place.
+pub(crate) async fn retry_halted(
+    req: HttpRequest,
+    state: web::Data<State>,
+    path: web::Path<(String, String, String)>,
+    payload: web::Payload,
+) -> Page {
+    act_on_key(req, state, path, payload, KeyAction::Retry).await
 }

@@ -118,6 +118,18 @@ impl AdminApp {
                             "/destinations/{source}/{name}/resume",
                             web::post().to(api::resume_destination),
                         )
+                        .route(
+                            "/destinations/{source}/{name}/halted",
+                            web::get().to(api::halted),
+                        )
+                        .route(
+                            "/destinations/{source}/{name}/halted/{key}/skip",
+                            web::post().to(api::skip_halted),
+                        )
+                        .route(
+                            "/destinations/{source}/{name}/halted/{key}/retry",
+                            web::post().to(api::retry_halted),
+                        )
                         .route("/sessions", web::get().to(api::sessions))
                         .route("/sessions/{id}", web::delete().to(api::revoke_session))
                         .default_service(web::to(api_not_found)),
@@ -153,6 +165,14 @@ impl AdminApp {
                 .route(
                     "/destinations/{source}/{name}/resume",
                     web::post().to(pages::resume_destination),
+                )
+                .route(
+                    "/destinations/{source}/{name}/halted/{key}/skip",
+                    web::post().to(pages::skip_halted),
+                )
+                .route(
+                    "/destinations/{source}/{name}/halted/{key}/retry",
+                    web::post().to(pages::retry_halted),
                 )
                 .route("/sessions", web::get().to(sign_in::sessions_page))
                 .route(

@@ -1,7 +1,8 @@
 //! Destinations as operators see and steer them, for both faces: each
 //! one's state (its circuit breaker's, or an operator's pause), the legs
 //! waiting for it, its last error and its settings ([`view`]); pause and
-//! resume, each with its audit row ([`change`]); and the secret values a
+//! resume, each with its audit row ([`change`]); an ordered destination's
+//! halted keys, and their skip and retry ([`ordering`]); and the secret values a
 //! destination's answer must never show ([`mask`]).
 //!
 //! A destination is known by its row in `destinations` (every worker
@@ -10,6 +11,7 @@
 
 mod change;
 mod mask;
+mod ordering;
 mod settings;
 mod view;
 
@@ -18,6 +20,7 @@ use hookinbox::postgres::DbError;
 
 pub use change::{Action, Changed, change};
 pub use mask::SecretValues;
+pub use ordering::{HALTED_LIMIT, KeyAction, act, halted, halted_json, parse_key};
 pub use settings::{BreakerSetting, HeaderSetting, RateSetting, RetrySetting, Settings};
 pub use view::{DestinationView, list};
 
@@ -33,6 +36,21 @@ pub enum DestinationError {
          (hookinbox-worker destinations lists them)"
     )]
     Unknown(String),
+    /// Configured here without `ordering`: it has no keys.
+    #[error("{0} is not ordered: its configuration sets no ordering")]
+    NotOrdered(String),
+    /// The key names no halted key of the destination.
+    #[error(
+        "{0} is not halted: no leg of it failed for good ahead of the others \
+         (`destinations halted SOURCE/NAME` lists the halted keys)"
+    )]
+    NotHalted(String),
+    /// The halting leg has no parked body to retry with.
+    #[error(
+        "the leg that halts this key (delivery {0}) has no body to retry: ask GitHub to \
+         redeliver it, or skip the key"
+    )]
+    NoBody(String),
     /// Postgres failed.
     #[error(transparent)]
     Db(#[from] DbError),

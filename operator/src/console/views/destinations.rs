@@ -1,14 +1,17 @@
 //! The destinations page: each destination's state, the legs waiting for
 //! it and its last error, with (for an operator) its pause or resume
-//! button; then each one's settings, never a secret or a header's value.
+//! button; each ordered destination's halted keys, with (for an operator)
+//! their skip and retry buttons; then each one's settings, never a secret
+//! or a header's value.
 
+use hookinbox::deliveries::HaltedKey;
 use maud::{Markup, html};
 
-use super::{age, badge, number, page, when};
+use super::{age, badge, delivery_href, number, page, when};
 use crate::console::destinations::DestinationView;
 use crate::console::session::Session;
 use crate::console::tokens::Role;
-use crate::destinations::{RetrySetting, Settings};
+use crate::destinations::{RetrySetting, Settings, Target};
 
 fn enc(s: &str) -> String {
     form_urlencoded::byte_serialize(s.as_bytes()).collect()
@@ -33,6 +36,69 @@ fn actions(d: &DestinationView, session: &Session) -> Markup {
                 form method="post" action={(base) "/resume"} {
                     input type="hidden" name="csrf" value=(session.csrf);
                     button.small type="submit" title="back to closed: its waiting legs go again" { "Resume" }
+                }
+            }
+        }
+    }
+}
+
+/// The skip and retry buttons of a halted key of `target`.
+fn key_actions(target: &Target, k: &HaltedKey, session: &Session) -> Markup {
+    let base = format!(
+        "/destinations/{}/{}/halted/{}",
+        enc(target.source.as_str()),
+        enc(target.name.as_str()),
+        enc(&k.key)
+    );
+    html! {
+        div.actions {
+            form method="post" action={(base) "/skip"} {
+                input type="hidden" name="csrf" value=(session.csrf);
+                button.small.danger type="submit" title="the halting leg stays dead; the key's next leg goes" { "Skip" }
+            }
+            form method="post" action={(base) "/retry"} {
+                input type="hidden" name="csrf" value=(session.csrf);
+                button.small type="submit" title="the halting leg goes again, in its place" { "Retry" }
+            }
+        }
+    }
+}
+
+/// The halted keys of each ordered destination.
+fn halted_keys(halted: &[(Target, Vec<HaltedKey>)], session: &Session) -> Markup {
+    let operator = session.identity.role == Role::Operator;
+    html! {
+        @for (target, keys) in halted {
+            section.card id={"halted-" (target.source) "-" (target.name)} {
+                h2 { "Halted keys of " (target) }
+                @if keys.is_empty() {
+                    p.muted { "No key is halted." }
+                } @else {
+                    table.list {
+                        thead { tr {
+                            th { "Key" } th { "Halted by" } th { "Event" } th { "Error" }
+                            th.num title="the key's legs waiting behind it" { "Waiting" } th {}
+                        } }
+                        tbody {
+                            @for k in keys {
+                                @let leg = &k.halted_by;
+                                tr {
+                                    td.mono { (k.key) }
+                                    td.mono {
+                                        a href=(delivery_href(leg.source.as_str(), leg.hook_id.as_str(), leg.delivery_id.as_str())) { (leg.delivery_id.as_str()) }
+                                        " " (when(k.failed_at))
+                                    }
+                                    td { (k.event) @if let Some(a) = &k.action { span.muted { "." (a) } } }
+                                    td.error {
+                                        @if let Some(c) = &k.error_class { code { (c) } " " }
+                                        (k.error.as_deref().unwrap_or(""))
+                                    }
+                                    td.num { (number(k.waiting)) }
+                                    td { @if operator { (key_actions(target, k, session)) } }
+                                }
+                            }
+                        }
+                    }
                 }
             }
         }
@@ -107,7 +173,11 @@ fn settings(s: &Settings) -> Markup {
 }
 
 /// The destinations page.
-pub(crate) fn destinations(all: &[DestinationView], session: &Session) -> Markup {
+pub(crate) fn destinations(
+    all: &[DestinationView],
+    halted: &[(Target, Vec<HaltedKey>)],
+    session: &Session,
+) -> Markup {
     let operator = session.identity.role == Role::Operator;
     page(
         "Destinations",
@@ -145,6 +215,13 @@ pub(crate) fn destinations(all: &[DestinationView], session: &Session) -> Markup
                     }
                     @if all.is_empty() { tr { td colspan="9" .muted { "No destination is configured or registered." } } }
                 }
+            }
+            @if !halted.is_empty() {
+                p.hint {
+                    "An ordered destination takes each key's legs one at a time, in order; a leg that fails for good halts its key. "
+                    "Skip leaves that leg dead and the key resumes; retry sends it again in its place. Both are audited."
+                }
+                (halted_keys(halted, session))
             }
             @for d in all {
                 section.card {
