@@ -18,9 +18,7 @@ impl From<DestinationError> for AdminError {
     fn from(e: DestinationError) -> Self {
         match e {
             DestinationError::BadTarget(problem) => AdminError::field("destination", problem),
-            DestinationError::Unknown(_) | DestinationError::NotOrdered(_) => {
-                AdminError::NotFound(e.to_string())
-            }
+            DestinationError::Unknown(_) => AdminError::NotFound(e.to_string()),
             DestinationError::NotHalted(_) | DestinationError::NoBody(_) => {
                 AdminError::Conflict(e.to_string())
             }
@@ -71,22 +69,21 @@ pub async fn halted(state: &State, target: &Target) -> Result<Vec<HaltedKey>, Ad
 }
 
 /// The halted keys of each destination this console's configuration
-/// orders, in the configuration's order (for the page).
+/// orders, and of any other configured one that has some (it was ordered
+/// before), in the configuration's order (for the page).
 pub async fn halted_by_destination(
     state: &State,
 ) -> Result<Vec<(Target, Vec<HaltedKey>)>, AdminError> {
     let mut all = Vec::new();
-    for route in state
-        .routes
-        .iter()
-        .filter(|r| r.destination.ordering.is_some())
-    {
+    for route in state.routes.iter() {
         let target = Target {
             source: route.source.clone(),
             name: route.destination.name.clone(),
         };
         let keys = halted(state, &target).await?;
-        all.push((target, keys));
+        if route.destination.ordering.is_some() || !keys.is_empty() {
+            all.push((target, keys));
+        }
     }
     Ok(all)
 }

@@ -36,9 +36,6 @@ pub enum DestinationError {
          (hookinbox-worker destinations lists them)"
     )]
     Unknown(String),
-    /// Configured here without `ordering`: it has no keys.
-    #[error("{0} is not ordered: its configuration sets no ordering")]
-    NotOrdered(String),
     /// The key names no halted key of the destination.
     #[error(
         "{0} is not halted: no leg of it failed for good ahead of the others \
@@ -47,8 +44,8 @@ pub enum DestinationError {
     NotHalted(String),
     /// The halting leg has no parked body to retry with.
     #[error(
-        "the leg that halts this key (delivery {0}) has no body to retry: ask GitHub to \
-         redeliver it, or skip the key"
+        "the leg that halts this key (delivery {0}) has no body to retry with (a redelivery \
+         from GitHub does not revive a dead leg): skip the key"
     )]
     NoBody(String),
     /// Postgres failed.

@@ -77,7 +77,9 @@ pub fn halted_json(k: &HaltedKey) -> serde_json::Value {
 }
 
 /// Refuses a destination neither registered by a worker nor configured
-/// here, and one configured here without `ordering`.
+/// here. One configured without `ordering` is not refused: its legs keep
+/// the keys they were claimed with (it may have been ordered before), and
+/// they are what says which keys are halted.
 async fn check(
     client: &impl sql::Session,
     routes: &[Route],
@@ -85,11 +87,8 @@ async fn check(
 ) -> Result<(), DestinationError> {
     let configured = routes
         .iter()
-        .find(|r| r.source == target.source && r.destination.name == target.name);
-    if let Some(route) = configured {
-        if route.destination.ordering.is_none() {
-            return Err(DestinationError::NotOrdered(target.to_string()));
-        }
+        .any(|r| r.source == target.source && r.destination.name == target.name);
+    if configured {
         return Ok(());
     }
     let registered = sql::query_opt(

@@ -41,7 +41,10 @@ set status = 'processing', retryable = false, claim_token = gen_random_uuid(),
     lease_until = now() + make_interval(secs => $6), claimed_at = now(),
     dead_lettered_at = null, deferred_since = null,
     order_seq = coalesce((select seq from place), d.order_seq),
-    order_skipped_at = null, order_skipped_by = null
+    -- Who skipped it stays only on a leg that was skipped: an unreplay
+    -- (its publish failed) skips it again.
+    order_skipped_by = case when d.order_skipped_at is not null then d.order_skipped_by end,
+    order_skipped_at = null
 from parked_bodies p
 where ",
     key!("d"),
@@ -125,7 +128,10 @@ const UNREPLAY: &str = concat!(
     "
 update deliveries
 set status = 'failed', retryable = false, dead_lettered_at = now(),
-    last_error = $7
+    last_error = $7,
+    -- A skipped leg whose replay did not go out is skipped again, not a
+    -- halt of its key.
+    order_skipped_at = case when order_skipped_by is not null then now() end
 where ",
     key!(),
     " and ",
@@ -134,7 +140,8 @@ where ",
 );
 
 /// Puts a replayed delivery back among the dead letters because its
-/// publish failed. Token-guarded, and only while no worker took it.
+/// publish failed, skipped again if it was a skipped leg of an ordered
+/// key. Token-guarded, and only while no worker took it.
 pub async fn unreplay(
     client: &impl Session,
     key: &LegKey,

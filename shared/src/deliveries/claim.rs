@@ -164,13 +164,14 @@ const CLAIM: &str = concat!(
 with input as (
     select * from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
                          $7::bytea[], $8::bool[], $9::bool[], $10::text[], $16::text[],
-                         $17::text[]) with ordinality
+                         $17::text[], $19::int8[]) with ordinality
         as i(provider, source, hook_id, delivery_id, event, action, body_sha256, guarded,
-             pinned, repository, traceparent, github_tenant, ix)
+             pinned, repository, traceparent, github_tenant, arrival, ix)
 ), legs as (
     select i.provider, i.source, i.hook_id, i.delivery_id, l.destination, l.filter_reason,
            i.event, i.action, i.body_sha256, i.repository, i.traceparent,
-           i.github_tenant, case when l.filter_reason is null then l.order_key end as order_key
+           i.github_tenant, case when l.filter_reason is null then l.order_key end as order_key,
+           i.arrival
     from unnest($11::int8[], $12::text[], $13::text[], $18::text[])
         as l(ix, destination, filter_reason, order_key)
     join input i using (ix)
@@ -180,7 +181,7 @@ with input as (
     -- earlier place of its key is still uncommitted and start ahead of it.
     -- Each ordered key's advisory lock is held to the end of the
     -- transaction, taken in one order (so batches cannot deadlock), and
-    -- the count makes every lock precede the first `nextval` below.
+    -- the count makes every lock precede the first `nextval` (`places`).
     select count(*) from (
         select pg_advisory_xact_lock(k.h)
         from (select distinct hashtextextended(
@@ -189,9 +190,24 @@ with input as (
               where l.order_key is not null and l.filter_reason is null
               order by 1 offset 0) k
     ) locked
+), places as (
+    -- The ordered legs' places, in the order their requests arrived (the
+    -- batch is sorted by key for its row locks, which says nothing of
+    -- arrival), each after every advisory lock. Not inlined (`nextval`
+    -- is volatile), so each leg gets one place.
+    select p.provider, p.source, p.hook_id, p.delivery_id, p.destination,
+           nextval('deliveries_order_seq') as seq
+    from (select l.provider, l.source, l.hook_id, l.delivery_id, l.destination
+          from legs l cross join ordered
+          where l.order_key is not null
+          order by l.arrival, l.destination offset 0) p
 ), candidates as (
+    -- `cross join ordered`: every advisory lock before any row lock, in
+    -- every claim (and a replay's place takes its lock before its row's),
+    -- so the two kinds of lock are always taken in one order.
     select d.provider, d.source, d.hook_id, d.delivery_id, d.destination
     from deliveries d join input i using (provider, source, hook_id, delivery_id)
+    cross join ordered
     where d.body_sha256 = i.body_sha256
       and (d.destination = ''
            or exists (select 1 from legs l
@@ -228,9 +244,9 @@ with input as (
            case when l.filter_reason is null then now() + make_interval(secs => $14) end,
            now(), l.repository, l.filter_reason,
            case when l.filter_reason is not null then now() end,
-           l.traceparent, l.github_tenant, l.order_key,
-           case when l.order_key is not null then nextval('deliveries_order_seq') end
+           l.traceparent, l.github_tenant, l.order_key, pl.seq
     from legs l cross join ordered
+    left join places pl using (provider, source, hook_id, delivery_id, destination)
     where not exists (
         select 1 from deliveries x
         where x.provider = l.provider and x.source = l.source
@@ -600,6 +616,9 @@ async fn claim_firsts(
         .map(|&i| &requests[i].body_sha256[..])
         .collect();
     let guarded: Vec<bool> = order.iter().map(|&i| requests[i].guarded).collect();
+    // Where each request arrived in the batch: the order of its ordered
+    // legs' places.
+    let arrival: Vec<i64> = order.iter().map(|&i| i as i64).collect();
     let pinned: Vec<bool> = order.iter().map(|&i| requests[i].pinned).collect();
     let mut leg_ix: Vec<i64> = Vec::new();
     let mut leg_destination: Vec<&str> = Vec::new();
@@ -636,6 +655,7 @@ async fn claim_firsts(
             &traceparents,
             &tenants,
             &leg_order_key,
+            &arrival,
         ],
     )
     .await?;

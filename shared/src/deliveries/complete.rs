@@ -69,7 +69,9 @@ with done as (
     " and ",
     held_by!("$6"),
     "
-      and ($7::int4 is null or (attempts = $7 and attempts < $8))
+      and ($7::int4 is null or (attempts = $7 and attempts < $8 and not ",
+    behind!("deliveries"),
+    "))
     returning provider, source, hook_id, delivery_id, destination, created_at
 ), unparked as (
     delete from parked_bodies p using done d
@@ -183,7 +185,10 @@ with input as (
       and ",
             held_by!("d", "i.token"),
             "
-      and (i.take is null or (d.attempts = i.take and d.attempts < i.max_attempts))
+      and (i.take is null or (d.attempts = i.take and d.attempts < i.max_attempts
+                              and not ",
+            behind!("d"),
+            "))
     returning d.provider, d.source, d.hook_id, d.delivery_id, d.destination, i.token,
               d.created_at
 ), effects as (

@@ -1,8 +1,8 @@
 //! Ordered keys as operators see and steer them (docs/architecture.md,
 //! "Ordered legs"): the keys a leg halted, the skip of the leg that halts
-//! one, and the count of halted keys per destination for the gauge. The
-//! retry of a halted key is a replay of its halting leg, which keeps its
-//! place (`admin::replay`).
+//! one, its retry in place (due again with fresh attempts: the scheduler
+//! publishes it once its destination takes legs), and the count of halted
+//! keys per destination for the gauge.
 //!
 //! A key is *halted* when its first open leg (by claim order) failed for
 //! good: dead-lettered, its key's later legs waiting behind it.

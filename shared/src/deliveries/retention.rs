@@ -38,7 +38,14 @@ where ctid in (
 
 const SWEEP_COMPLETED: &str = sweep!("deliveries", "completed_at", " and status = 'completed'");
 const SWEEP_FILTERED: &str = sweep!("deliveries", "completed_at", " and status = 'filtered'");
-const SWEEP_FAILED: &str = sweep!("deliveries", "failed_at", " and status = 'failed'");
+/// A leg waiting behind its ordered key is not swept: its wait began when
+/// it met the key's first leg, and may be older than that leg's own
+/// failure; it goes when its key reaches it.
+const SWEEP_FAILED: &str = sweep!(
+    "deliveries",
+    "failed_at",
+    " and status = 'failed' and last_error_class is distinct from 'ordered'"
+);
 const SWEEP_SEEN_BODIES: &str = sweep!("seen_bodies", "seen_at", "");
 const SWEEP_EVENTS: &str = sweep!("github_events", "received_at", "");
 

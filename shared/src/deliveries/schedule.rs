@@ -51,7 +51,8 @@ returning d.provider, d.source, d.hook_id, d.delivery_id, d.destination, d.event
 /// leg to `processing` under a new token and makes that token the probe's:
 /// its take passes the gate. One statement, so a probe is never out
 /// without the row saying so.
-const PROBE: &str = "
+const PROBE: &str = concat!(
+    "
 with due as (
     select x.source, x.name from destinations x
     where x.state in ('open', 'half_open') and x.probe_at <= now()
@@ -66,9 +67,11 @@ with due as (
           and d.status = 'failed' and d.retryable
           -- A deferred leg goes no earlier than the time it asked for.
           and not (d.last_error_class = 'deferred' and d.next_attempt_at > now())
-          -- A leg behind its ordered key is not the one to probe with: its
-          -- take would only wait again.
-          and d.last_error_class is distinct from 'ordered'
+          -- A leg behind an open leg of its ordered key is not the one to
+          -- probe with (its take would only wait); its key's first is.
+          and not ",
+    behind!("d"),
+    "
         order by d.next_attempt_at
         limit 1
         for update of d skip locked
@@ -94,7 +97,8 @@ with due as (
 select m.provider, m.source, m.hook_id, m.delivery_id, m.destination, m.event, m.action,
        m.claim_token, m.attempts, p.content_type, p.headers, p.body, m.traceparent
 from moved m
-join parked_bodies p using (provider, source, hook_id, delivery_id, destination)";
+join parked_bodies p using (provider, source, hook_id, delivery_id, destination)"
+);
 
 /// The wake of ordered keys (docs/architecture.md, "Ordered legs"): each
 /// key's first open leg, when it is a leg that waited behind the key

@@ -227,7 +227,8 @@ select 1 from moved"
 
 const TAKE_STATE: &str = concat!(
     "
-select status, greatest(extract(epoch from lease_until - now()), 0)::float8
+select status, greatest(extract(epoch from lease_until - now()), 0)::float8,
+       claim_token = $6
 from deliveries
 where ",
     key!()
@@ -321,12 +322,18 @@ pub async fn take(
         {
             return Ok(Take::Held);
         }
-        let Some(row) = sql::query_opt(client, TAKE_STATE, &params(key, &[])).await? else {
+        let Some(row) = sql::query_opt(client, TAKE_STATE, &params(key, &[&presented.0])).await?
+        else {
             return Ok(Take::Resolved(None));
         };
         let status = status_of(row.get(0))?;
         let left: f64 = row.get::<_, Option<f64>>(1).unwrap_or(0.0);
+        let ours = row.get::<_, Option<bool>>(2).unwrap_or(false);
         match status {
+            // Still our own claim: the statements above raced with a
+            // change they depend on (the leg before it in its key ended
+            // between the take and the wait, say). Try again at once.
+            Status::Processing if ours => continue,
             Status::Processing if left > 0.0 => {
                 return Ok(Take::Deferred {
                     lease_left: Duration::from_secs_f64(left),

@@ -314,3 +314,216 @@ retry = ["50ms", "100ms", "200ms", "400ms", "800ms", "1s", "1s", "1s", "1s", "1s
     );
     env.cleanup().await;
 }
+
+/// A claim request for delivery `id` of the `default` source, with one leg
+/// to `ci` keyed `key`.
+fn ordered_request(id: &str, key: &str) -> hookinbox::deliveries::ClaimRequest {
+    use hookinbox::key::{DeliveryId, DeliveryKey, DestinationName, HookId, SourceName};
+    hookinbox::deliveries::ClaimRequest {
+        origin: Default::default(),
+        key: DeliveryKey::github(
+            SourceName::default_source(),
+            HookId::parse(Some(b"1")).expect("hook"),
+            DeliveryId::parse(id.as_bytes()).expect("id"),
+        ),
+        event: "pull_request".into(),
+        action: None,
+        repository: None,
+        body_sha256: sha2::Digest::finalize(sha2::Digest::chain_update(
+            <sha2::Sha256 as sha2::Digest>::new(),
+            id,
+        ))
+        .into(),
+        guarded: false,
+        pinned: false,
+        legs: vec![hookinbox::deliveries::LegRequest {
+            destination: DestinationName::parse("ci").expect("name"),
+            filtered: None,
+            order_key: Some(key.to_owned()),
+        }],
+    }
+}
+
+async fn place(env: &TestEnv, id: &str) -> i64 {
+    env.db
+        .query_one(
+            "select order_seq from deliveries where delivery_id = $1",
+            &[&id],
+        )
+        .await
+        .expect("leg")
+        .get(0)
+}
+
+#[tokio::test]
+async fn a_batch_of_claims_gives_a_key_its_places_in_arrival_order_not_key_order() {
+    let env = TestEnv::new().await;
+    // One statement, the later-sorting id first: its place comes first.
+    let batch = [
+        ordered_request("zz-opened", "9#1"),
+        ordered_request("aa-labeled", "9#1"),
+        ordered_request("mm-closed", "9#1"),
+    ];
+    let pool = env.pool(1);
+    let client = pool.get().await.expect("client");
+    hookinbox::deliveries::claim_batch(&client, &env.policy(), &batch)
+        .await
+        .expect("claims");
+    drop(client);
+    let (opened, labeled, closed) = (
+        place(&env, "zz-opened").await,
+        place(&env, "aa-labeled").await,
+        place(&env, "mm-closed").await,
+    );
+    assert!(
+        opened < labeled && labeled < closed,
+        "{opened} {labeled} {closed}"
+    );
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_waiting_leg_outlives_the_retention_of_failed_legs_and_a_skipped_leg_stays_skipped_when_its_replay_does_not_go_out()
+ {
+    use hookinbox::deliveries::{self, Replayed, Retention, Take};
+    let env = TestEnv::new().await;
+    let pool = env.pool(1);
+    let client = pool.get().await.expect("client");
+    let policy = env.policy();
+    let batch = [
+        ordered_request("first", "5"),
+        ordered_request("second", "5"),
+    ];
+    let claims = deliveries::claim_batch(&client, &policy, &batch)
+        .await
+        .expect("claims");
+    let tokens: Vec<_> = claims
+        .iter()
+        .map(|c| hookinbox_tests::claimed_token(c).expect("claimed"))
+        .collect();
+    let legs: Vec<_> = batch
+        .iter()
+        .map(|r| r.key.clone().leg(r.legs[0].destination.clone()))
+        .collect();
+    let parked = deliveries::ParkedBody {
+        content_type: "application/json",
+        headers: &[],
+        body: b"{}",
+    };
+    let first = deliveries::take(&client, &policy, &legs[0], tokens[0], 3, parked)
+        .await
+        .expect("take");
+    let Take::Taken { token, .. } = first else {
+        panic!("the first leg is taken: {first:?}");
+    };
+    let second = deliveries::take(&client, &policy, &legs[1], tokens[1], 3, parked)
+        .await
+        .expect("take");
+    assert_eq!(second, Take::Waiting);
+    deliveries::fail(
+        &client,
+        &legs[0],
+        token,
+        &deliveries::Failure {
+            class: deliveries::ErrorClass::Permanent,
+            message: "no".into(),
+            retry_in: None,
+        },
+        parked,
+    )
+    .await
+    .expect("fail");
+    // Both failed long ago: the dead leg goes, the waiting one stays.
+    env.db
+        .execute(
+            "update deliveries set failed_at = now() - interval '100 days'",
+            &[],
+        )
+        .await
+        .expect("age");
+    let retention = Retention {
+        completed: Duration::from_secs(86_400),
+        failed: Duration::from_secs(86_400),
+        events: None,
+    };
+    deliveries::sweep(&client, &retention, 100)
+        .await
+        .expect("sweep");
+    assert_eq!(
+        env.count("select count(*) from deliveries where last_error_class = 'ordered'")
+            .await,
+        1,
+        "the waiting leg is kept"
+    );
+    assert_eq!(env.count("select count(*) from deliveries").await, 1);
+
+    // A skipped leg whose replay is not published is skipped again.
+    let third = ordered_request("third", "6");
+    let fourth = ordered_request("fourth", "6");
+    let claims = deliveries::claim_batch(&client, &policy, &[third.clone(), fourth.clone()])
+        .await
+        .expect("claims");
+    let leg = third.key.clone().leg(third.legs[0].destination.clone());
+    let presented = hookinbox_tests::claimed_token(&claims[0]).expect("claimed");
+    let Take::Taken { token, .. } = deliveries::take(&client, &policy, &leg, presented, 3, parked)
+        .await
+        .expect("take")
+    else {
+        panic!("taken");
+    };
+    deliveries::fail(
+        &client,
+        &leg,
+        token,
+        &deliveries::Failure {
+            class: deliveries::ErrorClass::Permanent,
+            message: "no".into(),
+            retry_in: None,
+        },
+        parked,
+    )
+    .await
+    .expect("fail");
+    let source = hookinbox::key::SourceName::default_source();
+    let ci = hookinbox::key::DestinationName::parse("ci").expect("name");
+    assert!(
+        deliveries::skip(&client, &source, &ci, "6", "alice")
+            .await
+            .expect("skip")
+            .is_some()
+    );
+    let before = place(&env, "third").await;
+    let Replayed::Started(job) = deliveries::replay(&client, &policy, &leg)
+        .await
+        .expect("replay")
+    else {
+        panic!("replayed");
+    };
+    assert!(
+        place(&env, "third").await > place(&env, "fourth").await
+            && before < place(&env, "fourth").await,
+        "a skipped leg replayed goes to the back of its key"
+    );
+    assert!(
+        deliveries::unreplay(&client, &leg, job.job.token, "publish failed")
+            .await
+            .expect("unreplay")
+    );
+    assert_eq!(
+        env.count(
+            "select count(*) from deliveries where delivery_id = 'third' \
+             and status = 'failed' and order_skipped_at is not null and order_skipped_by = 'alice'"
+        )
+        .await,
+        1,
+        "skipped again, not a halt of its key"
+    );
+    assert!(
+        deliveries::halted(&client, &source, &ci, Some("6"), 10)
+            .await
+            .expect("halted")
+            .is_empty()
+    );
+    drop(client);
+    env.cleanup().await;
+}

@@ -98,13 +98,15 @@ impl Sampler {
         let halted = hookinbox::deliveries::halted_counts(client).await?;
         for route in ctx.config.routes.iter() {
             let (source, name) = (route.source.as_str(), route.destination.name.as_str());
-            if route.destination.ordering.is_none() {
-                continue;
-            }
             let n = halted
                 .iter()
                 .find(|(s, d, _)| s == source && d == name)
-                .map_or(0, |(_, _, n)| *n);
+                .map(|(_, _, n)| *n);
+            // A destination configured without ordering may still have
+            // halted keys, from legs claimed while it was ordered.
+            let Some(n) = n.or(route.destination.ordering.map(|_| 0)) else {
+                continue;
+            };
             metrics::gauge!(
                 hookinbox::metrics::ORDERING_HALTED_KEYS,
                 "source" => source.to_owned(),
