@@ -23,7 +23,13 @@
 #                               stack's traces to a local OTLP endpoint
 #                               (tests/src/bin/otlpsink.rs) that decodes
 #                               and counts them, e.g. the traces' cost:
-#                               COST_VARIANTS="off: sampled1:OTEL_EXPORTER_OTLP_ENDPOINT=sink,OTEL_TRACES_SAMPLER=parentbased_traceidratio,OTEL_TRACES_SAMPLER_ARG=0.01 sampled100:OTEL_EXPORTER_OTLP_ENDPOINT=sink"
+#                               COST_VARIANTS="off: sampled1:OTEL_EXPORTER_OTLP_ENDPOINT=sink,OTEL_TRACES_SAMPLER=parentbased_traceidratio,OTEL_TRACES_SAMPLER_ARG=0.01 sampled100:OTEL_EXPORTER_OTLP_ENDPOINT=sink";
+#                               a variant may name HOOKINBOX_CONFIG (the
+#                               stack then runs without the single-source
+#                               secret), and LOADGEN_EXTRA adds arguments
+#                               to the load generator, e.g. ordering's cost:
+#                               LOADGEN_EXTRA="--repositories 1000"
+#                               COST_VARIANTS="unordered: ordered:HOOKINBOX_CONFIG=bench/ordered.toml"
 #   scripts/bench.sh --sizes RATE   fixed-rate runs (STEP seconds each) across
 #                               ingest's pool, the worker's pool and the
 #                               worker's concurrency (prefetch), each with
@@ -94,19 +100,24 @@ stop_stack() {
 start_stack() {
   # One stack at a time: stop the previous one and free its connections.
   stop_stack
+  # A variant with HOOKINBOX_CONFIG (its sources carry their secrets) runs
+  # the stack without the single-source secret, which the binaries refuse
+  # beside the file; the load generator still signs with it.
+  local own=()
+  [ -n "${HOOKINBOX_CONFIG:-}" ] && own=(env -u HOOKINBOX_GITHUB_SECRET)
   local name="bench_$$_$1"
   scratch_db "$name"
   DB_URL="$base/$name"; PREFIX="$name"
   local port; port=$(free_port)
   INGEST_METRICS=$(free_port); WORKER_METRICS=$(free_port)
-  DATABASE_URL="$DB_URL" HOOKINBOX_QUEUE_PREFIX="$PREFIX" RUST_LOG=warn "$stack_bin/hookinbox-worker" migrate >/dev/null
+  DATABASE_URL="$DB_URL" HOOKINBOX_QUEUE_PREFIX="$PREFIX" RUST_LOG=warn "${own[@]}" "$stack_bin/hookinbox-worker" migrate >/dev/null
   # Each process names its sessions (application_name), so that
   # pg_stat_activity tells their connections apart (see count_connections).
   DATABASE_URL="$DB_URL?application_name=bench-ingest" HOOKINBOX_QUEUE_PREFIX="$PREFIX" HOOKINBOX_AUTO_MIGRATE=false \
     HOOKINBOX_LISTEN="127.0.0.1:$port" HOOKINBOX_METRICS_LISTEN="127.0.0.1:$INGEST_METRICS" RUST_LOG="${STACK_LOG:-warn}" \
     HOOKINBOX_DB_POOL_SIZE="${INGEST_POOL:-16}" \
     HOOKINBOX_CLAIM_BATCH="${CLAIM_BATCH:-64}" HOOKINBOX_PUBLISH_WINDOW="${PUBLISH_WINDOW:-256}" \
-    "$stack_bin/hookinbox-ingest" 2>"${STACK_LOG_FILE:-/dev/null}" & INGEST_PID=$!; pids+=("$INGEST_PID"); stack_pids+=("$INGEST_PID")
+    "${own[@]}" "$stack_bin/hookinbox-ingest" 2>"${STACK_LOG_FILE:-/dev/null}" & INGEST_PID=$!; pids+=("$INGEST_PID"); stack_pids+=("$INGEST_PID")
   # NO_WORKER=1: ingest alone (the peer comparison measures the durable
   # receiver, as octokit's is measured without an app behind it).
   if [ -z "${NO_WORKER:-}" ]; then
@@ -114,7 +125,7 @@ start_stack() {
     HOOKINBOX_METRICS_LISTEN="127.0.0.1:$WORKER_METRICS" HOOKINBOX_CONCURRENCY="${WORKER_CONCURRENCY:-32}" RUST_LOG="${STACK_LOG:-warn}" \
     HOOKINBOX_DB_POOL_SIZE="${WORKER_POOL:-16}" \
     HOOKINBOX_COMPLETE_BATCH="${COMPLETE_BATCH:-64}" HOOKINBOX_TAKE_BATCH="${TAKE_BATCH:-64}" \
-    "$stack_bin/hookinbox-worker" 2>>"${STACK_LOG_FILE:-/dev/null}" & WORKER_PID=$!; pids+=($!); stack_pids+=($!)
+    "${own[@]}" "$stack_bin/hookinbox-worker" 2>>"${STACK_LOG_FILE:-/dev/null}" & WORKER_PID=$!; pids+=($!); stack_pids+=($!)
   fi
   INGEST_URL="http://127.0.0.1:$port/webhooks/github"
   for _ in $(seq 1 100); do curl -fsS "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && return; sleep 0.1; done
@@ -213,7 +224,8 @@ cost_run() { # RATE [LABEL]
   local out
   out=$(/usr/bin/time -f '%U %S' -o "$work/loadgen-time" \
     env DATABASE_URL="$DB_URL" HOOKINBOX_QUEUE_PREFIX="$PREFIX" AMQP_URL="$amqp" \
-    "$bin/loadgen" --url "$INGEST_URL" --rate "$1" --duration "$STEP" --hold-lag "$HOLD_LAG")
+    "$bin/loadgen" --url "$INGEST_URL" --rate "$1" --duration "$STEP" --hold-lag "$HOLD_LAG" \
+    ${LOADGEN_EXTRA:-})
   # The run pays for its own garbage inside its time: the vacuum its rows
   # get anyway, which would otherwise fall into a later run's. (No
   # checkpoint, nor a database dropped, between runs: either makes the

@@ -96,6 +96,38 @@ pub fn with_nonce(body: &[u8], nonce: &str) -> Vec<u8> {
     out
 }
 
+/// `body` with its `repository.id` set to `id` (the first number after
+/// `"repository"`'s `"id"`), or unchanged when it has none: spreads a
+/// payload mix over many repositories, for destinations ordered by them.
+pub fn with_repository_id(body: &[u8], id: u64) -> Vec<u8> {
+    let find = |from: usize, what: &[u8]| {
+        body[from..]
+            .windows(what.len())
+            .position(|w| w == what)
+            .map(|i| from + i + what.len())
+    };
+    let Some(after_key) = find(0, b"\"repository\"").and_then(|at| find(at, b"\"id\"")) else {
+        return body.to_vec();
+    };
+    let mut start = after_key;
+    while start < body.len() && matches!(body[start], b' ' | b'\n' | b'\r' | b'\t' | b':') {
+        start += 1;
+    }
+    let end = start
+        + body[start..]
+            .iter()
+            .take_while(|b| b.is_ascii_digit())
+            .count();
+    if end == start {
+        return body.to_vec();
+    }
+    let mut out = Vec::with_capacity(body.len() + 20);
+    out.extend_from_slice(&body[..start]);
+    out.extend_from_slice(id.to_string().as_bytes());
+    out.extend_from_slice(&body[end..]);
+    out
+}
+
 /// The benchmarks' payload mix: in every ten, seven `push` and three
 /// `pull_request` payloads (one or two of each fixture in turn), as events
 /// and bodies. Panics when the fixtures hold none of either.
@@ -139,4 +171,19 @@ pub fn delivery_request(
         .header("x-github-hook-id", "777")
         .header("x-hub-signature-256", signature)
         .body(body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_repository_id_is_replaced_in_place() {
+        let body = br#"{"action":"x","repository": {
+    "id" :  123,"name":"r"},"sender":{"id":9}}"#;
+        let out = String::from_utf8(with_repository_id(body, 77)).expect("utf-8");
+        assert!(out.contains(r#""id" :  77,"name""#), "{out}");
+        assert!(out.contains(r#""sender":{"id":9}"#), "{out}");
+        assert_eq!(with_repository_id(br#"{"zen":"x"}"#, 5), br#"{"zen":"x"}"#);
+    }
 }

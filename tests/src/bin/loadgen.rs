@@ -93,11 +93,18 @@ struct Args {
     /// Skip the end-to-end part (for a target without Postgres).
     #[arg(long)]
     no_e2e: bool,
+    /// Spread the payloads over this many repositories (`repository.id`
+    /// 1 to N, by delivery id), for a destination ordered by repository;
+    /// 0 keeps the fixtures' own.
+    #[arg(long, default_value_t = 0)]
+    repositories: u64,
 }
 
 struct Payload {
     event: &'static str,
     body: Vec<u8>,
+    /// See `Args::repositories`.
+    repositories: u64,
 }
 
 impl Payload {
@@ -106,7 +113,13 @@ impl Payload {
     /// replay guard refuses a body seen under another id; a redelivery of
     /// the id sends the same bytes.
     fn for_delivery(&self, id: &str, secret: &str) -> (bytes::Bytes, String) {
-        let body = fixtures::with_nonce(&self.body, id);
+        let mut body = fixtures::with_nonce(&self.body, id);
+        if self.repositories > 0 {
+            let hash = id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+            });
+            body = fixtures::with_repository_id(&body, 1 + hash % self.repositories);
+        }
         let signature = sign(secret, &body);
         (body.into(), signature)
     }
@@ -564,7 +577,11 @@ async fn measure(args: Args) -> anyhow::Result<()> {
     // 7 push, 3 pull_request in every 10: the 70/30 mix.
     let payloads: Vec<Payload> = fixtures::load_mix()
         .into_iter()
-        .map(|(event, body)| Payload { event, body })
+        .map(|(event, body)| Payload {
+            event,
+            body,
+            repositories: args.repositories,
+        })
         .collect();
     let payloads = Arc::new(payloads);
     let mut warm = Vec::new();
