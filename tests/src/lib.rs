@@ -960,3 +960,60 @@ pub fn bin(name: &str) -> PathBuf {
     );
     path
 }
+
+/// What a model-based test's cases share: a runtime, and a database of its
+/// own with a pool on it (each case works on keys of its own).
+pub struct ModelDb {
+    /// Runs each step's statements.
+    pub runtime: tokio::runtime::Runtime,
+    /// On the database.
+    pub pool: deadpool_postgres::Pool,
+    /// The database's name, to drop it once every case passed (a failing
+    /// case leaves it for inspection).
+    pub db_name: String,
+}
+
+impl ModelDb {
+    /// A runtime and a new database named from `prefix`, migrated, with
+    /// `setup` run on it.
+    pub fn new(prefix: &str, setup: &str) -> Self {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let (db_name, pool) = runtime.block_on(async {
+            let (name, url) = create_database(prefix).await;
+            let pool =
+                hookinbox::postgres::pool(&url, 4, hookinbox::postgres::DEFAULT_REQUEST_TIMEOUT)
+                    .expect("pool");
+            if !setup.is_empty() {
+                pool.get()
+                    .await
+                    .expect("client")
+                    .batch_execute(setup)
+                    .await
+                    .expect("setup");
+            }
+            (name, pool)
+        });
+        Self {
+            runtime,
+            pool,
+            db_name,
+        }
+    }
+
+    /// Drops the database (once every case passed).
+    pub fn drop_database(&self) {
+        self.runtime.block_on(drop_database(&self.db_name));
+    }
+}
+
+/// A model-based test's number of cases: `PROPTEST_CASES`, else `default`.
+pub fn proptest_cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}

@@ -45,43 +45,15 @@ const DESTINATIONS: [&str; 2] = ["a", "b"];
 
 /// One database and runtime for every case of this test binary; each case
 /// works on its own delivery key.
-struct Shared {
-    runtime: tokio::runtime::Runtime,
-    pool: deadpool_postgres::Pool,
-    /// The database's name, to drop it once every case passed.
-    db_name: String,
-}
-
-fn shared() -> &'static Shared {
-    static SHARED: OnceLock<Shared> = OnceLock::new();
+fn shared() -> &'static hookinbox_tests::ModelDb {
+    static SHARED: OnceLock<hookinbox_tests::ModelDb> = OnceLock::new();
     SHARED.get_or_init(|| {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        let (db_name, pool) = runtime.block_on(async {
-            let (name, url) = hookinbox_tests::create_database("hookinbox_model").await;
-            let pool =
-                hookinbox::postgres::pool(&url, 4, hookinbox::postgres::DEFAULT_REQUEST_TIMEOUT)
-                    .expect("pool");
-            pool.get()
-                .await
-                .expect("client")
-                .batch_execute(
-                    "create table model_effects (delivery_id text not null, destination text not null,
-                                                 at timestamptz not null default now());
-                     create index on model_effects (delivery_id)",
-                )
-                .await
-                .expect("effects table");
-            (name, pool)
-        });
-        Shared {
-            runtime,
-            pool,
-            db_name,
-        }
+        hookinbox_tests::ModelDb::new(
+            "hookinbox_model",
+            "create table model_effects (delivery_id text not null, destination text not null,
+                                         at timestamptz not null default now());
+             create index on model_effects (delivery_id)",
+        )
     })
 }
 
@@ -877,16 +849,9 @@ impl StateMachineTest for DeliveryStateMachine {
     }
 }
 
-fn cases() -> u32 {
-    std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(64)
-}
-
 prop_state_machine! {
     #![proptest_config(Config {
-        cases: cases(),
+        cases: hookinbox_tests::proptest_cases(64),
         failure_persistence: None,
         .. Config::default()
     })]
@@ -899,8 +864,5 @@ fn delivery_state_machine_keeps_its_invariants() {
     run_every_case();
     // Every case passed: drop the database. A failing case panics above and
     // leaves it for inspection, as the other tests do.
-    let shared = shared();
-    shared
-        .runtime
-        .block_on(hookinbox_tests::drop_database(&shared.db_name));
+    shared().drop_database();
 }

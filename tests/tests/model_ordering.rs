@@ -61,41 +61,17 @@ thread_local! {
     static BUGGY: Cell<bool> = const { Cell::new(false) };
 }
 
-struct Shared {
-    runtime: tokio::runtime::Runtime,
-    pool: deadpool_postgres::Pool,
-    db_name: String,
-}
-
 /// One database and runtime for each of the two tests (the planted bug's
 /// its own, so that either can drop its database when done).
-fn shared() -> &'static Shared {
-    static SHARED: OnceLock<Shared> = OnceLock::new();
-    static PLANTED: OnceLock<Shared> = OnceLock::new();
+fn shared() -> &'static hookinbox_tests::ModelDb {
+    static SHARED: OnceLock<hookinbox_tests::ModelDb> = OnceLock::new();
+    static PLANTED: OnceLock<hookinbox_tests::ModelDb> = OnceLock::new();
     let cell = if BUGGY.with(Cell::get) {
         &PLANTED
     } else {
         &SHARED
     };
-    cell.get_or_init(|| {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        let (db_name, pool) = runtime.block_on(async {
-            let (name, url) = hookinbox_tests::create_database("hookinbox_model_order").await;
-            let pool =
-                hookinbox::postgres::pool(&url, 4, hookinbox::postgres::DEFAULT_REQUEST_TIMEOUT)
-                    .expect("pool");
-            (name, pool)
-        });
-        Shared {
-            runtime,
-            pool,
-            db_name,
-        }
-    })
+    cell.get_or_init(|| hookinbox_tests::ModelDb::new("hookinbox_model_order", ""))
 }
 
 #[derive(Clone, Debug)]
@@ -514,16 +490,9 @@ impl StateMachineTest for OrderingStateMachine {
     }
 }
 
-fn cases() -> u32 {
-    std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(256)
-}
-
 prop_state_machine! {
     #![proptest_config(Config {
-        cases: cases(),
+        cases: hookinbox_tests::proptest_cases(256),
         failure_persistence: None,
         .. Config::default()
     })]
@@ -551,10 +520,7 @@ fn ordered_legs_start_and_complete_in_claim_order_one_at_a_time() {
         reached.iter().all(|n| *n > 0),
         "the cases missed a path (started, waited, completed, skipped, retried): {reached:?}"
     );
-    let shared = shared();
-    shared
-        .runtime
-        .block_on(hookinbox_tests::drop_database(&shared.db_name));
+    shared().drop_database();
 }
 
 #[test]
@@ -565,9 +531,6 @@ fn a_planted_bug_that_lets_two_legs_of_a_key_run_at_once_is_caught() {
         caught.is_err(),
         "the checks let a take that ignores the order gate through"
     );
-    let shared = shared();
-    shared
-        .runtime
-        .block_on(hookinbox_tests::drop_database(&shared.db_name));
+    shared().drop_database();
     BUGGY.with(|b| b.set(false));
 }

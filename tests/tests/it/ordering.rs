@@ -344,6 +344,32 @@ fn ordered_request(id: &str, key: &str) -> hookinbox::deliveries::ClaimRequest {
     }
 }
 
+/// The holder of `leg` fails it for good (it halts its key).
+async fn fail_for_good(
+    client: &deadpool_postgres::Client,
+    leg: &hookinbox::key::LegKey,
+    token: hookinbox::key::ClaimToken,
+) {
+    use hookinbox::deliveries;
+    deliveries::fail(
+        client,
+        leg,
+        token,
+        &deliveries::Failure {
+            class: deliveries::ErrorClass::Permanent,
+            message: "no".into(),
+            retry_in: None,
+        },
+        deliveries::ParkedBody {
+            content_type: "application/json",
+            headers: &[],
+            body: b"{}",
+        },
+    )
+    .await
+    .expect("fail");
+}
+
 async fn place(env: &TestEnv, id: &str) -> i64 {
     env.db
         .query_one(
@@ -420,19 +446,7 @@ async fn a_waiting_leg_outlives_the_retention_of_failed_legs_and_a_skipped_leg_s
         .await
         .expect("take");
     assert_eq!(second, Take::Waiting);
-    deliveries::fail(
-        &client,
-        &legs[0],
-        token,
-        &deliveries::Failure {
-            class: deliveries::ErrorClass::Permanent,
-            message: "no".into(),
-            retry_in: None,
-        },
-        parked,
-    )
-    .await
-    .expect("fail");
+    fail_for_good(&client, &legs[0], token).await;
     // Both failed long ago: the dead leg goes, the waiting one stays.
     env.db
         .execute(
@@ -471,19 +485,7 @@ async fn a_waiting_leg_outlives_the_retention_of_failed_legs_and_a_skipped_leg_s
     else {
         panic!("taken");
     };
-    deliveries::fail(
-        &client,
-        &leg,
-        token,
-        &deliveries::Failure {
-            class: deliveries::ErrorClass::Permanent,
-            message: "no".into(),
-            retry_in: None,
-        },
-        parked,
-    )
-    .await
-    .expect("fail");
+    fail_for_good(&client, &leg, token).await;
     let source = hookinbox::key::SourceName::default_source();
     let ci = hookinbox::key::DestinationName::parse("ci").expect("name");
     assert!(
