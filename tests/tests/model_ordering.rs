@@ -1,8 +1,8 @@
 //! Model-based test of ordered legs against the real Postgres: random
 //! interleavings of claims (and redeliveries), takes presenting any token
 //! ever handed out, completions, transient and permanent failures, lease
-//! expiry, the scheduler (its wake of ordered keys and its pick), the
-//! reaper, replays, and an operator's skip and retry of a halted key, on
+//! expiry, the scheduler (its wake of ordered keys and its pick), a
+//! worker's publish of a key's next leg, the reaper, replays, and an operator's skip and retry of a halted key, on
 //! four deliveries of one key and one of another, to a destination ordered
 //! by repository. Checked after every step:
 //!
@@ -88,6 +88,8 @@ enum Op {
     Expire { leg: usize },
     /// The scheduler runs: it wakes ordered keys and publishes due legs.
     Schedule,
+    /// A worker that completed a leg publishes its key's next one.
+    NextOfKey { leg: usize },
     /// The reaper runs.
     Reap,
     /// An operator replays a failed leg.
@@ -118,6 +120,7 @@ impl ReferenceStateMachine for Model {
                 .prop_map(|(leg, permanent)| Op::Fail { leg, permanent }),
             1 => leg.clone().prop_map(|leg| Op::Expire { leg }),
             3 => Just(Op::Schedule),
+            2 => leg.clone().prop_map(|leg| Op::NextOfKey { leg }),
             1 => Just(Op::Reap),
             1 => leg.clone().prop_map(|leg| Op::Replay { leg }),
             2 => Just(Op::Skip),
@@ -409,6 +412,16 @@ impl Sut {
                         let leg = self.leg_of(&parked.job.key);
                         self.tokens[leg].push(parked.job.token);
                     }
+                }
+            }
+            Op::NextOfKey { leg } => {
+                let next = deliveries::next_of_key(&client, &self.policy, &self.keys[leg])
+                    .await
+                    .expect("next of key");
+                if let Some(Ok(parked)) = next {
+                    let next = self.leg_of(&parked.job.key);
+                    assert_eq!(key_of(next), key_of(leg), "another key's leg");
+                    self.tokens[next].push(parked.job.token);
                 }
             }
             Op::Reap => {

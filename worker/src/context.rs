@@ -36,9 +36,6 @@ pub(crate) struct Context {
     /// Publishes dead-letter copies and scheduled retries.
     pub(crate) publisher: Publisher,
     pub(crate) topology: Topology,
-    /// Wakes the scheduler before its pause is over: an ordered leg ended,
-    /// and its key's next leg may be due.
-    pub(crate) wake: tokio::sync::Notify,
 }
 
 impl Context {
@@ -55,7 +52,6 @@ impl Context {
             policy: common.policy(),
             publisher: common.publisher("hookinbox-worker"),
             topology: common.topology(),
-            wake: tokio::sync::Notify::new(),
             pool,
             config,
         })

@@ -7,7 +7,7 @@
 //! | [`claim`](self::claim) | ingest | `claim`, `claim_batch` (a delivery's legs; `_linked`: with the traces its request links to), `park_due`, `park_copy` |
 //! | [`take`](self::take) | worker | `take` (and the hold of a gated leg), `take_batch`, `renew`, `fence`, `release_lease` |
 //! | [`complete`](self::complete) | worker | `complete`, `complete_batch`, `store_event`, `fail`, `mark_dead_lettered` |
-//! | [`schedule`](self::schedule) | scheduler, reaper | `wake_ordered`, `schedule_due`, `probe_due`, `reschedule`, `exhaust_due`, `needing_copy`, `dead_letter_unreadable`, `reap` |
+//! | [`schedule`](self::schedule) | scheduler, reaper, worker | `wake_ordered`, `next_of_key`, `schedule_due`, `probe_due`, `reschedule`, `exhaust_due`, `needing_copy`, `dead_letter_unreadable`, `reap` |
 //! | [`retention`](self::retention) | sweeper, operators | `sweep`, `purge` |
 //! | [`delivery`](self::delivery) | every caller | `Delivery`, `DeadLetter`, `get` (reads only) |
 //! | [`state`](self::state) | operators, the sampler | `State`: the operator's words for a row, `of` a row and `predicate` for a statement |
@@ -439,8 +439,8 @@ pub use parked::{Parked, ParkedBody, Unreadable};
 pub use reconcile::{Held, ReconcilerState, held, reconciler_states};
 pub use retention::{Retention, Swept, purge, sweep};
 pub use schedule::{
-    dead_letter_unreadable, exhaust_due, needing_copy, probe_due, reap, reschedule, schedule_due,
-    wake_ordered,
+    dead_letter_unreadable, exhaust_due, needing_copy, next_of_key, probe_due, reap, reschedule,
+    schedule_due, wake_ordered,
 };
 pub use state::{FAILED, State};
 pub use take::{Take, Taking, fence, release_lease, renew, take, take_batch};

@@ -143,6 +143,63 @@ pub async fn wake_ordered(client: &impl Session) -> Result<u64, DbError> {
     sql::execute(client, WAKE, &[]).await
 }
 
+/// The next leg of the key of the ordered leg `$1`–`$5`, which just
+/// completed: its key's first open leg, if it waited behind the key, moved
+/// to `processing` under a new token (its destination closed), with its
+/// parked body to publish. One statement on that key's legs alone.
+const NEXT_OF_KEY: &str = concat!(
+    "
+with done as (
+    select source, destination, order_key from deliveries
+    where ",
+    key!(),
+    " and order_key is not null
+), head as (
+    select d.provider, d.source, d.hook_id, d.delivery_id, d.destination, d.status,
+           d.last_error_class
+    from done k
+    join deliveries d
+      on d.source = k.source and d.destination = k.destination and d.order_key = k.order_key
+    where d.order_key is not null and d.status in ('processing', 'failed')
+      and d.order_skipped_at is null
+    order by d.order_seq
+    limit 1
+), moved as (
+    update deliveries d
+    set status = 'processing', retryable = false, claim_token = gen_random_uuid(),
+        lease_until = now() + make_interval(secs => $6), claimed_at = now(),
+        next_attempt_at = null
+    from head h
+    where d.provider = h.provider and d.source = h.source and d.hook_id = h.hook_id
+      and d.delivery_id = h.delivery_id and d.destination = h.destination
+      and h.status = 'failed' and h.last_error_class = 'ordered'
+      and d.status = 'failed' and d.retryable and d.last_error_class = 'ordered'
+      and not exists (select 1 from destinations x
+                      where x.source = d.source and x.name = d.destination
+                        and x.state <> 'closed')
+    returning d.provider, d.source, d.hook_id, d.delivery_id, d.destination, d.event,
+              d.action, d.claim_token, d.attempts, d.traceparent
+)
+select m.provider, m.source, m.hook_id, m.delivery_id, m.destination, m.event, m.action,
+       m.claim_token, m.attempts, p.content_type, p.headers, p.body, m.traceparent
+from moved m
+join parked_bodies p using (provider, source, hook_id, delivery_id, destination)"
+);
+
+/// After an ordered leg `key` completed: moves its key's next leg, if it
+/// waited, to `processing` and returns it for the caller to publish (and
+/// to put back with [`reschedule`] if the publish fails), so a busy key
+/// goes on at once instead of at the scheduler's next pass, which remains
+/// the way back for any leg this misses.
+pub async fn next_of_key(
+    client: &impl Session,
+    policy: &Policy,
+    key: &LegKey,
+) -> Result<Option<Result<Parked, Unreadable>>, DbError> {
+    let row = super::query_opt(client, NEXT_OF_KEY, key, &[&secs(policy.lease)]).await?;
+    Ok(row.as_ref().map(parked))
+}
+
 /// Picks the probes that are due (see [`PROBE`]); the caller publishes
 /// each like a scheduled retry.
 pub async fn probe_due(

@@ -16,7 +16,7 @@ mod sampler;
 mod scheduler;
 
 pub(crate) use retention::{reap_once, sweep};
-pub(crate) use scheduler::schedule_once;
+pub(crate) use scheduler::{publish_next_of_key, schedule_once};
 
 /// How often the leader samples the state gauges.
 const SAMPLE_EVERY: Duration = Duration::from_secs(10);
@@ -54,7 +54,6 @@ pub(crate) async fn maintain(ctx: &Context, stop: CancellationToken) {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(ctx.config.scheduler_interval) => {}
-            _ = ctx.wake.notified() => {}
         }
     }
 }

@@ -131,3 +131,38 @@ async fn dead_letter_unreadable(ctx: &Context, row: &Unreadable) {
         tracing::warn!(error = %e, "could not dead-letter an unreadable parked row");
     }
 }
+
+/// After an ordered leg completed: publishes its key's next leg if it
+/// waited (`deliveries::next_of_key`), putting it back as due if the
+/// publish fails. Errors are logged: the scheduler's pass brings back any
+/// leg this misses.
+pub(crate) async fn publish_next_of_key(ctx: &Context, key: &hookinbox::LegKey) {
+    let next = match ctx.pool.get().await {
+        Ok(client) => deliveries::next_of_key(&client, &ctx.policy, key).await,
+        Err(e) => Err(DbError::from(e)),
+    };
+    let parked = match next {
+        Ok(Some(parked)) => parked,
+        Ok(None) => return,
+        Err(error) => {
+            tracing::debug!(%error, "next leg of the key not published; the scheduler will");
+            return;
+        }
+    };
+    let parked = match parked {
+        Ok(parked) => parked,
+        Err(unreadable) => {
+            dead_letter_unreadable(ctx, &unreadable).await;
+            return;
+        }
+    };
+    let job = &parked.job;
+    if let Err(error) = ctx.publisher.publish(job).await {
+        let error = error.to_string();
+        tracing::warn!(delivery_id = %job.key.delivery_id, %error, "next leg's publish failed; due again shortly");
+        if let Ok(client) = ctx.pool.get().await {
+            let _ =
+                deliveries::reschedule(&client, &job.key, job.token, REPUBLISH_PAUSE, &error).await;
+        }
+    }
+}

@@ -276,10 +276,10 @@ impl Worker {
                             presented = token;
                         }
                         Attempt::Done(outcome) => {
-                            // Its key's next leg may be due now: the
-                            // scheduler's next pass makes it so at once.
+                            // Its key's next leg, if it waited, goes now
+                            // rather than at the scheduler's next pass.
                             if lane.ordered && outcome == JobOutcome::Completed {
-                                inner.wake.notify_one();
+                                crate::maintenance::publish_next_of_key(&inner.ctx, &job.key).await;
                             }
                             return outcome;
                         }
