@@ -155,8 +155,7 @@ with done as (
     key!(),
     " and order_key is not null
 ), head as (
-    select d.provider, d.source, d.hook_id, d.delivery_id, d.destination, d.status,
-           d.last_error_class
+    select d.provider, d.source, d.hook_id, d.delivery_id, d.destination
     from done k
     join deliveries d
       on d.source = k.source and d.destination = k.destination and d.order_key = k.order_key
@@ -172,7 +171,9 @@ with done as (
     from head h
     where d.provider = h.provider and d.source = h.source and d.hook_id = h.hook_id
       and d.delivery_id = h.delivery_id and d.destination = h.destination
-      and h.status = 'failed' and h.last_error_class = 'ordered'
+      -- Judged on the row, not on `head`'s snapshot: a wait that is
+      -- committing as this runs holds the row, and the update sees the
+      -- row it committed, waiting.
       and d.status = 'failed' and d.retryable and d.last_error_class = 'ordered'
       and not exists (select 1 from destinations x
                       where x.source = d.source and x.name = d.destination
