@@ -55,6 +55,10 @@ pub struct Legs {
     /// The slowest `steady` effect after its delivery's send, for
     /// deliveries sent while a fault hit `flaky`.
     pub steady_slowest: Option<Duration>,
+    /// `store` is ordered by repository: its keys, its completed legs, and
+    /// the legs that completed before an earlier leg of their key (by
+    /// claim order) had.
+    pub ordered: (i64, i64, Vec<String>),
 }
 
 /// Checks the legs against the database and the receivers.
@@ -98,6 +102,7 @@ pub async fn check(
         )
         .await?;
     let not_found = (row.get(0), row.get(1));
+    let ordered = out_of_order(&db).await?;
     let arrivals = [
         suite.receivers.steady.arrivals(),
         suite.receivers.flaky.arrivals(),
@@ -206,7 +211,40 @@ pub async fn check(
         wrong,
         not_found,
         steady_slowest,
+        ordered,
     })
+}
+
+/// The ordered `store` leg's keys, completed legs, and legs that completed
+/// before an earlier leg of their key (the effect and the completion share
+/// a transaction, so the completion's time orders the effects; one key
+/// never has two legs in one completing statement).
+async fn out_of_order(db: &tokio_postgres::Client) -> anyhow::Result<(i64, i64, Vec<String>)> {
+    let row = db
+        .query_one(
+            "select count(distinct order_key), count(*) from deliveries
+             where source = $1 and destination = 'store' and order_key is not null
+               and status = 'completed'",
+            &[&SOURCE],
+        )
+        .await?;
+    let early = db
+        .query(
+            "select delivery_id from (
+                 select delivery_id, completed_at,
+                        max(completed_at) over (partition by order_key order by order_seq
+                            rows between unbounded preceding and 1 preceding) as before
+                 from deliveries
+                 where source = $1 and destination = 'store' and order_key is not null
+                   and status = 'completed') c
+             where completed_at <= before",
+            &[&SOURCE],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    Ok((row.get(0), row.get(1), early))
 }
 
 /// The `Idempotency-Key` of leg `leg` of delivery `id`.
@@ -246,11 +284,12 @@ impl Legs {
             || !self.duplicates.is_empty()
             || self.dead > 0
             || self.wrong > 0
-            || self.not_found.1 > 0;
+            || self.not_found.1 > 0
+            || !self.ordered.2.is_empty();
         failed.then(|| {
             format!(
-                "legs lost {:?}, duplicate effects {:?}, dead letters {}, wrong requests {}, 404s that spent an attempt {}",
-                self.lost, self.duplicates, self.dead, self.wrong, self.not_found.1
+                "legs lost {:?}, duplicate effects {:?}, dead letters {}, wrong requests {}, 404s that spent an attempt {}, ordered legs completed out of claim order {:?}",
+                self.lost, self.duplicates, self.dead, self.wrong, self.not_found.1, self.ordered.2
             )
         })
     }

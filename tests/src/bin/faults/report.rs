@@ -142,7 +142,9 @@ pub fn destinations(suite: &Suite, legs: &Legs) -> String {
         | **duplicate effects** (a key answered 2xx again outside those faults, +{}s grace) | **{}** |\n\
         | requests with a wrong key, delivery id or body | {} |\n\
         | `flaky`'s 404 answers / **of them spent an attempt** | {} / **{}** |\n\
-        | `steady`'s slowest effect after the send, for deliveries sent during `flaky`'s faults | {} |\n",
+        | `steady`'s slowest effect after the send, for deliveries sent during `flaky`'s faults | {} |\n\
+        | `store` ordered by repository: keys / completed legs | {} / {} |\n\
+        | **ordered legs completed out of claim order** | **{}** |\n",
         legs.deliveries,
         legs.expected,
         legs.completed,
@@ -163,6 +165,9 @@ pub fn destinations(suite: &Suite, legs: &Legs) -> String {
         legs.steady_slowest
             .map(|d| format!("{:.1} s", d.as_secs_f64()))
             .unwrap_or_else(|| "-".to_owned()),
+        legs.ordered.0,
+        legs.ordered.1,
+        legs.ordered.2.len(),
     ));
     out
 }

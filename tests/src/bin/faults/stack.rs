@@ -362,7 +362,7 @@ fn sources_toml(
          [[sources]]\nname = \"relay\"\nsecrets = [\"{SECRET}\"]\n\
          handler = {{ kind = \"forward\", url = \"{}\", timeout_ms = 2000 }}\n{}\n\
          [[sources]]\nname = \"{SOURCE}\"\nsecrets = [\"{SECRET}\"]\n\
-         [[sources.destinations]]\nname = \"store\"\nkind = \"store\"\n\
+         [[sources.destinations]]\nname = \"store\"\nkind = \"store\"\nordering = \"repository\"\n\
          [[sources.destinations]]\nname = \"steady\"\nkind = \"forward\"\nurl = \"{}\"\n{POLICY}\
          [[sources.destinations]]\nname = \"flaky\"\nkind = \"forward\"\nurl = \"{}\"\n{POLICY}{}",
         reconcile("store"),
