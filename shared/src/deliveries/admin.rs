@@ -30,16 +30,17 @@ with skipped as (
 ), place as (
     select nextval('deliveries_order_seq') as seq
     from (select count(*) from (
-              select pg_advisory_xact_lock(hashtextextended(
-                  s.source || '/' || s.destination || '/' || s.order_key, 0))
+              select pg_advisory_xact_lock(",
+    order_lock!("s"),
+    ")
               from skipped s) l) locked
     where exists (select 1 from skipped)
 )
 update deliveries d
-set status = 'processing', retryable = false, claim_token = gen_random_uuid(),
-    attempts = 0, replays = d.replays + 1, next_attempt_at = null,
-    lease_until = now() + make_interval(secs => $6), claimed_at = now(),
-    dead_lettered_at = null, deferred_since = null,
+set ",
+    to_processing!("$6"),
+    ",
+    attempts = 0, replays = d.replays + 1, dead_lettered_at = null, deferred_since = null,
     order_seq = coalesce((select seq from place), d.order_seq),
     -- Who skipped it stays only on a leg that was skipped: an unreplay
     -- (its publish failed) skips it again.

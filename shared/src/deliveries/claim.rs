@@ -184,8 +184,9 @@ with input as (
     -- the count makes every lock precede the first `nextval` (`places`).
     select count(*) from (
         select pg_advisory_xact_lock(k.h)
-        from (select distinct hashtextextended(
-                  l.source || '/' || l.destination || '/' || l.order_key, 0) as h
+        from (select distinct ",
+    order_lock!("l"),
+    " as h
               from legs l
               where l.order_key is not null and l.filter_reason is null
               order by 1 offset 0) k
@@ -221,9 +222,9 @@ with input as (
     for update of d
 ), reclaimed as (
     update deliveries d
-    set status = 'processing', retryable = false, claim_token = gen_random_uuid(),
-        lease_until = now() + make_interval(secs => $14), claimed_at = now(),
-        next_attempt_at = null
+    set ",
+    to_processing!("$14"),
+    "
     from candidates c
     where d.provider = c.provider and d.source = c.source and d.hook_id = c.hook_id
       and d.delivery_id = c.delivery_id and d.destination = c.destination

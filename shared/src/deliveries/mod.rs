@@ -173,6 +173,38 @@ macro_rules! takeable {
     };
 }
 
+/// A leg back to `processing` under a new token, its lease from `$lease`
+/// seconds: the claim's reclaim, the scheduler's pick, the probe, the
+/// publish of a key's next leg, and a replay (with its own extra columns)
+/// all set these columns so.
+macro_rules! to_processing {
+    ($lease:literal) => {
+        concat!(
+            "status = 'processing', retryable = false, claim_token = gen_random_uuid(),
+    lease_until = now() + make_interval(secs => ",
+            $lease,
+            "), claimed_at = now(), next_attempt_at = null"
+        )
+    };
+}
+
+/// The advisory-lock key of the ordered key of a row `$t`: the claim
+/// assigns a key's places holding it, and a replay that gives a leg a new
+/// place takes the same lock, so both must compute it alike.
+macro_rules! order_lock {
+    ($t:literal) => {
+        concat!(
+            "hashtextextended(",
+            $t,
+            ".source || '/' || ",
+            $t,
+            ".destination || '/' || ",
+            $t,
+            ".order_key, 0)"
+        )
+    };
+}
+
 /// The order gate on a leg `$t` (docs/architecture.md, "Ordered legs"):
 /// its destination is ordered and an earlier leg of its key, by claim
 /// order, is still open: processing, failed and retryable, or failed for

@@ -16,7 +16,8 @@ use crate::postgres::DbError;
 /// The legs of a destination that takes no legs now (its breaker is open
 /// or half open, or it is paused or disabled) wait; the probe is picked by
 /// [`probe_due`].
-const SCHEDULE: &str = "
+const SCHEDULE: &str = concat!(
+    "
 with due as (
     select d.provider, d.source, d.hook_id, d.delivery_id, d.destination
     from deliveries d
@@ -31,9 +32,9 @@ with due as (
     for update of d skip locked
 )
 update deliveries d
-set status = 'processing', retryable = false, claim_token = gen_random_uuid(),
-    lease_until = now() + make_interval(secs => $3), claimed_at = now(),
-    next_attempt_at = null
+set ",
+    to_processing!("$3"),
+    "
 from due, parked_bodies p
 where d.provider = due.provider and d.source = due.source
   and d.hook_id = due.hook_id and d.delivery_id = due.delivery_id
@@ -42,7 +43,8 @@ where d.provider = due.provider and d.source = due.source
   and p.hook_id = d.hook_id and p.delivery_id = d.delivery_id
   and p.destination = d.destination
 returning d.provider, d.source, d.hook_id, d.delivery_id, d.destination, d.event, d.action,
-          d.claim_token, d.attempts, p.content_type, p.headers, p.body, d.traceparent";
+          d.claim_token, d.attempts, p.content_type, p.headers, p.body, d.traceparent"
+);
 
 /// The breaker's probe, fleet-wide at most one per destination per
 /// `probe_secs`: for each destination whose breaker is open (or half open
@@ -78,9 +80,9 @@ with due as (
     ) w
 ), moved as (
     update deliveries d
-    set status = 'processing', retryable = false, claim_token = gen_random_uuid(),
-        lease_until = now() + make_interval(secs => $1), claimed_at = now(),
-        next_attempt_at = null
+    set ",
+    to_processing!("$1"),
+    "
     from leg
     where d.provider = leg.provider and d.source = leg.source
       and d.hook_id = leg.hook_id and d.delivery_id = leg.delivery_id
@@ -165,9 +167,9 @@ with done as (
     limit 1
 ), moved as (
     update deliveries d
-    set status = 'processing', retryable = false, claim_token = gen_random_uuid(),
-        lease_until = now() + make_interval(secs => $6), claimed_at = now(),
-        next_attempt_at = null
+    set ",
+    to_processing!("$6"),
+    "
     from head h
     where d.provider = h.provider and d.source = h.source and d.hook_id = h.hook_id
       and d.delivery_id = h.delivery_id and d.destination = h.destination

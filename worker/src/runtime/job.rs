@@ -258,7 +258,7 @@ impl Worker {
                     if probe {
                         tracing::info!("probing the destination with this leg");
                     }
-                    let Ok(_slot) = lane.slots.acquire().await else {
+                    let Ok(slot) = lane.slots.acquire().await else {
                         return JobOutcome::Left;
                     };
                     let taken = Taken {
@@ -277,7 +277,9 @@ impl Worker {
                         }
                         Attempt::Done(outcome) => {
                             // Its key's next leg, if it waited, goes now
-                            // rather than at the scheduler's next pass.
+                            // rather than at the scheduler's next pass; the
+                            // handler slot is free again meanwhile.
+                            drop(slot);
                             if lane.ordered && outcome == JobOutcome::Completed {
                                 crate::maintenance::publish_next_of_key(&inner.ctx, &job.key).await;
                             }
