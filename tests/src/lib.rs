@@ -64,7 +64,6 @@ pub fn store_leg() -> hookinbox::deliveries::LegRequest {
         destination: store_destination(),
         filtered: None,
         order_key: None,
-        fair: None,
     }
 }
 
@@ -542,7 +541,6 @@ impl TestEnv {
                     destination: store_destination(),
                     filtered: None,
                     order_key: None,
-                    fair: None,
                 }],
             },
         )

@@ -323,7 +323,6 @@ impl Sut {
                             destination: DestinationName::parse(DESTINATION).expect("name"),
                             filtered: None,
                             order_key: Some(key_of(leg).to_owned()),
-                            fair: None,
                         }],
                     },
                 )

@@ -263,7 +263,6 @@ async fn postgres(
                     destination: hookinbox_tests::store_destination(),
                     filtered: None,
                     order_key: None,
-                    fair: None,
                 }],
             })
             .collect();

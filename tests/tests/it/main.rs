@@ -16,7 +16,6 @@ mod custom_handler_example;
 mod deferrals;
 mod destinations;
 mod egress;
-mod fairness;
 mod forward_secrets;
 mod forward_tls;
 mod github_corpus;

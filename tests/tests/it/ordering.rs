@@ -377,7 +377,6 @@ fn ordered_request(id: &str, key: &str) -> hookinbox::deliveries::ClaimRequest {
             destination: DestinationName::parse("ci").expect("name"),
             filtered: None,
             order_key: Some(key.to_owned()),
-            fair: None,
         }],
     }
 }

@@ -169,9 +169,6 @@ impl Worker {
         if !received.redelivered
             && let Some(outcome) = self.fused(job, stop).await
         {
-            if lane.fair {
-                crate::maintenance::publish_next_fair(&inner.ctx, &job.key).await;
-            }
             return outcome;
         }
         // The destination's pace, before the take: waiting for it is not
@@ -233,17 +230,7 @@ impl Worker {
                     return JobOutcome::Held;
                 }
                 Take::Waiting => {
-                    if lane.fair {
-                        tracing::debug!("its installation has its share in flight; waiting");
-                        if let Ok(mut known) = inner.ctx.fair_waiting.write() {
-                            known.insert((
-                                job.key.source.as_str().to_owned(),
-                                job.key.destination.as_str().to_owned(),
-                            ));
-                        }
-                    } else {
-                        tracing::debug!("an earlier leg of its key is open; waiting");
-                    }
+                    tracing::debug!("an earlier leg of its key is open; waiting");
                     return JobOutcome::Waiting;
                 }
                 Take::Taken {
@@ -295,11 +282,6 @@ impl Worker {
                             drop(slot);
                             if lane.ordered && outcome == JobOutcome::Completed {
                                 crate::maintenance::publish_next_of_key(&inner.ctx, &job.key).await;
-                            }
-                            // Its installation's next waiting leg takes the
-                            // turn this one leaves, however it ended.
-                            if lane.fair {
-                                crate::maintenance::publish_next_fair(&inner.ctx, &job.key).await;
                             }
                             return outcome;
                         }
