@@ -423,6 +423,7 @@ async fn claim(
                 .err()
                 .map(|why| why.reason()),
             order_key: d.ordering.and_then(|o| o.key(&delivery.fields)),
+            fair: d.fair_key(&delivery.fields),
         })
         .collect();
     let request = ClaimRequest {

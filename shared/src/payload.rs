@@ -72,10 +72,12 @@ struct Head<'a> {
     issue: Option<Repository>,
     #[serde(default)]
     number: Option<Count>,
+    #[serde(default)]
+    installation: Option<Repository>,
 }
 
 /// An object's `full_name`, `id` and `number` (a repository's, a pull
-/// request's, an issue's), read leniently: a value that is not an object,
+/// request's, an issue's, an installation's id), read leniently: a value that is not an object,
 /// or a field of another type, reads as absent rather than refusing a
 /// payload ingest accepted before it read the field.
 #[derive(Default)]
@@ -183,6 +185,9 @@ pub struct Fields {
     /// `issue.number`, else the top-level `number` (which `pull_request`
     /// and `issues` events also carry).
     pub number: Option<u64>,
+    /// `installation.id`: the GitHub App installation the event is for,
+    /// what a fair destination shares its legs out by.
+    pub installation_id: Option<u64>,
 }
 
 /// Keeps a stored label short and printable: it labels logs and pages.
@@ -214,6 +219,7 @@ pub fn fields(json: &str) -> Result<Fields, PayloadError> {
         repository: repository.map(|n| label(&n, 140)).filter(|n| !n.is_empty()),
         repository_id,
         number,
+        installation_id: head.installation.and_then(|i| i.id),
     })
 }
 
@@ -284,6 +290,20 @@ mod tests {
             (f.repository_id, f.number, f.repository),
             (None, None, None)
         );
+    }
+
+    #[test]
+    fn the_installation_id_is_read_leniently() {
+        let f = fields(r#"{"installation":{"id":77,"node_id":"x"}}"#).expect("object");
+        assert_eq!(f.installation_id, Some(77));
+        for odd in [
+            r#"{"installation":{"id":"77"}}"#,
+            r#"{"installation":7}"#,
+            r#"{"installation":{"id":1e999999}}"#,
+            "{}",
+        ] {
+            assert_eq!(fields(odd).expect("object").installation_id, None, "{odd}");
+        }
     }
 
     #[test]

@@ -64,6 +64,7 @@ pub fn store_leg() -> hookinbox::deliveries::LegRequest {
         destination: store_destination(),
         filtered: None,
         order_key: None,
+        fair: None,
     }
 }
 
@@ -541,6 +542,7 @@ impl TestEnv {
                     destination: store_destination(),
                     filtered: None,
                     order_key: None,
+                    fair: None,
                 }],
             },
         )

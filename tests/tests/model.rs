@@ -382,6 +382,7 @@ impl Sut {
                                 destination: DestinationName::parse(d).expect("name"),
                                 filtered: (filter_b && *d == "b").then_some("model"),
                                 order_key: None,
+                                fair: None,
                             })
                             .collect(),
                     },

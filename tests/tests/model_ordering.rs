@@ -323,6 +323,7 @@ impl Sut {
                             destination: DestinationName::parse(DESTINATION).expect("name"),
                             filtered: None,
                             order_key: Some(key_of(leg).to_owned()),
+                            fair: None,
                         }],
                     },
                 )

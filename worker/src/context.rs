@@ -36,6 +36,12 @@ pub(crate) struct Context {
     /// Publishes dead-letter copies and scheduled retries.
     pub(crate) publisher: Publisher,
     pub(crate) topology: Topology,
+    /// The fair destinations, as `(source, destination)`, with legs
+    /// waiting for their installation's turn, as the scheduler's last wake
+    /// found them or this worker's takes made them: a leg of one of them
+    /// that ends releases its installation's next (see
+    /// `scheduler::publish_next_fair`); the others skip that statement.
+    pub(crate) fair_waiting: std::sync::RwLock<std::collections::HashSet<(String, String)>>,
 }
 
 impl Context {
@@ -52,6 +58,7 @@ impl Context {
             policy: common.policy(),
             publisher: common.publisher("hookinbox-worker"),
             topology: common.topology(),
+            fair_waiting: Default::default(),
             pool,
             config,
         })

@@ -199,6 +199,11 @@ impl Filtered {
     }
 }
 
+/// An installation's share of a fair destination's legs in flight while
+/// others wait, when neither `per_key_concurrency` nor `concurrency` is
+/// set: half the worker's default `HOOKINBOX_CONCURRENCY` (16).
+pub const DEFAULT_FAIR_CAP: i32 = 8;
+
 /// How an ordered destination keys its legs (`ordering = "…"`): per key,
 /// one leg in flight, in claim order (docs/architecture.md, "Ordered
 /// legs").
@@ -265,6 +270,15 @@ pub struct Destination {
     pub disable_after: Duration,
     /// Its legs' order per key, if ordered.
     pub ordering: Option<Ordering>,
+    /// Whether its legs are shared out fairly across installations
+    /// (`fairness`, on unless turned off; never for an ordered
+    /// destination, whose keys already take one leg at a time).
+    pub fairness: bool,
+    /// `per_key_concurrency`: a hard cap on an installation's legs in
+    /// flight; `None`: an installation keeps half the destination's
+    /// `concurrency` while another installation's legs wait, and is not
+    /// held back alone.
+    pub per_key_concurrency: Option<NonZeroU16>,
 }
 
 impl Destination {
@@ -285,7 +299,35 @@ impl Destination {
             breaker,
             disable_after: DEFAULT_DISABLE_AFTER,
             ordering: None,
+            fairness: true,
+            per_key_concurrency: None,
         }
+    }
+
+    /// A leg's installation, its share of legs in flight and whether the
+    /// share is a hard cap, when this destination is fair
+    /// (docs/architecture.md, "Fairness"): the payload's `installation.id`
+    /// ('' for none); `per_key_concurrency` as a hard cap when set, else
+    /// half the destination's `concurrency` (at least 1; [`DEFAULT_FAIR_CAP`]
+    /// when `concurrency` is not set), kept only while another
+    /// installation's legs wait.
+    pub fn fair_key(&self, fields: &crate::payload::Fields) -> Option<(String, i32, bool)> {
+        if !self.fairness || self.ordering.is_some() {
+            return None;
+        }
+        let (cap, hard) = match self.per_key_concurrency {
+            Some(cap) => (i32::from(cap.get()), true),
+            None => (
+                self.concurrency
+                    .map_or(DEFAULT_FAIR_CAP, |c| (i32::from(c.get()) / 2).max(1)),
+                false,
+            ),
+        };
+        let key = fields
+            .installation_id
+            .map(|id| id.to_string())
+            .unwrap_or_default();
+        Some((key, cap, hard))
     }
 
     /// Whether this destination takes a verified delivery; `Err` says why
@@ -336,6 +378,8 @@ pub(super) struct FileDestination {
     breaker: Option<FileBreaker>,
     disable_after: Option<String>,
     ordering: Option<String>,
+    fairness: Option<bool>,
+    per_key_concurrency: Option<u32>,
 }
 
 /// `breaker = false`, or its settings (each optional).
@@ -486,6 +530,25 @@ impl FileDestination {
                 })
             })
             .transpose()?;
+        if ordering.is_some() && self.fairness == Some(true) {
+            return Err(ConfigError::field(
+                &at("fairness"),
+                "cannot be on for an ordered destination (its keys already take one leg at a time)",
+            ));
+        }
+        let per_key_concurrency =
+            match self.per_key_concurrency {
+                None => None,
+                Some(n) => Some(u16::try_from(n).ok().and_then(NonZeroU16::new).ok_or_else(
+                    || ConfigError::field(&at("per_key_concurrency"), "must be 1 to 65535"),
+                )?),
+            };
+        if per_key_concurrency.is_some() && (ordering.is_some() || self.fairness == Some(false)) {
+            return Err(ConfigError::field(
+                &at("per_key_concurrency"),
+                "needs fairness on (and no ordering)",
+            ));
+        }
         Ok(Destination {
             name,
             kind,
@@ -497,6 +560,8 @@ impl FileDestination {
             breaker,
             disable_after,
             ordering,
+            fairness: self.fairness.unwrap_or(ordering.is_none()),
+            per_key_concurrency,
         })
     }
 }

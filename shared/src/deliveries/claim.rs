@@ -67,6 +67,10 @@ pub struct LegRequest {
     /// The leg's key, when its destination is ordered and the payload has
     /// one: the leg takes the next place in the key's claim order.
     pub order_key: Option<String>,
+    /// The leg's installation, that installation's share of legs in
+    /// flight, and whether the share is a hard cap, when its destination
+    /// is fair.
+    pub fair: Option<(String, i32, bool)>,
 }
 
 /// What a claim decided for one leg.
@@ -132,8 +136,9 @@ const COPIED_EVENT: &str = "HB200";
 /// repository, numbered by position, and `$16`–`$17` their traceparent and
 /// GitHub tenant),
 /// `$11`–`$13` their legs (the delivery's position, the destination, the
-/// filter's reason), `$14` the lease in seconds, `$15` the attempts
-/// allowed a leg that records none.
+/// filter's reason, and `$18`, `$20`–`$22` its order key, installation,
+/// share and whether it is a hard cap), `$14` the lease in seconds, `$15` the attempts
+/// allowed a leg that records none, `$19` each delivery's arrival.
 ///
 /// - `reclaimed` takes over, under new tokens, the existing legs of each
 ///   delivery that may be taken over, with the same body: of a configured
@@ -171,9 +176,12 @@ with input as (
     select i.provider, i.source, i.hook_id, i.delivery_id, l.destination, l.filter_reason,
            i.event, i.action, i.body_sha256, i.repository, i.traceparent,
            i.github_tenant, case when l.filter_reason is null then l.order_key end as order_key,
-           i.arrival
-    from unnest($11::int8[], $12::text[], $13::text[], $18::text[])
-        as l(ix, destination, filter_reason, order_key)
+           i.arrival, case when l.filter_reason is null then l.fair_key end as fair_key,
+           case when l.filter_reason is null then l.fair_cap end as fair_cap,
+           case when l.filter_reason is null then l.fair_hard end as fair_hard
+    from unnest($11::int8[], $12::text[], $13::text[], $18::text[], $20::text[], $21::int4[],
+                $22::bool[])
+        as l(ix, destination, filter_reason, order_key, fair_key, fair_cap, fair_hard)
     join input i using (ix)
 ), ordered as (
     -- Why before the insert: a key's places (`order_seq`) must follow the
@@ -237,7 +245,8 @@ with input as (
     insert into deliveries as d
         (provider, source, hook_id, delivery_id, destination, event, action, body_sha256,
          status, claim_token, lease_until, claimed_at, repository, filter_reason, completed_at,
-         traceparent, github_tenant, order_key, order_seq)
+         traceparent, github_tenant, order_key, order_seq, fair_key, fair_cap,
+         fair_hard)
     select l.provider, l.source, l.hook_id, l.delivery_id, l.destination, l.event, l.action,
            l.body_sha256,
            case when l.filter_reason is null then 'processing' else 'filtered' end,
@@ -245,7 +254,8 @@ with input as (
            case when l.filter_reason is null then now() + make_interval(secs => $14) end,
            now(), l.repository, l.filter_reason,
            case when l.filter_reason is not null then now() end,
-           l.traceparent, l.github_tenant, l.order_key, pl.seq
+           l.traceparent, l.github_tenant, l.order_key, pl.seq, l.fair_key, l.fair_cap,
+           l.fair_hard
     from legs l cross join ordered
     left join places pl using (provider, source, hook_id, delivery_id, destination)
     where not exists (
@@ -625,6 +635,9 @@ async fn claim_firsts(
     let mut leg_destination: Vec<&str> = Vec::new();
     let mut leg_filtered: Vec<Option<&str>> = Vec::new();
     let mut leg_order_key: Vec<Option<&str>> = Vec::new();
+    let mut leg_fair_key: Vec<Option<&str>> = Vec::new();
+    let mut leg_fair_cap: Vec<Option<i32>> = Vec::new();
+    let mut leg_fair_hard: Vec<Option<bool>> = Vec::new();
     for (position, &i) in order.iter().enumerate() {
         for leg in &requests[i].legs {
             // `with ordinality` numbers the deliveries from 1.
@@ -632,6 +645,9 @@ async fn claim_firsts(
             leg_destination.push(leg.destination.as_str());
             leg_filtered.push(leg.filtered);
             leg_order_key.push(leg.order_key.as_deref());
+            leg_fair_key.push(leg.fair.as_ref().map(|(k, _, _)| k.as_str()));
+            leg_fair_cap.push(leg.fair.as_ref().map(|(_, c, _)| *c));
+            leg_fair_hard.push(leg.fair.as_ref().map(|(_, _, h)| *h));
         }
     }
     let rows = sql::query(
@@ -657,6 +673,9 @@ async fn claim_firsts(
             &tenants,
             &leg_order_key,
             &arrival,
+            &leg_fair_key,
+            &leg_fair_cap,
+            &leg_fair_hard,
         ],
     )
     .await?;

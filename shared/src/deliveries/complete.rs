@@ -71,6 +71,8 @@ with done as (
     "
       and ($7::int4 is null or (attempts = $7 and attempts < $8 and not ",
     behind!("deliveries"),
+    " and not ",
+    yields!("deliveries"),
     "))
     returning provider, source, hook_id, delivery_id, destination, created_at
 ), unparked as (
@@ -188,6 +190,8 @@ with input as (
       and (i.take is null or (d.attempts = i.take and d.attempts < i.max_attempts
                               and not ",
             behind!("d"),
+            " and not ",
+            yields!("d"),
             "))
     returning d.provider, d.source, d.hook_id, d.delivery_id, d.destination, i.token,
               d.created_at

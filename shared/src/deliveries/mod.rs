@@ -7,7 +7,7 @@
 //! | [`claim`](self::claim) | ingest | `claim`, `claim_batch` (a delivery's legs; `_linked`: with the traces its request links to), `park_due`, `park_copy` |
 //! | [`take`](self::take) | worker | `take` (and the hold of a gated leg), `take_batch`, `renew`, `fence`, `release_lease` |
 //! | [`complete`](self::complete) | worker | `complete`, `complete_batch`, `store_event`, `fail`, `mark_dead_lettered` |
-//! | [`schedule`](self::schedule) | scheduler, reaper, worker | `wake_ordered`, `next_of_key`, `schedule_due`, `probe_due`, `reschedule`, `exhaust_due`, `needing_copy`, `dead_letter_unreadable`, `reap` |
+//! | [`schedule`](self::schedule) | scheduler, reaper, worker | `wake_ordered`, `next_of_key`, `wake_fair`, `next_fair`, `schedule_due`, `probe_due`, `reschedule`, `exhaust_due`, `needing_copy`, `dead_letter_unreadable`, `reap` |
 //! | [`retention`](self::retention) | sweeper, operators | `sweep`, `purge` |
 //! | [`delivery`](self::delivery) | every caller | `Delivery`, `DeadLetter`, `get` (reads only) |
 //! | [`state`](self::state) | operators, the sampler | `State`: the operator's words for a row, `of` a row and `predicate` for a statement |
@@ -226,6 +226,56 @@ macro_rules! behind {
             $t,
             ".order_seq and o.order_key is not null and o.status in ('processing', 'failed') \
              and o.order_skipped_at is null))"
+        )
+    };
+}
+
+/// The fairness gate on a leg `$t` (docs/architecture.md, "Fairness"): its
+/// destination is fair, its installation already has `fair_cap` legs in
+/// flight (taken, or published again for a retry) besides this one, and
+/// another installation's leg is waiting for its take (or the cap is
+/// hard: an explicit `per_key_concurrency`). Such a leg yields: it waits
+/// in Postgres until one of its installation's legs ends, and the legs of
+/// installations under their share go first. Without a hard cap a lone
+/// installation is never held back. Shared by [`take`], [`take_batch`],
+/// the one-statement completions, the wait and the scheduler's wake.
+/// Each part reads one partial index of migration 17.
+macro_rules! yields {
+    ($t:literal) => {
+        concat!(
+            "(",
+            $t,
+            ".fair_key is not null and (select count(*) from (select 1 from deliveries f \
+             where f.source = ",
+            $t,
+            ".source and f.destination = ",
+            $t,
+            ".destination and f.fair_key = ",
+            $t,
+            ".fair_key and f.fair_key is not null and f.status = 'processing' \
+             and f.attempts > 0 and f.ctid <> ",
+            $t,
+            ".ctid limit ",
+            $t,
+            ".fair_cap) r) >= ",
+            $t,
+            ".fair_cap and (",
+            $t,
+            ".fair_hard or exists (select 1 from deliveries q where q.source = ",
+            $t,
+            ".source and q.destination = ",
+            $t,
+            ".destination and q.fair_key is not null and q.status = 'processing' \
+             and q.attempts = 0 and q.fair_key < ",
+            $t,
+            ".fair_key) or exists (select 1 from deliveries q where q.source = ",
+            $t,
+            ".source and q.destination = ",
+            $t,
+            ".destination and q.fair_key is not null and q.status = 'processing' \
+             and q.attempts = 0 and q.fair_key > ",
+            $t,
+            ".fair_key)))"
         )
     };
 }
@@ -471,8 +521,8 @@ pub use parked::{Parked, ParkedBody, Unreadable};
 pub use reconcile::{Held, ReconcilerState, held, reconciler_states};
 pub use retention::{Retention, Swept, purge, sweep};
 pub use schedule::{
-    dead_letter_unreadable, exhaust_due, needing_copy, next_of_key, probe_due, reap, reschedule,
-    schedule_due, wake_ordered,
+    dead_letter_unreadable, exhaust_due, needing_copy, next_fair, next_of_key, probe_due, reap,
+    reschedule, schedule_due, wake_fair, wake_ordered,
 };
 pub use state::{FAILED, State};
 pub use take::{Take, Taking, fence, release_lease, renew, take, take_batch};
@@ -585,6 +635,10 @@ pub enum ErrorClass {
     /// Waiting behind an earlier open leg of its key (an ordered
     /// destination): no attempt spent, due once it is its key's first.
     Ordered,
+    /// Yielded its installation's turn on a fair destination (its
+    /// installation had its share in flight while another's legs waited):
+    /// no attempt spent, due once one of its installation's legs ends.
+    Fair,
 }
 
 impl ErrorClass {
@@ -603,11 +657,12 @@ impl ErrorClass {
             Self::Deferred => "deferred",
             Self::DeferredTooLong => "deferred_too_long",
             Self::Ordered => "ordered",
+            Self::Fair => "fair",
         }
     }
 
     /// Every class, in the order above.
-    pub const ALL: [Self; 12] = [
+    pub const ALL: [Self; 13] = [
         Self::Transient,
         Self::Permanent,
         Self::Timeout,
@@ -620,6 +675,7 @@ impl ErrorClass {
         Self::Deferred,
         Self::DeferredTooLong,
         Self::Ordered,
+        Self::Fair,
     ];
 }
 

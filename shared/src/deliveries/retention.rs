@@ -40,11 +40,13 @@ const SWEEP_COMPLETED: &str = sweep!("deliveries", "completed_at", " and status 
 const SWEEP_FILTERED: &str = sweep!("deliveries", "completed_at", " and status = 'filtered'");
 /// A leg waiting behind its ordered key is not swept: its wait began when
 /// it met the key's first leg, and may be older than that leg's own
-/// failure; it goes when its key reaches it.
+/// failure; it goes when its key reaches it. Nor is a leg waiting for its
+/// installation's turn on a fair destination: it goes when its turn comes.
 const SWEEP_FAILED: &str = sweep!(
     "deliveries",
     "failed_at",
-    " and status = 'failed' and last_error_class is distinct from 'ordered'"
+    " and status = 'failed' and last_error_class is distinct from 'ordered' \
+     and last_error_class is distinct from 'fair'"
 );
 const SWEEP_SEEN_BODIES: &str = sweep!("seen_bodies", "seen_at", "");
 const SWEEP_EVENTS: &str = sweep!("github_events", "received_at", "");

@@ -70,10 +70,12 @@ with due as (
           -- A deferred leg goes no earlier than the time it asked for.
           and not (d.last_error_class = 'deferred' and d.next_attempt_at > now())
           -- A leg behind an open leg of its ordered key is not the one to
-          -- probe with (its take would only wait); its key's first is.
+          -- probe with (its take would only wait); its key's first is. Nor
+          -- is a leg that yielded its installation's turn.
           and not ",
     behind!("d"),
     "
+          and d.last_error_class is distinct from 'fair'
         order by d.next_attempt_at
         limit 1
         for update of d skip locked
@@ -200,6 +202,108 @@ pub async fn next_of_key(
     key: &LegKey,
 ) -> Result<Option<Result<Parked, Unreadable>>, DbError> {
     let row = super::query_opt(client, NEXT_OF_KEY, key, &[&secs(policy.lease)]).await?;
+    Ok(row.as_ref().map(parked))
+}
+
+/// The wake of fair destinations' waiting legs (docs/architecture.md,
+/// "Fairness"): per installation with legs waiting (class `fair`, not
+/// due), its oldest becomes due now, unless it would only yield again
+/// (the take's own gate, `yields!`); the same pass's [`schedule_due`]
+/// publishes it. The way back for a leg whose installation's legs all
+/// ended without releasing it ([`next_fair`] is the fast way). Returns
+/// the destinations that have legs waiting, so the workers know to
+/// release them as legs end. `materialized` and `skip locked` as
+/// [`WAKE`].
+const WAKE_FAIR: &str = concat!(
+    "
+with heads as materialized (
+    select distinct on (source, destination, fair_key)
+           provider, source, hook_id, delivery_id, destination
+    from deliveries
+    where fair_key is not null and status = 'failed' and last_error_class = 'fair'
+    order by source, destination, fair_key, failed_at
+), woken as (
+    select d.provider, d.source, d.hook_id, d.delivery_id, d.destination
+    from heads h
+    join deliveries d using (provider, source, hook_id, delivery_id, destination)
+    where d.next_attempt_at is null and not ",
+    yields!("d"),
+    "
+    order by d.provider, d.source, d.hook_id, d.delivery_id, d.destination
+    for update of d skip locked
+), moved as (
+    update deliveries d
+    set next_attempt_at = now()
+    from woken w
+    where d.provider = w.provider and d.source = w.source and d.hook_id = w.hook_id
+      and d.delivery_id = w.delivery_id and d.destination = w.destination
+      and d.status = 'failed' and d.retryable and d.last_error_class = 'fair'
+      and d.next_attempt_at is null
+)
+select distinct source, destination from heads"
+);
+
+/// Makes each fair destination's waiting installations' oldest legs due
+/// when their turn has come (see [`WAKE_FAIR`]); returns the destinations,
+/// as `(source, destination)`, that had legs waiting.
+pub async fn wake_fair(client: &impl Session) -> Result<Vec<(String, String)>, DbError> {
+    let rows = sql::query(client, WAKE_FAIR, &[]).await?;
+    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+}
+
+/// The next leg of the installation of the fair leg `$1`–`$5`, which just
+/// ended: its oldest leg waiting for its turn, moved to `processing` under
+/// a new token (its destination closed), with its parked body to publish.
+/// One statement on that installation's waiting legs alone.
+const NEXT_FAIR: &str = concat!(
+    "
+with done as (
+    select source, destination, fair_key from deliveries
+    where ",
+    key!(),
+    " and fair_key is not null
+), head as (
+    select d.provider, d.source, d.hook_id, d.delivery_id, d.destination
+    from done k
+    join deliveries d
+      on d.source = k.source and d.destination = k.destination and d.fair_key = k.fair_key
+    where d.fair_key is not null and d.status = 'failed' and d.last_error_class = 'fair'
+    order by d.failed_at
+    limit 1
+    for update of d skip locked
+), moved as (
+    update deliveries d
+    set ",
+    to_processing!("$6"),
+    "
+    from head h
+    where d.provider = h.provider and d.source = h.source and d.hook_id = h.hook_id
+      and d.delivery_id = h.delivery_id and d.destination = h.destination
+      and d.status = 'failed' and d.retryable and d.last_error_class = 'fair'
+      and not exists (select 1 from destinations x
+                      where x.source = d.source and x.name = d.destination
+                        and x.state <> 'closed')
+    returning d.provider, d.source, d.hook_id, d.delivery_id, d.destination, d.event,
+              d.action, d.claim_token, d.attempts, d.traceparent
+)
+select m.provider, m.source, m.hook_id, m.delivery_id, m.destination, m.event, m.action,
+       m.claim_token, m.attempts, p.content_type, p.headers, p.body, m.traceparent
+from moved m
+join parked_bodies p using (provider, source, hook_id, delivery_id, destination)"
+);
+
+/// After a fair leg `key` ended (completed, failed or due to retry): moves
+/// its installation's oldest waiting leg, if any, to `processing` and
+/// returns it for the caller to publish (and to put back with
+/// [`reschedule`] if the publish fails): the slot it freed is its own
+/// installation's. The scheduler's [`wake_fair`] is the way back for any
+/// leg this misses.
+pub async fn next_fair(
+    client: &impl Session,
+    policy: &Policy,
+    key: &LegKey,
+) -> Result<Option<Result<Parked, Unreadable>>, DbError> {
+    let row = super::query_opt(client, NEXT_FAIR, key, &[&secs(policy.lease)]).await?;
     Ok(row.as_ref().map(parked))
 }
 

@@ -138,6 +138,9 @@ where ",
   and not ",
     behind!("d"),
     "
+  and not ",
+    yields!("d"),
+    "
 returning d.attempts, prev.claim_token <> $6 and d.last_error_class is distinct from 'lost',
           d.created_at, ",
     is_probe!("d", "$6"),
@@ -198,26 +201,32 @@ with moved as (
 select 1 from moved"
 );
 
-/// A leg behind an open leg of its key, while it is ours to take: waits,
-/// failed and retryable with class `ordered`, not due (`next_attempt_at`
-/// null: the scheduler's wake makes it due when it is its key's first open
-/// leg), no attempt spent, its body parked, in one statement.
+/// A leg behind an open leg of its key, or one that yields its
+/// installation's turn on a fair destination, while it is ours to take:
+/// waits, failed and retryable with class `ordered` (or `fair`), not due
+/// (`next_attempt_at` null: the scheduler's wake makes it due when it is
+/// its key's first open leg, or its installation's turn), no attempt
+/// spent, its body parked, in one statement.
 const WAIT: &str = concat!(
     "
 with moved as (
     update deliveries d
     set status = 'failed', retryable = true, next_attempt_at = null, failed_at = now(),
-        last_error_class = 'ordered',
-        last_error = 'waiting for an earlier leg of its key'
+        last_error_class = case when d.order_key is not null then 'ordered' else 'fair' end,
+        last_error = case when d.order_key is not null
+                          then 'waiting for an earlier leg of its key'
+                          else 'waiting: its installation has its share of legs in flight' end
     where ",
     key!("d"),
     "
       and ",
     takeable!("d", "$6"),
     "
-      and ",
+      and (",
     behind!("d"),
-    "
+    " or ",
+    yields!("d"),
+    ")
     returning provider, source, hook_id, delivery_id, destination
 ), ",
     park_moved!(7, 8, 9),
@@ -376,6 +385,9 @@ where d.provider = i.provider and d.source = i.source and d.hook_id = i.hook_id
     "
   and not ",
     behind!("d"),
+    "
+  and not ",
+    yields!("d"),
     "
 returning d.provider, d.source, d.hook_id, d.delivery_id, d.destination, d.attempts,
           p.prev_token <> i.presented and d.last_error_class is distinct from 'lost',

@@ -98,6 +98,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "0016_ordering.sql",
         sql: include_str!("../../migrations/0016_ordering.sql"),
     },
+    Migration {
+        version: 17,
+        name: "0017_fairness.sql",
+        sql: include_str!("../../migrations/0017_fairness.sql"),
+    },
 ];
 
 /// Applies every pending migration and returns how many it applied.

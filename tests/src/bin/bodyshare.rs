@@ -263,6 +263,7 @@ async fn postgres(
                     destination: hookinbox_tests::store_destination(),
                     filtered: None,
                     order_key: None,
+                    fair: None,
                 }],
             })
             .collect();

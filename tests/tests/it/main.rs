@@ -16,6 +16,7 @@ mod custom_handler_example;
 mod deferrals;
 mod destinations;
 mod egress;
+mod fairness;
 mod forward_secrets;
 mod forward_tls;
 mod github_corpus;

@@ -377,6 +377,7 @@ fn ordered_request(id: &str, key: &str) -> hookinbox::deliveries::ClaimRequest {
             destination: DestinationName::parse("ci").expect("name"),
             filtered: None,
             order_key: Some(key.to_owned()),
+            fair: None,
         }],
     }
 }

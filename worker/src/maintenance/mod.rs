@@ -16,7 +16,7 @@ mod sampler;
 mod scheduler;
 
 pub(crate) use retention::{reap_once, sweep};
-pub(crate) use scheduler::{publish_next_of_key, schedule_once};
+pub(crate) use scheduler::{publish_next_fair, publish_next_of_key, schedule_once};
 
 /// How often the leader samples the state gauges.
 const SAMPLE_EVERY: Duration = Duration::from_secs(10);

@@ -29,6 +29,10 @@ pub(crate) async fn schedule_once(ctx: &Context) -> Result<usize, RuntimeError> 
     deliveries::exhaust_due(&client, &ctx.policy, SCHEDULE_BATCH).await?;
     // Before the pick: a key's next leg, woken here, goes out in this pass.
     deliveries::wake_ordered(&client).await?;
+    let waiting = deliveries::wake_fair(&client).await?;
+    if let Ok(mut known) = ctx.fair_waiting.write() {
+        *known = waiting.into_iter().collect();
+    }
     let due = deliveries::schedule_due(&client, &ctx.policy, SCHEDULE_BATCH).await?;
     // Breakers: destinations open too long are disabled; each open one
     // whose pause is over gets its probe, published like a retry.
@@ -141,6 +145,43 @@ pub(crate) async fn publish_next_of_key(ctx: &Context, key: &hookinbox::LegKey) 
         Ok(client) => deliveries::next_of_key(&client, &ctx.policy, key).await,
         Err(e) => Err(DbError::from(e)),
     };
+    publish_next(ctx, next).await;
+}
+
+/// After a leg of a fair destination with legs waiting ended: publishes its
+/// installation's oldest waiting leg, if any (see `deliveries::next_fair`);
+/// when none waits, forgets the destination until the scheduler or a take
+/// sees legs waiting again.
+pub(crate) async fn publish_next_fair(ctx: &Context, key: &hookinbox::LegKey) {
+    let pair = (
+        key.source.as_str().to_owned(),
+        key.destination.as_str().to_owned(),
+    );
+    if !ctx
+        .fair_waiting
+        .read()
+        .is_ok_and(|known| known.contains(&pair))
+    {
+        return;
+    }
+    let next = match ctx.pool.get().await {
+        Ok(client) => deliveries::next_fair(&client, &ctx.policy, key).await,
+        Err(e) => Err(DbError::from(e)),
+    };
+    if matches!(next, Ok(None))
+        && let Ok(mut known) = ctx.fair_waiting.write()
+    {
+        known.remove(&pair);
+    }
+    publish_next(ctx, next).await;
+}
+
+/// Publishes the leg [`publish_next_of_key`] or [`publish_next_fair`]
+/// moved to `processing`, putting it back as due if the publish fails.
+async fn publish_next(
+    ctx: &Context,
+    next: Result<Option<Result<deliveries::Parked, deliveries::Unreadable>>, DbError>,
+) {
     let parked = match next {
         Ok(Some(parked)) => parked,
         Ok(None) => return,

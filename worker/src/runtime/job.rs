@@ -169,6 +169,9 @@ impl Worker {
         if !received.redelivered
             && let Some(outcome) = self.fused(job, stop).await
         {
+            if lane.fair {
+                crate::maintenance::publish_next_fair(&inner.ctx, &job.key).await;
+            }
             return outcome;
         }
         // The destination's pace, before the take: waiting for it is not
@@ -230,7 +233,17 @@ impl Worker {
                     return JobOutcome::Held;
                 }
                 Take::Waiting => {
-                    tracing::debug!("an earlier leg of its key is open; waiting");
+                    if lane.fair {
+                        tracing::debug!("its installation has its share in flight; waiting");
+                        if let Ok(mut known) = inner.ctx.fair_waiting.write() {
+                            known.insert((
+                                job.key.source.as_str().to_owned(),
+                                job.key.destination.as_str().to_owned(),
+                            ));
+                        }
+                    } else {
+                        tracing::debug!("an earlier leg of its key is open; waiting");
+                    }
                     return JobOutcome::Waiting;
                 }
                 Take::Taken {
@@ -282,6 +295,11 @@ impl Worker {
                             drop(slot);
                             if lane.ordered && outcome == JobOutcome::Completed {
                                 crate::maintenance::publish_next_of_key(&inner.ctx, &job.key).await;
+                            }
+                            // Its installation's next waiting leg takes the
+                            // turn this one leaves, however it ended.
+                            if lane.fair {
+                                crate::maintenance::publish_next_fair(&inner.ctx, &job.key).await;
                             }
                             return outcome;
                         }

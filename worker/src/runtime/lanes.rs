@@ -56,6 +56,9 @@ pub(crate) struct Lane {
     /// Whether the destination orders its legs per key: a leg that ends
     /// wakes the scheduler, whose next pass makes the key's next leg due.
     pub(crate) ordered: bool,
+    /// Whether the destination shares its legs out fairly across
+    /// installations: a leg that ends may release its installation's next.
+    pub(crate) fair: bool,
 }
 
 impl Lane {
@@ -113,6 +116,7 @@ impl Lanes {
                     window_counted: tokio::sync::Mutex::new(None),
                     failures_in_row: AtomicU32::new(0),
                     ordered: d.ordering.is_some(),
+                    fair: d.fairness && d.ordering.is_none(),
                     consumed: config.consumes.as_ref().is_none_or(|chosen| {
                         chosen.contains(&(route.source.clone(), d.name.clone()))
                     }),
@@ -133,6 +137,7 @@ impl Lanes {
             window_counted: tokio::sync::Mutex::new(None),
             failures_in_row: AtomicU32::new(0),
             ordered: false,
+            fair: false,
         });
         let by_name = lanes
             .iter()

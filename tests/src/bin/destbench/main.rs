@@ -13,6 +13,9 @@
 //!   compared with a run of A alone.
 //! - `defer`: a destination rate-limited until a reset ahead (`429` with
 //!   `Retry-After`): deferrals spend no attempt.
+//! - `fairness`: installation A floods a slow destination while B sends a
+//!   few deliveries a second: B's latency alone, beside the flood with
+//!   fairness on, and with it off.
 //! - `fanout`: one source forwarding to 1, 3 and 10 destinations: CPU µs
 //!   per leg of each process at a fixed rate, and the highest rate whose
 //!   legs all keep up (S).
@@ -31,6 +34,7 @@ use clap::{Parser, Subcommand};
 use hdrhistogram::Histogram;
 use hookinbox_tests::{Hook, SECRET, Spawned, TestEnv};
 
+mod fairness;
 mod fanout;
 
 #[derive(Parser)]
@@ -99,6 +103,28 @@ enum Scenario {
         #[arg(long, default_value_t = 60)]
         reset_secs: u64,
     },
+    /// Installation A floods a slow destination while installation B
+    /// sends a few deliveries a second.
+    Fairness {
+        /// A's deliveries.
+        #[arg(long, default_value_t = 50_000)]
+        flood: usize,
+        /// A's deliveries per second.
+        #[arg(long, default_value_t = 500)]
+        flood_rate: u32,
+        /// B's deliveries.
+        #[arg(long, default_value_t = 100)]
+        other: usize,
+        /// B's deliveries per second.
+        #[arg(long, default_value_t = 1)]
+        other_rate: u32,
+        /// How long the destination takes to answer.
+        #[arg(long, default_value_t = 40)]
+        slow_ms: u64,
+        /// The destination's `concurrency`.
+        #[arg(long, default_value_t = 8)]
+        concurrency: u16,
+    },
     /// One source forwarding every delivery to N destinations (one local
     /// receiver): CPU per leg at a fixed rate, then S.
     Fanout {
@@ -140,6 +166,24 @@ async fn main() -> anyhow::Result<()> {
             deliveries,
             reset_secs,
         } => defer(deliveries, Duration::from_secs(reset_secs)).await,
+        Scenario::Fairness {
+            flood,
+            flood_rate,
+            other,
+            other_rate,
+            slow_ms,
+            concurrency,
+        } => {
+            fairness::fairness(fairness::Plan {
+                flood,
+                flood_rate,
+                other,
+                other_rate,
+                slow_ms,
+                concurrency,
+            })
+            .await
+        }
         Scenario::Fanout {
             destinations,
             rate,

@@ -1,0 +1,174 @@
+//! `fairness`: installation A floods a slow destination while installation
+//! B sends a few deliveries a second; B's end-to-end latency (send to the
+//! receiver's first request) alone, beside A's flood with fairness on,
+//! and beside it with fairness off, from one run of this tool.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+use futures::StreamExt;
+use hdrhistogram::Histogram;
+
+use super::{Mode, Sink, Stack, about, ms, one_forward};
+
+/// What one run is asked to do.
+#[derive(Clone, Copy)]
+pub(super) struct Plan {
+    /// A's deliveries (0: B alone).
+    pub(super) flood: usize,
+    /// A's deliveries per second.
+    pub(super) flood_rate: u32,
+    /// B's deliveries.
+    pub(super) other: usize,
+    /// B's deliveries per second.
+    pub(super) other_rate: u32,
+    /// How long the receiver takes to answer.
+    pub(super) slow_ms: u64,
+    /// The destination's `concurrency`.
+    pub(super) concurrency: u16,
+}
+
+/// What one run saw of B, and of A meanwhile.
+struct Run {
+    b: Histogram<u64>,
+    b_arrived: usize,
+    b_twice: usize,
+    a_sent: usize,
+    a_arrived_meanwhile: usize,
+    yielded: i64,
+}
+
+/// Sends A's flood at its rate (in the background) and B's deliveries at
+/// theirs; when B's have all arrived, notes what arrived of A and stops.
+async fn run(plan: Plan, fairness: bool) -> anyhow::Result<Run> {
+    let sink = Sink::start(Mode::Slow(plan.slow_ms)).await;
+    let config = one_forward(
+        &sink,
+        &format!(
+            "concurrency = {}\ntimeout_ms = 30000\nbreaker = false\nfairness = {fairness}\n",
+            plan.concurrency
+        ),
+    );
+    let stack = Arc::new(Stack::start(&config, &[]).await?);
+    let flood = tokio::spawn({
+        let stack = stack.clone();
+        async move {
+            let period = Duration::from_secs(1) / plan.flood_rate.max(1);
+            let start = tokio::time::Instant::now();
+            futures::stream::iter(0..plan.flood)
+                .map(|i| {
+                    let stack = stack.clone();
+                    async move {
+                        tokio::time::sleep_until(start + period * i as u32).await;
+                        let hook = about("default", "push", "none", "acme/flood", 1);
+                        matches!(stack.send(&hook).await, Ok(202))
+                    }
+                })
+                .buffer_unordered(64)
+                .filter(|ok| std::future::ready(*ok))
+                .count()
+                .await
+        }
+    });
+    // B starts once A's backlog has begun to build.
+    if plan.flood > 0 {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    let period = Duration::from_secs(1) / plan.other_rate.max(1);
+    let start = tokio::time::Instant::now();
+    let mut sent_at: HashMap<String, Instant> = HashMap::new();
+    for i in 0..plan.other {
+        tokio::time::sleep_until(start + period * i as u32).await;
+        let hook = about("default", "push", "none", "acme/other", 2);
+        let sent = Instant::now();
+        if stack.send(&hook).await? == 202 {
+            sent_at.insert(hook.id().to_owned(), sent);
+        }
+    }
+    let arrived = |seen: &[super::Seen]| {
+        seen.iter()
+            .filter(|s| sent_at.contains_key(&s.delivery))
+            .map(|s| s.delivery.clone())
+            .collect::<std::collections::HashSet<_>>()
+            .len()
+    };
+    super::wait_for(Duration::from_secs(600), || async {
+        arrived(&sink.seen()) >= sent_at.len()
+    })
+    .await;
+    let seen = sink.seen();
+    let mut b = Histogram::<u64>::new(3)?;
+    let mut first: HashMap<&str, Instant> = HashMap::new();
+    let mut b_requests = 0usize;
+    for s in &seen {
+        if sent_at.contains_key(&s.delivery) {
+            b_requests += 1;
+            first.entry(s.delivery.as_str()).or_insert(s.at);
+        }
+    }
+    for (id, at) in &first {
+        b.record(at.saturating_duration_since(sent_at[*id]).as_micros() as u64)?;
+    }
+    let a_arrived_meanwhile = seen.len() - b_requests;
+    let yielded = stack
+        .count("select count(*) from deliveries where last_error_class = 'fair'")
+        .await;
+    flood.abort();
+    let _ = flood.await;
+    let a_sent = plan.flood;
+    let Ok(stack) = Arc::try_unwrap(stack) else {
+        bail!("the stack is still shared");
+    };
+    stack.stop().await;
+    Ok(Run {
+        b,
+        b_arrived: first.len(),
+        b_twice: b_requests - first.len(),
+        a_sent,
+        a_arrived_meanwhile,
+        yielded,
+    })
+}
+
+/// B alone, B beside A's flood with fairness on, and with it off.
+pub(super) async fn fairness(plan: Plan) -> anyhow::Result<()> {
+    let alone = run(Plan { flood: 0, ..plan }, true).await?;
+    let on = run(plan, true).await?;
+    let off = run(plan, false).await?;
+    let p = |h: &Histogram<u64>, q: f64| Duration::from_micros(h.value_at_quantile(q));
+    let base = p(&alone.b, 0.99).as_secs_f64().max(1e-6);
+    println!(
+        "A floods {} deliveries at {}/s to a destination answering in {} ms, {} at once; B sends {} at {}/s.\n",
+        plan.flood, plan.flood_rate, plan.slow_ms, plan.concurrency, plan.other, plan.other_rate
+    );
+    println!(
+        "| B's end-to-end (send to receipt), ms | p50 | p99 | max | p99 / alone | B arrived (twice) | A's legs arrived meanwhile | A's legs waiting for their turn at the end |\n|---|---|---|---|---|---|---|---|"
+    );
+    for (name, r) in [
+        ("B alone", &alone),
+        ("beside A's flood, fairness on", &on),
+        ("beside A's flood, fairness off", &off),
+    ] {
+        println!(
+            "| {name} | {} | {} | {} | {:.2} | {} ({}) | {} of {} | {} |",
+            ms(p(&r.b, 0.5)),
+            ms(p(&r.b, 0.99)),
+            ms(Duration::from_micros(r.b.max())),
+            p(&r.b, 0.99).as_secs_f64() / base,
+            r.b_arrived,
+            r.b_twice,
+            r.a_arrived_meanwhile,
+            r.a_sent,
+            r.yielded,
+        );
+    }
+    if [&alone, &on, &off]
+        .iter()
+        .any(|r| r.b_arrived < plan.other || r.b_twice > 0)
+    {
+        bail!("some of B's deliveries did not arrive, or arrived twice");
+    }
+    Ok(())
+}

@@ -1,0 +1,129 @@
+//! Fairness: while one installation floods a slow destination, another
+//! installation's legs do not wait behind the flood; the flood's legs that
+//! yield their turn spend no attempt and are not lost. With fairness off,
+//! the same run leaves the second installation behind the whole flood.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use hookinbox_tests::receiver::{Receiver, Reply};
+use hookinbox_tests::{Hook, SECRET, TestEnv, wait_until};
+
+/// The flooding installation's legs, and the other's.
+const FLOOD: usize = 150;
+const OTHER: usize = 5;
+
+fn event(installation: u64, n: usize) -> Hook {
+    Hook::new(
+        "issues",
+        format!(
+            r#"{{"action":"edited","installation":{{"id":{installation}}},"repository":{{"id":{installation},"full_name":"acme/i{installation}"}},"n":{n}}}"#
+        ),
+    )
+}
+
+/// Queues a flood of the first installation's legs for a destination (two
+/// legs at once, 100 ms each), then the second's behind it, then starts a
+/// worker; returns how many of the flood's legs had completed when the
+/// second installation's last did.
+async fn flood_then_other(fairness: bool) -> usize {
+    let env = TestEnv::new().await;
+    let receiver = Receiver::start(|_, _| Reply {
+        delay: Duration::from_millis(100),
+        ..Reply::status(200)
+    })
+    .await;
+    let config = env.config_file(&format!(
+        r#"[[sources]]
+name = "default"
+secrets = ["{SECRET}"]
+[[sources.destinations]]
+name = "slow"
+kind = "forward"
+url = "{}"
+timeout_ms = 10000
+concurrency = 2
+breaker = false
+fairness = {fairness}
+"#,
+        receiver.url
+    ));
+    let ingest = env.ingest_on(&config).await;
+
+    let flood: Vec<Hook> = (0..FLOOD).map(|n| event(1, n)).collect();
+    let answers = futures::stream::iter(flood.iter())
+        .map(|hook| ingest.send(hook))
+        .buffer_unordered(16)
+        .collect::<Vec<_>>()
+        .await;
+    assert!(answers.iter().all(|a| a.status == 202), "the flood taken");
+    for n in 0..OTHER {
+        assert_eq!(ingest.send(&event(2, n)).await.status, 202);
+    }
+    // The worker starts on the whole backlog: the flood first in the
+    // queue, the other installation's legs behind it.
+    let worker = env.worker_on(&config, Default::default()).await;
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move { worker.run(shutdown).await }
+    });
+
+    wait_until(
+        "every leg to complete",
+        Duration::from_secs(120),
+        || async {
+            env.count("select count(*) from deliveries where status <> 'completed'")
+                .await
+                == 0
+        },
+    )
+    .await;
+    shutdown.cancel();
+    running.await.expect("joins").expect("stops cleanly");
+
+    assert_eq!(
+        env.count("select count(*) from deliveries").await,
+        (FLOOD + OTHER) as i64,
+        "every leg claimed"
+    );
+    assert_eq!(
+        env.count("select count(*) from deliveries where attempts <> 1")
+            .await,
+        0,
+        "a leg that yielded its turn spent no attempt"
+    );
+    let requests = receiver.received();
+    assert_eq!(requests.len(), FLOOD + OTHER, "each leg sent once");
+    assert_eq!(
+        env.count("select count(*) from parked_bodies").await,
+        0,
+        "no body left behind"
+    );
+    env.count(
+        "select count(*) from deliveries \
+         where repository = 'acme/i1' and completed_at < \
+               (select max(completed_at) from deliveries where repository = 'acme/i2')",
+    )
+    .await as usize
+}
+
+#[tokio::test]
+async fn a_flooding_installation_does_not_hold_back_another_and_its_yielded_legs_all_complete() {
+    let before = flood_then_other(true).await;
+    eprintln!("fairness on: the other installation finished behind {before} of {FLOOD}");
+    assert!(
+        before < FLOOD / 2,
+        "the other installation finished behind {before} of the flood's {FLOOD} legs"
+    );
+}
+
+#[tokio::test]
+async fn with_fairness_off_another_installation_waits_behind_the_flood() {
+    let before = flood_then_other(false).await;
+    eprintln!("fairness off: the other installation finished behind {before} of {FLOOD}");
+    assert!(
+        before > FLOOD * 3 / 4,
+        "with fairness off the other installation finished behind only {before} of {FLOOD}"
+    );
+}
