@@ -271,7 +271,7 @@ pub struct Destination {
     /// Its legs' order per key, if ordered.
     pub ordering: Option<Ordering>,
     /// Whether its legs are shared out fairly across installations
-    /// (`fairness`, on unless turned off; never for an ordered
+    /// (`fairness = true`; off by default, and never for an ordered
     /// destination, whose keys already take one leg at a time).
     pub fairness: bool,
     /// `per_key_concurrency`: a hard cap on an installation's legs in
@@ -299,7 +299,7 @@ impl Destination {
             breaker,
             disable_after: DEFAULT_DISABLE_AFTER,
             ordering: None,
-            fairness: true,
+            fairness: false,
             per_key_concurrency: None,
         }
     }
@@ -543,10 +543,10 @@ impl FileDestination {
                     || ConfigError::field(&at("per_key_concurrency"), "must be 1 to 65535"),
                 )?),
             };
-        if per_key_concurrency.is_some() && (ordering.is_some() || self.fairness == Some(false)) {
+        if per_key_concurrency.is_some() && (ordering.is_some() || self.fairness != Some(true)) {
             return Err(ConfigError::field(
                 &at("per_key_concurrency"),
-                "needs fairness on (and no ordering)",
+                "needs fairness = true (and no ordering)",
             ));
         }
         Ok(Destination {
@@ -560,7 +560,7 @@ impl FileDestination {
             breaker,
             disable_after,
             ordering,
-            fairness: self.fairness.unwrap_or(ordering.is_none()),
+            fairness: self.fairness.unwrap_or(false),
             per_key_concurrency,
         })
     }

@@ -567,6 +567,18 @@ breaker = false
                 "sources[0].destinations[0].ordering",
             ),
             (
+                "name = \"x\"\nkind = \"store\"\nordering = \"repository\"\nfairness = true\n",
+                "sources[0].destinations[0].fairness",
+            ),
+            (
+                "name = \"x\"\nkind = \"store\"\nper_key_concurrency = 2\n",
+                "sources[0].destinations[0].per_key_concurrency",
+            ),
+            (
+                "name = \"x\"\nkind = \"store\"\nfairness = true\nper_key_concurrency = 0\n",
+                "sources[0].destinations[0].per_key_concurrency",
+            ),
+            (
                 "name = \"x\"\nkind = \"store\"\nretry = []\n",
                 "sources[0].destinations[0].retry",
             ),

@@ -70,12 +70,10 @@ with due as (
           -- A deferred leg goes no earlier than the time it asked for.
           and not (d.last_error_class = 'deferred' and d.next_attempt_at > now())
           -- A leg behind an open leg of its ordered key is not the one to
-          -- probe with (its take would only wait); its key's first is. Nor
-          -- is a leg that yielded its installation's turn.
+          -- probe with (its take would only wait); its key's first is.
           and not ",
     behind!("d"),
     "
-          and d.last_error_class is distinct from 'fair'
         order by d.next_attempt_at
         limit 1
         for update of d skip locked

@@ -211,7 +211,12 @@ const WAIT: &str = concat!(
     "
 with moved as (
     update deliveries d
-    set status = 'failed', retryable = true, next_attempt_at = null, failed_at = now(),
+    set status = 'failed', retryable = true, next_attempt_at = null,
+        -- A fair leg that yields again keeps the start of its first wait:
+        -- its installation's releases go oldest first, so it is not sent
+        -- to the back each time a fresh leg took the turn it was given.
+        failed_at = case when d.order_key is null and d.last_error_class = 'fair'
+                         then coalesce(d.failed_at, now()) else now() end,
         last_error_class = case when d.order_key is not null then 'ordered' else 'fair' end,
         last_error = case when d.order_key is not null
                           then 'waiting for an earlier leg of its key'

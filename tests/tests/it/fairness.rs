@@ -100,12 +100,15 @@ fairness = {fairness}
         0,
         "no body left behind"
     );
-    env.count(
-        "select count(*) from deliveries \
-         where repository = 'acme/i1' and completed_at < \
-               (select max(completed_at) from deliveries where repository = 'acme/i2')",
-    )
-    .await as usize
+    let before = env
+        .count(
+            "select count(*) from deliveries \
+             where repository = 'acme/i1' and completed_at < \
+                   (select max(completed_at) from deliveries where repository = 'acme/i2')",
+        )
+        .await as usize;
+    env.cleanup().await;
+    before
 }
 
 #[tokio::test]

@@ -29,9 +29,15 @@ pub(crate) async fn schedule_once(ctx: &Context) -> Result<usize, RuntimeError> 
     deliveries::exhaust_due(&client, &ctx.policy, SCHEDULE_BATCH).await?;
     // Before the pick: a key's next leg, woken here, goes out in this pass.
     deliveries::wake_ordered(&client).await?;
-    let waiting = deliveries::wake_fair(&client).await?;
-    if let Ok(mut known) = ctx.fair_waiting.write() {
-        *known = waiting.into_iter().collect();
+    // Not with `?`: a wake that fails delays fair legs by a pass, and must
+    // not stop the retries, probes and copies below.
+    match deliveries::wake_fair(&client).await {
+        Ok(waiting) => {
+            if let Ok(mut known) = ctx.fair_waiting.write() {
+                *known = waiting.into_iter().collect();
+            }
+        }
+        Err(error) => tracing::warn!(%error, "fair legs not woken this pass"),
     }
     let due = deliveries::schedule_due(&client, &ctx.policy, SCHEDULE_BATCH).await?;
     // Breakers: destinations open too long are disabled; each open one
@@ -148,10 +154,9 @@ pub(crate) async fn publish_next_of_key(ctx: &Context, key: &hookinbox::LegKey) 
     publish_next(ctx, next).await;
 }
 
-/// After a leg of a fair destination with legs waiting ended: publishes its
-/// installation's oldest waiting leg, if any (see `deliveries::next_fair`);
-/// when none waits, forgets the destination until the scheduler or a take
-/// sees legs waiting again.
+/// After a leg of a destination with fair legs waiting ended: publishes
+/// its installation's oldest waiting leg, if any (see
+/// `deliveries::next_fair`).
 pub(crate) async fn publish_next_fair(ctx: &Context, key: &hookinbox::LegKey) {
     let pair = (
         key.source.as_str().to_owned(),
@@ -164,15 +169,13 @@ pub(crate) async fn publish_next_fair(ctx: &Context, key: &hookinbox::LegKey) {
     {
         return;
     }
+    // The destination stays known until the scheduler's next pass finds
+    // no legs waiting: this installation having none says nothing of the
+    // others'.
     let next = match ctx.pool.get().await {
         Ok(client) => deliveries::next_fair(&client, &ctx.policy, key).await,
         Err(e) => Err(DbError::from(e)),
     };
-    if matches!(next, Ok(None))
-        && let Ok(mut known) = ctx.fair_waiting.write()
-    {
-        known.remove(&pair);
-    }
     publish_next(ctx, next).await;
 }
 

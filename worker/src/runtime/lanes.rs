@@ -56,8 +56,9 @@ pub(crate) struct Lane {
     /// Whether the destination orders its legs per key: a leg that ends
     /// wakes the scheduler, whose next pass makes the key's next leg due.
     pub(crate) ordered: bool,
-    /// Whether the destination shares its legs out fairly across
-    /// installations: a leg that ends may release its installation's next.
+    /// Whether the destination is unordered, so its legs may be fair: a
+    /// leg that ends releases its installation's next while the
+    /// destination has legs waiting.
     pub(crate) fair: bool,
 }
 
@@ -116,7 +117,9 @@ impl Lanes {
                     window_counted: tokio::sync::Mutex::new(None),
                     failures_in_row: AtomicU32::new(0),
                     ordered: d.ordering.is_some(),
-                    fair: d.fairness && d.ordering.is_none(),
+                    // Whatever `fairness` says now: legs claimed while it
+                    // was on still wait, and are released as legs end.
+                    fair: d.ordering.is_none(),
                     consumed: config.consumes.as_ref().is_none_or(|chosen| {
                         chosen.contains(&(route.source.clone(), d.name.clone()))
                     }),
