@@ -145,6 +145,41 @@ pub async fn wake_ordered(client: &impl Session) -> Result<u64, DbError> {
     sql::execute(client, WAKE, &[]).await
 }
 
+/// The end of [`NEXT_OF_KEY`] and [`NEXT_FAIR`]: the leg a CTE named
+/// `head` found, still waiting with class `$class`, moved to `processing`
+/// under a new token (lease `$6` seconds) while its destination is closed,
+/// and returned with its parked body to publish.
+macro_rules! release_head {
+    ($class:literal) => {
+        concat!(
+            "moved as (
+    update deliveries d
+    set ",
+            to_processing!("$6"),
+            "
+    from head h
+    where d.provider = h.provider and d.source = h.source and d.hook_id = h.hook_id
+      and d.delivery_id = h.delivery_id and d.destination = h.destination
+      -- Judged on the row, not on `head`'s snapshot: a wait that is
+      -- committing as this runs holds the row, and the update sees the
+      -- row it committed, waiting.
+      and d.status = 'failed' and d.retryable and d.last_error_class = '",
+            $class,
+            "'
+      and not exists (select 1 from destinations x
+                      where x.source = d.source and x.name = d.destination
+                        and x.state <> 'closed')
+    returning d.provider, d.source, d.hook_id, d.delivery_id, d.destination, d.event,
+              d.action, d.claim_token, d.attempts, d.traceparent
+)
+select m.provider, m.source, m.hook_id, m.delivery_id, m.destination, m.event, m.action,
+       m.claim_token, m.attempts, p.content_type, p.headers, p.body, m.traceparent
+from moved m
+join parked_bodies p using (provider, source, hook_id, delivery_id, destination)"
+        )
+    };
+}
+
 /// The next leg of the key of the ordered leg `$1`–`$5`, which just
 /// completed: its key's first open leg, if it waited behind the key, moved
 /// to `processing` under a new token (its destination closed), with its
@@ -165,28 +200,8 @@ with done as (
       and d.order_skipped_at is null
     order by d.order_seq
     limit 1
-), moved as (
-    update deliveries d
-    set ",
-    to_processing!("$6"),
-    "
-    from head h
-    where d.provider = h.provider and d.source = h.source and d.hook_id = h.hook_id
-      and d.delivery_id = h.delivery_id and d.destination = h.destination
-      -- Judged on the row, not on `head`'s snapshot: a wait that is
-      -- committing as this runs holds the row, and the update sees the
-      -- row it committed, waiting.
-      and d.status = 'failed' and d.retryable and d.last_error_class = 'ordered'
-      and not exists (select 1 from destinations x
-                      where x.source = d.source and x.name = d.destination
-                        and x.state <> 'closed')
-    returning d.provider, d.source, d.hook_id, d.delivery_id, d.destination, d.event,
-              d.action, d.claim_token, d.attempts, d.traceparent
-)
-select m.provider, m.source, m.hook_id, m.delivery_id, m.destination, m.event, m.action,
-       m.claim_token, m.attempts, p.content_type, p.headers, p.body, m.traceparent
-from moved m
-join parked_bodies p using (provider, source, hook_id, delivery_id, destination)"
+), ",
+    release_head!("ordered")
 );
 
 /// After an ordered leg `key` completed: moves its key's next leg, if it
@@ -199,8 +214,7 @@ pub async fn next_of_key(
     policy: &Policy,
     key: &LegKey,
 ) -> Result<Option<Result<Parked, Unreadable>>, DbError> {
-    let row = super::query_opt(client, NEXT_OF_KEY, key, &[&secs(policy.lease)]).await?;
-    Ok(row.as_ref().map(parked))
+    release(client, policy, key, NEXT_OF_KEY).await
 }
 
 /// The wake of fair destinations' waiting legs (docs/architecture.md,
@@ -269,25 +283,8 @@ with done as (
     order by d.failed_at
     limit 1
     for update of d skip locked
-), moved as (
-    update deliveries d
-    set ",
-    to_processing!("$6"),
-    "
-    from head h
-    where d.provider = h.provider and d.source = h.source and d.hook_id = h.hook_id
-      and d.delivery_id = h.delivery_id and d.destination = h.destination
-      and d.status = 'failed' and d.retryable and d.last_error_class = 'fair'
-      and not exists (select 1 from destinations x
-                      where x.source = d.source and x.name = d.destination
-                        and x.state <> 'closed')
-    returning d.provider, d.source, d.hook_id, d.delivery_id, d.destination, d.event,
-              d.action, d.claim_token, d.attempts, d.traceparent
-)
-select m.provider, m.source, m.hook_id, m.delivery_id, m.destination, m.event, m.action,
-       m.claim_token, m.attempts, p.content_type, p.headers, p.body, m.traceparent
-from moved m
-join parked_bodies p using (provider, source, hook_id, delivery_id, destination)"
+), ",
+    release_head!("fair")
 );
 
 /// After a fair leg `key` ended (completed, failed or due to retry): moves
@@ -301,7 +298,17 @@ pub async fn next_fair(
     policy: &Policy,
     key: &LegKey,
 ) -> Result<Option<Result<Parked, Unreadable>>, DbError> {
-    let row = super::query_opt(client, NEXT_FAIR, key, &[&secs(policy.lease)]).await?;
+    release(client, policy, key, NEXT_FAIR).await
+}
+
+/// Runs [`NEXT_OF_KEY`] or [`NEXT_FAIR`] for the leg `key` that ended.
+async fn release(
+    client: &impl Session,
+    policy: &Policy,
+    key: &LegKey,
+    statement: &str,
+) -> Result<Option<Result<Parked, Unreadable>>, DbError> {
+    let row = super::query_opt(client, statement, key, &[&secs(policy.lease)]).await?;
     Ok(row.as_ref().map(parked))
 }
 
