@@ -158,15 +158,14 @@ pub(crate) async fn publish_next_of_key(ctx: &Context, key: &hookinbox::LegKey) 
 /// its installation's oldest waiting leg, if any (see
 /// `deliveries::next_fair`).
 pub(crate) async fn publish_next_fair(ctx: &Context, key: &hookinbox::LegKey) {
-    let pair = (
-        key.source.as_str().to_owned(),
-        key.destination.as_str().to_owned(),
-    );
-    if !ctx
-        .fair_waiting
-        .read()
-        .is_ok_and(|known| known.contains(&pair))
-    {
+    // Runs after every leg of an unordered destination: no allocation and
+    // no statement unless the destination is known to have legs waiting.
+    let waiting = ctx.fair_waiting.read().is_ok_and(|known| {
+        known.iter().any(|(source, destination)| {
+            source == key.source.as_str() && destination == key.destination.as_str()
+        })
+    });
+    if !waiting {
         return;
     }
     // The destination stays known until the scheduler's next pass finds
