@@ -32,7 +32,7 @@ case "$action" in
     mkdir -p "$dir"
     cat > "$dir/pgbouncer.ini" <<INI
 [databases]
-* = host=127.0.0.1 port=$pg_port connect_query='set enable_seqscan = off; set idle_in_transaction_session_timeout = 60000'
+* = host=127.0.0.1 port=$pg_port connect_query='set enable_seqscan = off; set jit = off; set idle_in_transaction_session_timeout = 60000'
 
 [pgbouncer]
 listen_addr = 127.0.0.1

@@ -258,6 +258,10 @@ pub async fn pooled_session_warnings(pool: &Pool) -> Result<Vec<String>, DbError
     let mut warnings = Vec::new();
     for (setting, wanted) in [
         ("enable_seqscan", "off"),
+        // With enable_seqscan off and JIT on, a statement left with a scan
+        // compiles itself at every execution (a second and more on a busy
+        // machine, past the request timeout).
+        ("jit", "off"),
         ("idle_in_transaction_session_timeout", ""),
     ] {
         let rows = client.simple_query(&format!("show {setting}")).await?;
