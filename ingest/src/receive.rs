@@ -424,6 +424,7 @@ async fn claim(
                 .map(|why| why.reason()),
             order_key: d.ordering.and_then(|o| o.key(&delivery.fields)),
             fair: d.fair_key(&delivery.fields),
+            stale_clock: d.stale_clock(&delivery.fields),
         })
         .collect();
     let request = ClaimRequest {
@@ -527,20 +528,23 @@ async fn publish_or_park(
     };
     let content_type = content_type_header(headers);
     let github_headers = github_headers(headers);
-    let mut to_publish: Vec<(DestinationName, ClaimToken, i32)> = Vec::new();
+    let mut to_publish: Vec<(DestinationName, ClaimToken, i32, bool)> = Vec::new();
     let mut only_republishes = true;
     let mut filtered = 0;
     let mut existing: Vec<(DestinationName, Status)> = Vec::new();
     for (destination, leg) in legs {
         match leg {
             LegClaim::Claimed {
-                token, attempts, ..
+                token,
+                attempts,
+                held,
+                ..
             } => {
                 only_republishes = false;
-                to_publish.push((destination, token, attempts));
+                to_publish.push((destination, token, attempts, held));
             }
             // A republish only ever concerns a claim nobody took (attempts 0).
-            LegClaim::Republish { token } => to_publish.push((destination, token, 0)),
+            LegClaim::Republish { token } => to_publish.push((destination, token, 0, false)),
             LegClaim::Filtered => filtered += 1,
             LegClaim::Duplicate(status) => existing.push((destination, status)),
         }
@@ -559,7 +563,7 @@ async fn publish_or_park(
     }
     let publishes = to_publish
         .into_iter()
-        .map(|(destination, token, attempts)| {
+        .map(|(destination, token, attempts, held)| {
             let job = Job {
                 // The worker's span continues this trace.
                 trace: JobTrace {
@@ -576,7 +580,12 @@ async fn publish_or_park(
                 // `Bytes` clones share the buffer.
                 body: body.clone(),
             };
-            async move { publish_leg(state, job, attempts).await }
+            async move {
+                if held && hold_leg(state, &job, attempts).await {
+                    return Ok(false);
+                }
+                publish_leg(state, job, attempts).await
+            }
         });
     let mut parked = false;
     for published in futures::future::join_all(publishes).await {
@@ -607,6 +616,40 @@ async fn publish_leg(state: &State, job: Job, attempts_at_claim: i32) -> Result<
                 "publish failed; parking"
             );
             park(state, &job, attempts_at_claim, &e.to_string()).await
+        }
+    }
+}
+
+/// A leg its claim found crowded (its installation has its share queued
+/// or in flight at a fair destination): held in Postgres, its body parked,
+/// until a release publishes it (see [`deliveries::park_fair`]). `true`
+/// when nothing more is to be done for it: held, or moved on meanwhile (a
+/// worker or a concurrent claim has it). `false` when Postgres failed:
+/// the caller publishes it instead, as it would have without fairness.
+async fn hold_leg(state: &State, job: &Job, attempts_at_claim: i32) -> bool {
+    let held = match state.pool.get().await {
+        Ok(client) => {
+            deliveries::park_fair(
+                &client,
+                &job.key,
+                job.token,
+                attempts_at_claim,
+                ParkedBody::from(job),
+            )
+            .await
+        }
+        Err(e) => Err(DbError::from(e)),
+    };
+    match held {
+        Ok(held) => {
+            if held {
+                metrics::counter!(hookinbox::metrics::FAIR_HELD).increment(1);
+            }
+            true
+        }
+        Err(error) => {
+            tracing::warn!(%error, "could not hold the leg for its installation's turn; publishing it");
+            false
         }
     }
 }

@@ -134,6 +134,12 @@ pub const ORDERING_HALTED_KEYS: &str = "hookinbox_ordering_halted_keys";
 /// How long a leg of an ordered destination waited behind earlier legs of
 /// its key, by `source` and `destination`.
 pub const ORDERING_WAIT_SECONDS: &str = "hookinbox_ordering_wait_seconds";
+/// Legs of a `skip_stale` destination completed without their effect,
+/// older than a completed leg of their key, by `source` and `destination`.
+pub const LEGS_STALE: &str = "hookinbox_legs_stale_total";
+/// New legs of a fair destination that ingest held in Postgres, their
+/// installation having its share queued or in flight there.
+pub const FAIR_HELD: &str = "hookinbox_fair_held_total";
 /// The lease this process gives a claim or a take
 /// (`HOOKINBOX_LEASE_SECS`), set at start: the stuck-processing alert's
 /// threshold is a multiple of it.
@@ -413,6 +419,14 @@ fn describe() {
     describe_gauge!(
         ORDERING_HALTED_KEYS,
         "Keys of an ordered destination halted by a leg that failed for good"
+    );
+    describe_counter!(
+        LEGS_STALE,
+        "Legs of a skip_stale destination completed without their effect, older than a completed leg of their key"
+    );
+    describe_counter!(
+        FAIR_HELD,
+        "New legs of a fair destination held in Postgres for their installation's turn"
     );
     describe_histogram!(
         ORDERING_WAIT_SECONDS,

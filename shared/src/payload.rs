@@ -85,6 +85,7 @@ struct Repository {
     full_name: Option<String>,
     id: Option<u64>,
     number: Option<u64>,
+    updated_at: Option<String>,
 }
 
 /// A non-negative integer, or anything else read as absent. Read from
@@ -124,6 +125,8 @@ impl<'de> serde::de::Visitor<'de> for RepositoryVisitor {
                 repo.id = map.next_value::<Count>()?.0;
             } else if key == "number" {
                 repo.number = map.next_value::<Count>()?.0;
+            } else if key == "updated_at" {
+                repo.updated_at = map.next_value::<Text>()?.0;
             } else {
                 map.next_value::<serde::de::IgnoredAny>()?;
             }
@@ -188,6 +191,9 @@ pub struct Fields {
     /// `installation.id`: the GitHub App installation the event is for,
     /// what a fair destination shares its legs out by.
     pub installation_id: Option<u64>,
+    /// The pull request's `updated_at`, else the issue's, when it is an
+    /// RFC 3339 time: what `skip_stale` compares within a key.
+    pub updated_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// Keeps a stored label short and printable: it labels logs and pages.
@@ -204,11 +210,18 @@ fn label(value: &str, max: usize) -> String {
 /// the rest without building it.
 pub fn fields(json: &str) -> Result<Fields, PayloadError> {
     let head: Head<'_> = serde_json::from_str(json).map_err(|_| PayloadError::NotJson)?;
-    let number = [head.pull_request, head.issue]
-        .into_iter()
+    let subjects = [head.pull_request, head.issue];
+    let number = subjects
+        .iter()
         .flatten()
         .find_map(|o| o.number)
         .or(head.number.and_then(|n| n.0));
+    let updated_at = subjects
+        .iter()
+        .flatten()
+        .find_map(|o| o.updated_at.as_deref())
+        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+        .map(|t| t.with_timezone(&chrono::Utc));
     let (repository, repository_id) = match head.repository {
         Some(r) => (r.full_name, r.id),
         None => (None, None),
@@ -220,6 +233,7 @@ pub fn fields(json: &str) -> Result<Fields, PayloadError> {
         repository_id,
         number,
         installation_id: head.installation.and_then(|i| i.id),
+        updated_at,
     })
 }
 
@@ -303,6 +317,31 @@ mod tests {
             "{}",
         ] {
             assert_eq!(fields(odd).expect("object").installation_id, None, "{odd}");
+        }
+    }
+
+    #[test]
+    fn the_pull_requests_or_issues_updated_at_is_read_leniently() {
+        let f = fields(
+            r#"{"pull_request":{"number":1,"updated_at":"2026-01-02T03:04:05Z"},"issue":{"updated_at":"2020-01-01T00:00:00Z"}}"#,
+        )
+        .expect("object");
+        assert_eq!(
+            f.updated_at.map(|t| t.to_rfc3339()),
+            Some("2026-01-02T03:04:05+00:00".to_owned())
+        );
+        let f = fields(r#"{"issue":{"updated_at":"2026-01-02T04:04:05+01:00"}}"#).expect("object");
+        assert_eq!(
+            f.updated_at.map(|t| t.to_rfc3339()),
+            Some("2026-01-02T03:04:05+00:00".to_owned())
+        );
+        for odd in [
+            r#"{"pull_request":{"updated_at":"yesterday"}}"#,
+            r#"{"pull_request":{"updated_at":17}}"#,
+            r#"{"updated_at":"2026-01-02T03:04:05Z"}"#,
+            "{}",
+        ] {
+            assert_eq!(fields(odd).expect("object").updated_at, None, "{odd}");
         }
     }
 

@@ -65,6 +65,7 @@ pub fn store_leg() -> hookinbox::deliveries::LegRequest {
         filtered: None,
         order_key: None,
         fair: None,
+        stale_clock: None,
     }
 }
 
@@ -543,6 +544,7 @@ impl TestEnv {
                     filtered: None,
                     order_key: None,
                     fair: None,
+                    stale_clock: None,
                 }],
             },
         )

@@ -383,6 +383,7 @@ impl Sut {
                                 filtered: (filter_b && *d == "b").then_some("model"),
                                 order_key: None,
                                 fair: None,
+                                stale_clock: None,
                             })
                             .collect(),
                     },

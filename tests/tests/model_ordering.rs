@@ -324,6 +324,7 @@ impl Sut {
                             filtered: None,
                             order_key: Some(key_of(leg).to_owned()),
                             fair: None,
+                            stale_clock: None,
                         }],
                     },
                 )

@@ -279,6 +279,11 @@ pub struct Destination {
     /// `concurrency` while another installation's legs wait, and is not
     /// held back alone.
     pub per_key_concurrency: Option<NonZeroU16>,
+    /// `skip_stale = true` (ordered by pull request only): a leg whose
+    /// payload's `updated_at` (the pull request's or issue's) is older than
+    /// that of a completed leg of its key is completed without its effect,
+    /// counted as `stale`.
+    pub skip_stale: bool,
 }
 
 impl Destination {
@@ -301,6 +306,7 @@ impl Destination {
             ordering: None,
             fairness: false,
             per_key_concurrency: None,
+            skip_stale: false,
         }
     }
 
@@ -328,6 +334,20 @@ impl Destination {
             .map(|id| id.to_string())
             .unwrap_or_default();
         Some((key, cap, hard))
+    }
+
+    /// The time a leg's staleness is judged by, when this destination
+    /// skips stale legs: the payload's pull request's or issue's
+    /// `updated_at`.
+    pub fn stale_clock(
+        &self,
+        fields: &crate::payload::Fields,
+    ) -> Option<chrono::DateTime<chrono::Utc>> {
+        if self.skip_stale && self.ordering == Some(Ordering::PullRequest) {
+            fields.updated_at
+        } else {
+            None
+        }
     }
 
     /// Whether this destination takes a verified delivery; `Err` says why
@@ -380,6 +400,7 @@ pub(super) struct FileDestination {
     ordering: Option<String>,
     fairness: Option<bool>,
     per_key_concurrency: Option<u32>,
+    skip_stale: Option<bool>,
 }
 
 /// `breaker = false`, or its settings (each optional).
@@ -549,6 +570,13 @@ impl FileDestination {
                 "needs fairness = true (and no ordering)",
             ));
         }
+        let skip_stale = self.skip_stale.unwrap_or(false);
+        if skip_stale && ordering != Some(Ordering::PullRequest) {
+            return Err(ConfigError::field(
+                &at("skip_stale"),
+                "needs ordering = \"pull_request\" (it compares the pull request's or issue's updated_at within a key)",
+            ));
+        }
         Ok(Destination {
             name,
             kind,
@@ -562,6 +590,7 @@ impl FileDestination {
             ordering,
             fairness: self.fairness.unwrap_or(false),
             per_key_concurrency,
+            skip_stale,
         })
     }
 }

@@ -579,6 +579,14 @@ breaker = false
                 "sources[0].destinations[0].per_key_concurrency",
             ),
             (
+                "name = \"x\"\nkind = \"store\"\nskip_stale = true\n",
+                "sources[0].destinations[0].skip_stale",
+            ),
+            (
+                "name = \"x\"\nkind = \"store\"\nordering = \"repository\"\nskip_stale = true\n",
+                "sources[0].destinations[0].skip_stale",
+            ),
+            (
                 "name = \"x\"\nkind = \"store\"\nretry = []\n",
                 "sources[0].destinations[0].retry",
             ),

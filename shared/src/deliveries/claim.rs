@@ -13,6 +13,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::postgres::sql::{self, Session};
+use chrono::{DateTime, Utc};
 
 use super::parked::ParkedBody;
 use super::row::status_of;
@@ -71,6 +72,9 @@ pub struct LegRequest {
     /// flight, and whether the share is a hard cap, when its destination
     /// is fair.
     pub fair: Option<(String, i32, bool)>,
+    /// The payload's pull request's or issue's `updated_at`, when its
+    /// destination skips stale legs (`skip_stale`).
+    pub stale_clock: Option<DateTime<Utc>>,
 }
 
 /// What a claim decided for one leg.
@@ -85,6 +89,11 @@ pub enum LegClaim {
         reclaimed: bool,
         /// Takes so far (0 for a new leg; a reclaim keeps the count).
         attempts: i32,
+        /// A new leg of a fair destination whose installation already has
+        /// its share queued or in flight there: hold it in Postgres
+        /// ([`park_fair`]) instead of publishing it, and the release after
+        /// one of that installation's legs ends publishes it.
+        held: bool,
     },
     /// Claimed by an earlier request that never saw its job taken, longer
     /// ago than the publish timeout: its publish may have died with its
@@ -136,8 +145,9 @@ const COPIED_EVENT: &str = "HB200";
 /// repository, numbered by position, and `$16`–`$17` their traceparent and
 /// GitHub tenant),
 /// `$11`–`$13` their legs (the delivery's position, the destination, the
-/// filter's reason, and `$18`, `$20`–`$22` its order key, installation,
-/// share and whether it is a hard cap), `$14` the lease in seconds, `$15` the attempts
+/// filter's reason, and `$18`, `$20`–`$23` its order key, installation,
+/// share, whether it is a hard cap, and the payload's time `skip_stale`
+/// compares), `$14` the lease in seconds, `$15` the attempts
 /// allowed a leg that records none, `$19` each delivery's arrival.
 ///
 /// - `reclaimed` takes over, under new tokens, the existing legs of each
@@ -178,10 +188,25 @@ with input as (
            i.github_tenant, case when l.filter_reason is null then l.order_key end as order_key,
            i.arrival, case when l.filter_reason is null then l.fair_key end as fair_key,
            case when l.filter_reason is null then l.fair_cap end as fair_cap,
-           case when l.filter_reason is null then l.fair_hard end as fair_hard
+           case when l.filter_reason is null then l.fair_hard end as fair_hard,
+           case when l.filter_reason is null and l.order_key is not null
+                then l.stale_clock end as stale_clock,
+           -- How many of its installation's legs may be queued or running
+           -- before a new one is held (`crowded!`): a hard cap as it is;
+           -- else twice the share (about the destination's `concurrency`,
+           -- which is per worker) for each worker consuming its queue, as
+           -- the sampler last counted them.
+           case when l.filter_reason is null and l.fair_key is not null then
+               case when l.fair_hard then l.fair_cap
+                    else 2 * l.fair_cap * greatest(1, coalesce(
+                        (select x.consumers from destinations x
+                         where x.source = i.source and x.name = l.destination), 1))
+               end
+           end as fair_hold
     from unnest($11::int8[], $12::text[], $13::text[], $18::text[], $20::text[], $21::int4[],
-                $22::bool[])
-        as l(ix, destination, filter_reason, order_key, fair_key, fair_cap, fair_hard)
+                $22::bool[], $23::timestamptz[])
+        as l(ix, destination, filter_reason, order_key, fair_key, fair_cap, fair_hard,
+             stale_clock)
     join input i using (ix)
 ), ordered as (
     -- Why before the insert: a key's places (`order_seq`) must follow the
@@ -246,7 +271,7 @@ with input as (
         (provider, source, hook_id, delivery_id, destination, event, action, body_sha256,
          status, claim_token, lease_until, claimed_at, repository, filter_reason, completed_at,
          traceparent, github_tenant, order_key, order_seq, fair_key, fair_cap,
-         fair_hard)
+         fair_hard, stale_clock)
     select l.provider, l.source, l.hook_id, l.delivery_id, l.destination, l.event, l.action,
            l.body_sha256,
            case when l.filter_reason is null then 'processing' else 'filtered' end,
@@ -255,7 +280,7 @@ with input as (
            now(), l.repository, l.filter_reason,
            case when l.filter_reason is not null then now() end,
            l.traceparent, l.github_tenant, l.order_key, pl.seq, l.fair_key, l.fair_cap,
-           l.fair_hard
+           l.fair_hard, l.stale_clock
     from legs l cross join ordered
     left join places pl using (provider, source, hook_id, delivery_id, destination)
     where not exists (
@@ -293,9 +318,15 @@ select c.provider, c.source, c.hook_id, c.delivery_id, c.destination, c.claim_to
             when exists (
            select 1 from guard g join input i using (provider, source, body_sha256)
            where i.guarded and g.hook_id <> i.hook_id and not i.pinned)
-            then hookinbox_copied_event() end
+            then hookinbox_copied_event() end,
+       -- Read in the statement's snapshot: the installation's legs that
+       -- other claims committed, not this batch's.
+       coalesce(c.inserted and c.status = 'processing' and l.fair_key is not null and ",
+    crowded!("l"),
+    ", false)
 from (select * from reclaimed union all select * from inserted) c
-left join asked a using (provider, source, hook_id, delivery_id)"
+left join asked a using (provider, source, hook_id, delivery_id)
+left join legs l using (provider, source, hook_id, delivery_id, destination)"
 );
 
 /// What is there of the deliveries whose legs the claim did not all write
@@ -638,6 +669,7 @@ async fn claim_firsts(
     let mut leg_fair_key: Vec<Option<&str>> = Vec::new();
     let mut leg_fair_cap: Vec<Option<i32>> = Vec::new();
     let mut leg_fair_hard: Vec<Option<bool>> = Vec::new();
+    let mut leg_stale_clock: Vec<Option<DateTime<Utc>>> = Vec::new();
     for (position, &i) in order.iter().enumerate() {
         for leg in &requests[i].legs {
             // `with ordinality` numbers the deliveries from 1.
@@ -648,6 +680,7 @@ async fn claim_firsts(
             leg_fair_key.push(leg.fair.as_ref().map(|(k, _, _)| k.as_str()));
             leg_fair_cap.push(leg.fair.as_ref().map(|(_, c, _)| *c));
             leg_fair_hard.push(leg.fair.as_ref().map(|(_, _, h)| *h));
+            leg_stale_clock.push(leg.stale_clock);
         }
     }
     let rows = sql::query(
@@ -676,6 +709,7 @@ async fn claim_firsts(
             &leg_fair_key,
             &leg_fair_cap,
             &leg_fair_hard,
+            &leg_stale_clock,
         ],
     )
     .await?;
@@ -690,6 +724,7 @@ async fn claim_firsts(
         let attempts: i32 = r.get(6);
         let status = status_of(r.get(7))?;
         let inserted: bool = r.get(8);
+        let held: bool = r.get(12);
         let links = linked.entry(key.clone()).or_default();
         links.stored = links.stored.take().or(r.get(9));
         links.redelivery = links.redelivery.take().or(r.get(10));
@@ -699,6 +734,7 @@ async fn claim_firsts(
                 token,
                 reclaimed: !inserted,
                 attempts,
+                held,
             },
         };
         let entry = written.entry(key).or_insert((false, Vec::new()));
@@ -838,6 +874,57 @@ pub async fn park_due(
         &[
             &token.0,
             &redact(error),
+            &attempts_at_claim,
+            &parked.content_type,
+            &headers,
+            &parked.body,
+        ],
+    )
+    .await?;
+    Ok(row.get::<_, i64>(0) == 1)
+}
+
+const PARK_FAIR: &str = concat!(
+    "
+with moved as (
+    update deliveries
+    set status = 'failed', retryable = true, next_attempt_at = null, failed_at = now(),
+        last_error_class = 'fair',
+        last_error = 'waiting: its installation has its share of legs queued or in flight'
+    where ",
+    key!(),
+    " and claim_token = $6 and attempts = $7 and status || '' = 'processing'
+      and fair_key is not null
+    returning provider, source, hook_id, delivery_id, destination
+), ",
+    park_moved!(8, 9, 10),
+    "
+select count(*) from moved"
+);
+
+/// Holds a leg its claim found crowded ([`LegClaim::Claimed`] `held`): parks
+/// its body and makes it wait its installation's turn, failed and
+/// retryable with class `fair`, not due, no attempt spent, instead of
+/// being published. The leg is released (moved to `processing` and
+/// published) by the worker after one of its installation's legs ends
+/// (`next_fair`) or by the scheduler's pass (`wake_fair`). One statement,
+/// so the row never waits without a body; guarded like [`park_due`] by the
+/// claim's token and attempts. Returns whether it held the leg; `false`
+/// when the leg moved on (a worker or a concurrent claim has it).
+pub async fn park_fair(
+    client: &impl Session,
+    key: &LegKey,
+    token: ClaimToken,
+    attempts_at_claim: i32,
+    parked: ParkedBody<'_>,
+) -> Result<bool, DbError> {
+    let headers = parked.headers_json();
+    let row = query_one(
+        client,
+        PARK_FAIR,
+        key,
+        &[
+            &token.0,
             &attempts_at_claim,
             &parked.content_type,
             &headers,

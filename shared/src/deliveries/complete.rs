@@ -104,6 +104,47 @@ pub async fn complete(
     Ok(row.map(|row| row.get(0)))
 }
 
+const COMPLETE_STALE: &str = concat!(
+    "
+with done as (
+    update deliveries d
+    set status = 'completed', completed_at = now(), retryable = false, next_attempt_at = null,
+        last_error_class = 'stale',
+        last_error = 'skipped: older than a completed event of its key (skip_stale)'
+    where ",
+    key!("d"),
+    " and d.claim_token = $6 and d.status = 'processing'
+      and d.order_key is not null and d.stale_clock is not null
+      and exists (select 1 from deliveries c
+                  where c.source = d.source and c.destination = d.destination
+                    and c.order_key = d.order_key and c.order_key is not null
+                    and c.stale_clock is not null and c.status = 'completed'
+                    and c.stale_clock > d.stale_clock)
+    returning d.provider, d.source, d.hook_id, d.delivery_id, d.destination
+), unparked as (
+    delete from parked_bodies p using done d
+    where p.provider = d.provider and p.source = d.source
+      and p.hook_id = d.hook_id and p.delivery_id = d.delivery_id
+      and p.destination = d.destination
+)
+select count(*) from done"
+);
+
+/// `skip_stale`: completes the leg `key`, held under `token`, without its
+/// effect when its payload's time is older than that of a completed leg
+/// of its key (docs/architecture.md, "Ordered legs"). Run after the take
+/// and before the effect: the take made it its key's first open leg, so
+/// every leg of the key claimed before it has ended. Returns whether it
+/// was stale (and is now completed, class `stale`).
+pub async fn complete_stale(
+    client: &impl Session,
+    key: &LegKey,
+    token: ClaimToken,
+) -> Result<bool, DbError> {
+    let row = super::query_one(client, COMPLETE_STALE, key, &[&token.0]).await?;
+    Ok(row.get::<_, i64>(0) == 1)
+}
+
 /// A `github_events` row that the completing statement itself writes (see
 /// [`complete_batch`]).
 #[derive(Clone, Debug)]

@@ -152,6 +152,25 @@ pub async fn close(
     Ok(sql::execute(client, CLOSE, &[source, name]).await? == 1)
 }
 
+const SET_CONSUMERS: &str = "
+update destinations
+set consumers = $3
+where source = $1 and name = $2 and consumers is distinct from $3";
+
+/// Records how many workers consume a fair destination's queue, as the
+/// gauge sampler saw it: the claim holds an installation's new legs once
+/// it has about that many workers' `concurrency` queued or running
+/// (migration 18). Writes only a change.
+pub async fn set_consumers(
+    client: &impl Session,
+    source: &SourceName,
+    name: &DestinationName,
+    consumers: i32,
+) -> Result<(), DbError> {
+    sql::execute(client, SET_CONSUMERS, &[source, name, &consumers]).await?;
+    Ok(())
+}
+
 const DISABLE: &str = "
 update destinations
 set state = 'disabled', changed_by = 'breaker', state_since = now(),

@@ -4,9 +4,9 @@
 //!
 //! | file | caller | transitions |
 //! |---|---|---|
-//! | [`claim`](self::claim) | ingest | `claim`, `claim_batch` (a delivery's legs; `_linked`: with the traces its request links to), `park_due`, `park_copy` |
+//! | [`claim`](self::claim) | ingest | `claim`, `claim_batch` (a delivery's legs; `_linked`: with the traces its request links to), `park_due`, `park_fair`, `park_copy` |
 //! | [`take`](self::take) | worker | `take` (and the hold of a gated leg), `take_batch`, `renew`, `fence`, `release_lease` |
-//! | [`complete`](self::complete) | worker | `complete`, `complete_batch`, `store_event`, `fail`, `mark_dead_lettered` |
+//! | [`complete`](self::complete) | worker | `complete`, `complete_batch`, `complete_stale`, `store_event`, `fail`, `mark_dead_lettered` |
 //! | [`schedule`](self::schedule) | scheduler, reaper, worker | `wake_ordered`, `next_of_key`, `wake_fair`, `next_fair`, `schedule_due`, `probe_due`, `reschedule`, `exhaust_due`, `needing_copy`, `dead_letter_unreadable`, `reap` |
 //! | [`retention`](self::retention) | sweeper, operators | `sweep`, `purge` |
 //! | [`delivery`](self::delivery) | every caller | `Delivery`, `DeadLetter`, `get` (reads only) |
@@ -280,6 +280,42 @@ macro_rules! yields {
     };
 }
 
+/// Whether a new leg `$t` of a fair destination (its `fair_key` and
+/// `fair_hold`) finds its installation crowded there: with `fair_hold` of
+/// its legs already `processing` (queued or running), the claim holds the
+/// leg in Postgres instead of adding it to the queue, so the queue never
+/// holds much more than the workers can run at once of one installation
+/// ahead of another's. Each count stops at the bound; the two partial
+/// indexes of migration 17 serve them.
+macro_rules! crowded {
+    ($t:literal) => {
+        concat!(
+            "(select count(*) from (select 1 from deliveries f where f.source = ",
+            $t,
+            ".source and f.destination = ",
+            $t,
+            ".destination and f.fair_key = ",
+            $t,
+            ".fair_key and f.fair_key is not null and f.status = 'processing' \
+             and f.attempts > 0 limit ",
+            $t,
+            ".fair_hold) r) + (select count(*) from (select 1 from deliveries f \
+             where f.source = ",
+            $t,
+            ".source and f.destination = ",
+            $t,
+            ".destination and f.fair_key = ",
+            $t,
+            ".fair_key and f.fair_key is not null and f.status = 'processing' \
+             and f.attempts = 0 limit ",
+            $t,
+            ".fair_hold) r) >= ",
+            $t,
+            ".fair_hold"
+        )
+    };
+}
+
 /// Inserts the parked body of the rows a CTE named `moved` returned, from
 /// the statement's parameters `$a`, `$b`, `$c` (content type, headers,
 /// body); numbered at compile time, after the statement's own parameters.
@@ -496,17 +532,17 @@ pub use admin::{
 };
 pub use claim::{
     Claim, ClaimLinks, ClaimRequest, Claimed, LegClaim, LegRequest, Origin, claim, claim_batch,
-    claim_batch_linked, claim_linked, park_copy, park_due,
+    claim_batch_linked, claim_linked, park_copy, park_due, park_fair,
 };
 pub use complete::{
-    Completing, Deferral, StoredEvent, complete, complete_batch, defer, fail, mark_dead_lettered,
-    store_event,
+    Completing, Deferral, StoredEvent, complete, complete_batch, complete_stale, defer, fail,
+    mark_dead_lettered, store_event,
 };
 pub use delivery::{DeadLetter, Delivery, get};
 pub use destinations::{
     AttemptLog, AttemptResult, BreakerState, DestinationRow, EXCERPT_BYTES, LoggedAttempt,
     Registration, Waiting, close, disable, disable_stale, leg_attempts, lock_destination,
-    log_attempts, register, rows, set_by_operator, trip, waiting, window,
+    log_attempts, register, rows, set_by_operator, set_consumers, trip, waiting, window,
 };
 #[doc(hidden)]
 pub use filter::statements_for_explain;
@@ -639,6 +675,9 @@ pub enum ErrorClass {
     /// installation had its share in flight while another's legs waited):
     /// no attempt spent, due once one of its installation's legs ends.
     Fair,
+    /// `skip_stale`: completed without its effect, its payload older than
+    /// a completed leg's of its key. Stays on the completed leg.
+    Stale,
 }
 
 impl ErrorClass {
@@ -658,11 +697,12 @@ impl ErrorClass {
             Self::DeferredTooLong => "deferred_too_long",
             Self::Ordered => "ordered",
             Self::Fair => "fair",
+            Self::Stale => "stale",
         }
     }
 
     /// Every class, in the order above.
-    pub const ALL: [Self; 13] = [
+    pub const ALL: [Self; 14] = [
         Self::Transient,
         Self::Permanent,
         Self::Timeout,
@@ -676,6 +716,7 @@ impl ErrorClass {
         Self::DeferredTooLong,
         Self::Ordered,
         Self::Fair,
+        Self::Stale,
     ];
 }
 

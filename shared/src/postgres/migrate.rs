@@ -103,6 +103,16 @@ const MIGRATIONS: &[Migration] = &[
         name: "0017_fairness.sql",
         sql: include_str!("../../migrations/0017_fairness.sql"),
     },
+    Migration {
+        version: 18,
+        name: "0018_fair_hold.sql",
+        sql: include_str!("../../migrations/0018_fair_hold.sql"),
+    },
+    Migration {
+        version: 19,
+        name: "0019_skip_stale.sql",
+        sql: include_str!("../../migrations/0019_skip_stale.sql"),
+    },
 ];
 
 /// Applies every pending migration and returns how many it applied.

@@ -264,6 +264,7 @@ async fn postgres(
                     filtered: None,
                     order_key: None,
                     fair: None,
+                    stale_clock: None,
                 }],
             })
             .collect();

@@ -44,6 +44,7 @@ mod reconciler;
 mod retention;
 mod settings;
 mod sources;
+mod stale;
 mod traces;
 mod worker_acks;
 mod worker_bad_bodies;

@@ -378,6 +378,7 @@ fn ordered_request(id: &str, key: &str) -> hookinbox::deliveries::ClaimRequest {
             filtered: None,
             order_key: Some(key.to_owned()),
             fair: None,
+            stale_clock: None,
         }],
     }
 }

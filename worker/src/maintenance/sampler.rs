@@ -66,22 +66,37 @@ impl Sampler {
         // The legacy shared queue, the dead letters, and each configured
         // destination's queue (labelled `work.<source>.<destination>`).
         let mut queues = vec![
-            ("work".to_owned(), ctx.topology.work_queue()),
-            ("dlq".to_owned(), ctx.topology.dead_letter_queue()),
+            ("work".to_owned(), ctx.topology.work_queue(), None),
+            ("dlq".to_owned(), ctx.topology.dead_letter_queue(), None),
         ];
         for route in ctx.config.routes.iter() {
             let name = &route.destination.name;
             queues.push((
                 format!("work.{}.{name}", route.source),
                 ctx.topology.leg_queue(&route.source, name),
+                route.destination.fairness.then_some(route),
             ));
         }
-        for (label, queue) in queues {
+        for (label, queue, fair) in queues {
             if let Ok((messages, consumers)) = ctx.publisher.queue_stats(&queue).await {
                 metrics::gauge!(hookinbox::metrics::QUEUE_MESSAGES, "queue" => label.clone())
                     .set(f64::from(messages));
                 metrics::gauge!(hookinbox::metrics::QUEUE_CONSUMERS, "queue" => label)
                     .set(f64::from(consumers));
+                // A fair destination's claims size their holds by it.
+                if let Some(route) = fair {
+                    let consumers = i32::try_from(consumers).unwrap_or(i32::MAX);
+                    if let Err(error) = deliveries::set_consumers(
+                        client,
+                        &route.source,
+                        &route.destination.name,
+                        consumers,
+                    )
+                    .await
+                    {
+                        tracing::debug!(%error, "consumers of a fair destination not recorded");
+                    }
+                }
             }
         }
         Self::sample_destinations(client, ctx).await

@@ -271,6 +271,22 @@ impl Worker {
                     if probe {
                         tracing::info!("probing the destination with this leg");
                     }
+                    // Fence before effect: the take made this leg its key's
+                    // first open one, so every earlier leg of the key has
+                    // ended and the comparison is final.
+                    if lane.skip_stale && self.complete_if_stale(job, token).await {
+                        metrics::counter!(
+                            hookinbox::metrics::LEGS_STALE,
+                            "source" => job.key.source.as_str().to_owned(),
+                            "destination" => job.key.destination.as_str().to_owned(),
+                        )
+                        .increment(1);
+                        tracing::info!(
+                            "older than a completed event of its key; completed without its effect"
+                        );
+                        crate::maintenance::publish_next_of_key(&inner.ctx, &job.key).await;
+                        return JobOutcome::Stale;
+                    }
                     let Ok(slot) = lane.slots.acquire().await else {
                         return JobOutcome::Left;
                     };
@@ -342,6 +358,21 @@ impl Worker {
             ParkedBody::from(job),
         )
         .await
+    }
+
+    /// `skip_stale`: completes the leg without its effect when it is older
+    /// than a completed leg of its key. `false` when it is not, or when
+    /// Postgres could not say: the leg then runs as it would without
+    /// `skip_stale`.
+    async fn complete_if_stale(&self, job: &Job, token: ClaimToken) -> bool {
+        let stale = match self.inner.pool.get().await {
+            Ok(client) => deliveries::complete_stale(&client, &job.key, token).await,
+            Err(e) => Err(DbError::from(e)),
+        };
+        stale.unwrap_or_else(|error| {
+            tracing::warn!(%error, "staleness not checked; running the leg");
+            false
+        })
     }
 
     /// Runs the handler once under the take's token, with the heartbeat and

@@ -60,6 +60,9 @@ pub(crate) struct Lane {
     /// leg that ends releases its installation's next while the
     /// destination has legs waiting.
     pub(crate) fair: bool,
+    /// `skip_stale`: a taken leg older than a completed one of its key is
+    /// completed without its effect.
+    pub(crate) skip_stale: bool,
 }
 
 impl Lane {
@@ -120,6 +123,7 @@ impl Lanes {
                     // Whatever `fairness` says now: legs claimed while it
                     // was on still wait, and are released as legs end.
                     fair: d.ordering.is_none(),
+                    skip_stale: d.skip_stale,
                     consumed: config.consumes.as_ref().is_none_or(|chosen| {
                         chosen.contains(&(route.source.clone(), d.name.clone()))
                     }),
@@ -141,6 +145,7 @@ impl Lanes {
             failures_in_row: AtomicU32::new(0),
             ordered: false,
             fair: false,
+            skip_stale: false,
         });
         let by_name = lanes
             .iter()

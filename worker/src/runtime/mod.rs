@@ -104,6 +104,9 @@ pub enum JobOutcome {
     /// An earlier leg of its ordered key is open: the leg waits in
     /// Postgres, no attempt spent, until it is its key's first.
     Waiting,
+    /// `skip_stale`: its payload is older than a completed leg's of its
+    /// key; completed without its effect.
+    Stale,
     /// The message could not be read as a job; the broker dead-letters it.
     Malformed,
     /// The handler panicked; the message went back to the queue and the
@@ -129,6 +132,7 @@ impl JobOutcome {
             Self::Held => "held",
             Self::Deferred => "postponed",
             Self::Waiting => "waiting",
+            Self::Stale => "stale",
             Self::Duplicate => "duplicate",
             Self::Malformed => "malformed",
             Self::Requeued => "requeued",

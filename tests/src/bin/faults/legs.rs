@@ -59,6 +59,10 @@ pub struct Legs {
     /// the legs that completed before an earlier leg of their key (by
     /// claim order) had.
     pub ordered: (i64, i64, Vec<String>),
+    /// `steady` is fair (one installation, the source's own): its legs
+    /// that waited for their turn in Postgres, held at the claim or
+    /// yielding at the take.
+    pub fair_waited: i64,
 }
 
 /// Checks the legs against the database and the receivers.
@@ -103,6 +107,14 @@ pub async fn check(
         .await?;
     let not_found = (row.get(0), row.get(1));
     let ordered = out_of_order(&db).await?;
+    let fair_waited: i64 = db
+        .query_one(
+            "select count(*) from deliveries
+             where source = $1 and destination = 'steady' and last_error_class = 'fair'",
+            &[&SOURCE],
+        )
+        .await?
+        .get(0);
     let arrivals = [
         suite.receivers.steady.arrivals(),
         suite.receivers.flaky.arrivals(),
@@ -212,6 +224,7 @@ pub async fn check(
         not_found,
         steady_slowest,
         ordered,
+        fair_waited,
     })
 }
 

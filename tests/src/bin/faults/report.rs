@@ -144,7 +144,8 @@ pub fn destinations(suite: &Suite, legs: &Legs) -> String {
         | `flaky`'s 404 answers / **of them spent an attempt** | {} / **{}** |\n\
         | `steady`'s slowest effect after the send, for deliveries sent during `flaky`'s faults | {} |\n\
         | `store` ordered by repository: keys / completed legs | {} / {} |\n\
-        | **ordered legs completed out of claim order** | **{}** |\n",
+        | **ordered legs completed out of claim order** | **{}** |\n\
+        | `steady` (fair) legs that waited for their turn in Postgres | {} |\n",
         legs.deliveries,
         legs.expected,
         legs.completed,
@@ -168,6 +169,7 @@ pub fn destinations(suite: &Suite, legs: &Legs) -> String {
         legs.ordered.0,
         legs.ordered.1,
         legs.ordered.2.len(),
+        legs.fair_waited,
     ));
     out
 }

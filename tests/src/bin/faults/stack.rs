@@ -338,8 +338,9 @@ fn fake_github(ingest_port: u16) -> Github {
 }
 
 /// The sources: `store`; `relay` forwarding to `relay_url`; and `fanout`
-/// with three destinations, `store` and two `forward`s to the receivers
-/// (`steady` and `flaky`) on the short [`POLICY`]. Each names its hook: the
+/// with three destinations, `store` (ordered by repository) and two
+/// `forward`s to the receivers (`steady`, fair, and `flaky`) on the short
+/// [`POLICY`]. Each names its hook: the
 /// workers reconcile every 15 s while the faults hit, and the suite's end
 /// runs a pass of its own.
 fn sources_toml(
@@ -363,7 +364,7 @@ fn sources_toml(
          handler = {{ kind = \"forward\", url = \"{}\", timeout_ms = 2000 }}\n{}\n\
          [[sources]]\nname = \"{SOURCE}\"\nsecrets = [\"{SECRET}\"]\n\
          [[sources.destinations]]\nname = \"store\"\nkind = \"store\"\nordering = \"repository\"\n\
-         [[sources.destinations]]\nname = \"steady\"\nkind = \"forward\"\nurl = \"{}\"\n{POLICY}\
+         [[sources.destinations]]\nname = \"steady\"\nkind = \"forward\"\nurl = \"{}\"\nfairness = true\nconcurrency = 2\n{POLICY}\
          [[sources.destinations]]\nname = \"flaky\"\nkind = \"forward\"\nurl = \"{}\"\n{POLICY}{}",
         reconcile("store"),
         relay_url,
