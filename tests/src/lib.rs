@@ -368,6 +368,25 @@ impl TestEnv {
         self.worker_with(config, handler).await
     }
 
+    /// Runs a worker on the sources of a config file until no leg is left
+    /// uncompleted (failing after `limit`), then stops it cleanly.
+    pub async fn run_worker_until_completed(&self, config: &std::path::Path, limit: Duration) {
+        let worker = self.worker_on(config, Default::default()).await;
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let running = tokio::spawn({
+            let shutdown = shutdown.clone();
+            async move { worker.run(shutdown).await }
+        });
+        wait_until("every leg to complete", limit, || async {
+            self.count("select count(*) from deliveries where status <> 'completed'")
+                .await
+                == 0
+        })
+        .await;
+        shutdown.cancel();
+        running.await.expect("joins").expect("stops cleanly");
+    }
+
     /// Starts ingest with the default settings.
     pub async fn ingest(&self) -> TestIngest {
         self.ingest_with(self.ingest_args().validate().expect("valid settings"))

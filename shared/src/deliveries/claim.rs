@@ -17,7 +17,7 @@ use chrono::{DateTime, Utc};
 
 use super::parked::ParkedBody;
 use super::row::status_of;
-use super::{Policy, Status, execute, query_one, redact, secs};
+use super::{Param, Policy, Status, execute, query_one, redact, secs};
 use crate::key::{ClaimToken, DeliveryKey, DestinationName, LegKey};
 use crate::postgres::DbError;
 
@@ -192,13 +192,15 @@ with input as (
            case when l.filter_reason is null and l.order_key is not null
                 then l.stale_clock end as stale_clock,
            -- How many of its installation's legs may be queued or running
-           -- before a new one is held (`crowded!`): a hard cap as it is;
-           -- else twice the share (about the destination's `concurrency`,
-           -- which is per worker) for each worker consuming its queue, as
-           -- the sampler last counted them.
+           -- before a new one is held (`crowded!`): two rounds, one running
+           -- and one queued behind it (so a worker never waits for a
+           -- release to reach it): twice a hard cap; else four times the
+           -- share (twice the destination's `concurrency`, which is per
+           -- worker) for each worker consuming its queue, as the sampler
+           -- last counted them.
            case when l.filter_reason is null and l.fair_key is not null then
-               case when l.fair_hard then l.fair_cap
-                    else 2 * l.fair_cap * greatest(1, coalesce(
+               case when l.fair_hard then 2 * l.fair_cap
+                    else 4 * l.fair_cap * greatest(1, coalesce(
                         (select x.consumers from destinations x
                          where x.source = i.source and x.name = l.destination), 1))
                end
@@ -866,21 +868,31 @@ pub async fn park_due(
     attempts_at_claim: i32,
     parked: ParkedBody<'_>,
 ) -> Result<bool, DbError> {
-    let headers = parked.headers_json();
-    let row = query_one(
+    let error = redact(error);
+    park_leg(
         client,
         PARK_DUE,
         key,
-        &[
-            &token.0,
-            &redact(error),
-            &attempts_at_claim,
-            &parked.content_type,
-            &headers,
-            &parked.body,
-        ],
+        &[&token.0, &error, &attempts_at_claim],
+        parked,
     )
-    .await?;
+    .await
+}
+
+/// Runs a statement that moves a leg and parks its body (`PARK_DUE`,
+/// `PARK_FAIR`): the leg's key, then `guard`'s parameters, then the body's
+/// three. Returns whether it moved the leg.
+async fn park_leg(
+    client: &impl Session,
+    statement: &str,
+    key: &LegKey,
+    guard: &[Param<'_>],
+    parked: ParkedBody<'_>,
+) -> Result<bool, DbError> {
+    let headers = parked.headers_json();
+    let mut rest: Vec<Param<'_>> = guard.to_vec();
+    rest.extend([&parked.content_type as Param<'_>, &headers, &parked.body]);
+    let row = query_one(client, statement, key, &rest).await?;
     Ok(row.get::<_, i64>(0) == 1)
 }
 
@@ -918,21 +930,14 @@ pub async fn park_fair(
     attempts_at_claim: i32,
     parked: ParkedBody<'_>,
 ) -> Result<bool, DbError> {
-    let headers = parked.headers_json();
-    let row = query_one(
+    park_leg(
         client,
         PARK_FAIR,
         key,
-        &[
-            &token.0,
-            &attempts_at_claim,
-            &parked.content_type,
-            &headers,
-            &parked.body,
-        ],
+        &[&token.0, &attempts_at_claim],
+        parked,
     )
-    .await?;
-    Ok(row.get::<_, i64>(0) == 1)
+    .await
 }
 
 const PARK_COPY: &str = concat!(

@@ -230,6 +230,23 @@ macro_rules! behind {
     };
 }
 
+/// The legs `f` of the fair leg `$t`'s installation at its destination
+/// that are still `processing` (queued or running): what the take's gate
+/// and the claim's hold count.
+macro_rules! installation_processing {
+    ($t:literal) => {
+        concat!(
+            "f.source = ",
+            $t,
+            ".source and f.destination = ",
+            $t,
+            ".destination and f.fair_key = ",
+            $t,
+            ".fair_key and f.fair_key is not null and f.status = 'processing'"
+        )
+    };
+}
+
 /// The fairness gate on a leg `$t` (docs/architecture.md, "Fairness"): its
 /// destination is fair, its installation already has `fair_cap` legs in
 /// flight (taken, or published again for a retry) besides this one, and
@@ -246,14 +263,9 @@ macro_rules! yields {
             "(",
             $t,
             ".fair_key is not null and (select count(*) from (select 1 from deliveries f \
-             where f.source = ",
-            $t,
-            ".source and f.destination = ",
-            $t,
-            ".destination and f.fair_key = ",
-            $t,
-            ".fair_key and f.fair_key is not null and f.status = 'processing' \
-             and f.attempts > 0 and f.ctid <> ",
+             where ",
+            installation_processing!($t),
+            " and f.attempts > 0 and f.ctid <> ",
             $t,
             ".ctid limit ",
             $t,
@@ -290,24 +302,13 @@ macro_rules! yields {
 macro_rules! crowded {
     ($t:literal) => {
         concat!(
-            "(select count(*) from (select 1 from deliveries f where f.source = ",
+            "(select count(*) from (select 1 from deliveries f where ",
+            installation_processing!($t),
+            " and f.attempts > 0 limit ",
             $t,
-            ".source and f.destination = ",
-            $t,
-            ".destination and f.fair_key = ",
-            $t,
-            ".fair_key and f.fair_key is not null and f.status = 'processing' \
-             and f.attempts > 0 limit ",
-            $t,
-            ".fair_hold) r) + (select count(*) from (select 1 from deliveries f \
-             where f.source = ",
-            $t,
-            ".source and f.destination = ",
-            $t,
-            ".destination and f.fair_key = ",
-            $t,
-            ".fair_key and f.fair_key is not null and f.status = 'processing' \
-             and f.attempts = 0 limit ",
+            ".fair_hold) r) + (select count(*) from (select 1 from deliveries f where ",
+            installation_processing!($t),
+            " and f.attempts = 0 limit ",
             $t,
             ".fair_hold) r) >= ",
             $t,

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use hookinbox_tests::receiver::{Receiver, Reply};
-use hookinbox_tests::{Hook, SECRET, TestEnv, wait_until};
+use hookinbox_tests::{Hook, SECRET, TestEnv};
 
 /// The flooding installation's legs, and the other's.
 const FLOOD: usize = 150;
@@ -62,7 +62,8 @@ fairness = {fairness}
         assert_eq!(ingest.send(&event(2, n)).await.status, 202);
     }
     // With fairness on, the claim holds the flood in Postgres once its
-    // installation has twice its share (2 here) queued: only a few of its
+    // installation has two rounds queued (4 here: twice `concurrency`, no
+    // worker counted on the queue yet): only a few of its
     // legs (those whose claims ran beside each other, 16 sends at once)
     // reach the queue ahead of the other installation's.
     let queued = env
@@ -92,25 +93,8 @@ fairness = {fairness}
     }
     // The worker starts on the whole backlog: the flood first in the
     // queue, the other installation's legs behind it.
-    let worker = env.worker_on(&config, Default::default()).await;
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let running = tokio::spawn({
-        let shutdown = shutdown.clone();
-        async move { worker.run(shutdown).await }
-    });
-
-    wait_until(
-        "every leg to complete",
-        Duration::from_secs(120),
-        || async {
-            env.count("select count(*) from deliveries where status <> 'completed'")
-                .await
-                == 0
-        },
-    )
-    .await;
-    shutdown.cancel();
-    running.await.expect("joins").expect("stops cleanly");
+    env.run_worker_until_completed(&config, Duration::from_secs(120))
+        .await;
 
     assert_eq!(
         env.count("select count(*) from deliveries").await,

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use hookinbox_tests::receiver::{Receiver, Reply};
-use hookinbox_tests::{Hook, SECRET, TestEnv, wait_until};
+use hookinbox_tests::{Hook, SECRET, TestEnv};
 
 /// A `pull_request` event of pull request `number` of one repository,
 /// numbered `n`, updated at `updated_at` (none when `None`).
@@ -74,20 +74,8 @@ ordering = "pull_request"
     for hook in &events {
         assert_eq!(ingest.send(hook).await.status, 202);
     }
-    let worker = env.worker_on(&config, Default::default()).await;
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let running = tokio::spawn({
-        let shutdown = shutdown.clone();
-        async move { worker.run(shutdown).await }
-    });
-    wait_until("every leg to complete", Duration::from_secs(60), || async {
-        env.count("select count(*) from deliveries where status <> 'completed'")
-            .await
-            == 0
-    })
-    .await;
-    shutdown.cancel();
-    running.await.expect("joins").expect("stops cleanly");
+    env.run_worker_until_completed(&config, Duration::from_secs(60))
+        .await;
 
     let mut got = numbers(&skip);
     got.sort_unstable();
