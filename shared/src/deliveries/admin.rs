@@ -41,6 +41,9 @@ set ",
     to_processing!("$6"),
     ",
     attempts = 0, replays = d.replays + 1, dead_lettered_at = null, deferred_since = null,
+    -- A replay is an operator's request to run the leg: `skip_stale` does
+    -- not skip it.
+    stale_clock = null,
     order_seq = coalesce((select seq from place), d.order_seq),
     -- Who skipped it stays only on a leg that was skipped: an unreplay
     -- (its publish failed) skips it again.

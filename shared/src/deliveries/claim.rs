@@ -199,8 +199,8 @@ with input as (
            -- worker) for each worker consuming its queue, as the sampler
            -- last counted them.
            case when l.filter_reason is null and l.fair_key is not null then
-               case when l.fair_hard then 2 * l.fair_cap
-                    else 4 * l.fair_cap * greatest(1, coalesce(
+               case when l.fair_hard then 2::int8 * l.fair_cap
+                    else 4::int8 * l.fair_cap * greatest(1, coalesce(
                         (select x.consumers from destinations x
                          where x.source = i.source and x.name = l.destination), 1))
                end
@@ -905,7 +905,9 @@ with moved as (
         last_error = 'waiting: its installation has its share of legs queued or in flight'
     where ",
     key!(),
-    " and claim_token = $6 and attempts = $7 and status || '' = 'processing'
+    " and claim_token = $6 and attempts = $7
+      and (status || '' = 'processing'
+           or (status || '' = 'failed' and last_error_class = 'lost'))
       and fair_key is not null
     returning provider, source, hook_id, delivery_id, destination
 ), ",
@@ -921,8 +923,10 @@ select count(*) from moved"
 /// published) by the worker after one of its installation's legs ends
 /// (`next_fair`) or by the scheduler's pass (`wake_fair`). One statement,
 /// so the row never waits without a body; guarded like [`park_due`] by the
-/// claim's token and attempts. Returns whether it held the leg; `false`
-/// when the leg moved on (a worker or a concurrent claim has it).
+/// claim's token and attempts, and like it holds a claim the reaper turned
+/// `lost` meanwhile (nothing but this body can finish it). Returns whether
+/// it held the leg; `false` when the leg moved on (a worker or a
+/// concurrent claim has it).
 pub async fn park_fair(
     client: &impl Session,
     key: &LegKey,

@@ -113,7 +113,9 @@ with done as (
         last_error = 'skipped: older than a completed event of its key (skip_stale)'
     where ",
     key!("d"),
-    " and d.claim_token = $6 and d.status = 'processing'
+    " and ",
+    held_by!("d", "$6"),
+    "
       and d.order_key is not null and d.stale_clock is not null
       and exists (select 1 from deliveries c
                   where c.source = d.source and c.destination = d.destination

@@ -271,21 +271,39 @@ impl Worker {
                     if probe {
                         tracing::info!("probing the destination with this leg");
                     }
-                    // Fence before effect: the take made this leg its key's
+                    // Before the effect: the take made this leg its key's
                     // first open one, so every earlier leg of the key has
-                    // ended and the comparison is final.
-                    if lane.skip_stale && self.complete_if_stale(job, token).await {
-                        metrics::counter!(
-                            hookinbox::metrics::LEGS_STALE,
-                            "source" => job.key.source.as_str().to_owned(),
-                            "destination" => job.key.destination.as_str().to_owned(),
-                        )
-                        .increment(1);
-                        tracing::info!(
-                            "older than a completed event of its key; completed without its effect"
-                        );
-                        crate::maintenance::publish_next_of_key(&inner.ctx, &job.key).await;
-                        return JobOutcome::Stale;
+                    // ended and the comparison is final. A probe runs: the
+                    // breaker waits for its answer.
+                    if lane.skip_stale && !probe {
+                        match self.complete_if_stale(job, token).await {
+                            Ok(false) => {}
+                            Ok(true) => {
+                                metrics::counter!(
+                                    hookinbox::metrics::LEGS_STALE,
+                                    "source" => job.key.source.as_str().to_owned(),
+                                    "destination" => job.key.destination.as_str().to_owned(),
+                                )
+                                .increment(1);
+                                tracing::info!(
+                                    "older than a completed event of its key; completed without its effect"
+                                );
+                                crate::maintenance::publish_next_of_key(&inner.ctx, &job.key).await;
+                                return JobOutcome::Stale;
+                            }
+                            // No answer: whether it completed as stale is
+                            // unknown, so the effect may not run. Take again
+                            // with our token: the take finds it completed,
+                            // or ours to check again.
+                            Err(error) => {
+                                tracing::warn!(%error, "staleness not checked; taking the leg again");
+                                presented = token;
+                                if !self.wait_for_db(stop).await {
+                                    return JobOutcome::Left;
+                                }
+                                continue;
+                            }
+                        }
                     }
                     let Ok(slot) = lane.slots.acquire().await else {
                         return JobOutcome::Left;
@@ -361,18 +379,12 @@ impl Worker {
     }
 
     /// `skip_stale`: completes the leg without its effect when it is older
-    /// than a completed leg of its key. `false` when it is not, or when
-    /// Postgres could not say: the leg then runs as it would without
-    /// `skip_stale`.
-    async fn complete_if_stale(&self, job: &Job, token: ClaimToken) -> bool {
-        let stale = match self.inner.pool.get().await {
+    /// than a completed leg of its key; `Ok(true)` when it did.
+    async fn complete_if_stale(&self, job: &Job, token: ClaimToken) -> Result<bool, DbError> {
+        match self.inner.pool.get().await {
             Ok(client) => deliveries::complete_stale(&client, &job.key, token).await,
             Err(e) => Err(DbError::from(e)),
-        };
-        stale.unwrap_or_else(|error| {
-            tracing::warn!(%error, "staleness not checked; running the leg");
-            false
-        })
+        }
     }
 
     /// Runs the handler once under the take's token, with the heartbeat and
