@@ -144,3 +144,77 @@ async fn with_fairness_off_another_installation_waits_behind_the_flood() {
         "with fairness off the other installation finished behind only {before} of {FLOOD}"
     );
 }
+
+/// A hold that comes only after the claim's lease and the reaper's grace
+/// ran out (ingest stalled between its claim and its hold): the reaper has
+/// marked the claim `lost`, keeping its token, and ingest answers 202, so
+/// the hold must still park the body, or nothing could finish the leg. A
+/// claim taken since (another token) is never held over.
+#[tokio::test]
+async fn a_hold_after_the_reaper_marked_the_claim_lost_still_parks_the_body() {
+    use hookinbox::deliveries::{self, ClaimRequest};
+    use sha2::{Digest, Sha256};
+
+    let env = TestEnv::new().await;
+    let hook = Hook::fixture("push");
+    let pool = env.pool(1);
+    let client = pool.get().await.expect("client");
+    let mut policy = env.policy();
+    policy.lease = Duration::ZERO;
+    let claim = deliveries::claim(
+        &client,
+        &policy,
+        &ClaimRequest {
+            origin: Default::default(),
+            key: hook.key(),
+            event: "push".into(),
+            action: None,
+            repository: None,
+            body_sha256: Sha256::digest(&hook.body).into(),
+            guarded: false,
+            pinned: false,
+            legs: vec![deliveries::LegRequest {
+                fair: Some((String::new(), 1, false)),
+                ..hookinbox_tests::store_leg()
+            }],
+        },
+    )
+    .await
+    .expect("claim");
+    let Some(token) = hookinbox_tests::claimed_token(&claim) else {
+        panic!("{claim:?}")
+    };
+    assert_eq!(env.reap_now().await, 1, "the reaper marks the claim lost");
+
+    let headers = vec![("X-GitHub-Event".to_owned(), "push".to_owned())];
+    let parked = deliveries::ParkedBody {
+        content_type: "application/json",
+        headers: &headers,
+        body: &hook.body,
+    };
+    let other = hookinbox::ClaimToken(uuid::Uuid::new_v4());
+    assert!(
+        !deliveries::park_fair(&client, &hook.leg(), other, 0, parked)
+            .await
+            .expect("hold"),
+        "a claim under another token is not held over"
+    );
+    assert!(
+        deliveries::park_fair(&client, &hook.leg(), token, 0, parked)
+            .await
+            .expect("hold"),
+        "the lost claim's own hold parks its body"
+    );
+    assert_eq!(
+        env.count(
+            "select count(*) from deliveries d join parked_bodies p \
+             using (provider, source, hook_id, delivery_id, destination) \
+             where d.status = 'failed' and d.retryable and d.next_attempt_at is null \
+               and d.last_error_class = 'fair' and d.attempts = 0"
+        )
+        .await,
+        1,
+        "waiting for its installation's turn, with its body, no attempt spent"
+    );
+    env.cleanup().await;
+}
