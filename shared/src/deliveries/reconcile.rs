@@ -56,9 +56,31 @@ pub async fn held(
             Status::Completed => Held::Completed,
             other => Held::Durable(other),
         };
-        held.insert(row.get(0), state);
+        // A row per leg: the delivery is what its neediest leg is. One leg
+        // awaiting a redelivery needs it however many others completed
+        // (its ingest may die after publishing some legs and before the
+        // rest).
+        held.entry(row.get(0))
+            .and_modify(|known: &mut Held| {
+                if state.need() > known.need() {
+                    *known = state;
+                }
+            })
+            .or_insert(state);
     }
     Ok(held)
+}
+
+impl Held {
+    /// How much a delivery in this state needs from the reconciler:
+    /// completed nothing, durable a watch, awaiting a redelivery.
+    fn need(self) -> u8 {
+        match self {
+            Self::Completed => 0,
+            Self::Durable(_) => 1,
+            Self::AwaitingRedelivery => 2,
+        }
+    }
 }
 
 /// One source's reconciler state (`reconcile_state`, written by the

@@ -1199,3 +1199,84 @@ async fn throttled_deliveries_are_counted_on_their_own() {
     assert!(text.contains("throttled 1"), "{text}");
     env.cleanup().await;
 }
+
+/// A delivery is what its neediest leg is: one leg claimed and never
+/// published (its ingest died after publishing the others) awaits a
+/// redelivery from GitHub however many of its other legs completed, in
+/// whatever order Postgres returns the legs.
+#[tokio::test]
+async fn a_delivery_with_one_leg_awaiting_a_redelivery_awaits_it_though_its_other_legs_completed() {
+    use hookinbox::deliveries::{self, ClaimRequest, Held, LegRequest};
+    use hookinbox::key::{DestinationName, SourceName};
+    use sha2::{Digest, Sha256};
+
+    let env = TestEnv::new().await;
+    let hook = Hook::fixture("push");
+    let pool = env.pool(1);
+    let client = pool.get().await.expect("client");
+    let legs: Vec<LegRequest> = ["a", "m", "z"]
+        .into_iter()
+        .map(|name| LegRequest {
+            destination: DestinationName::parse(name).expect("name"),
+            ..hookinbox_tests::store_leg()
+        })
+        .collect();
+    deliveries::claim(
+        &client,
+        &env.policy(),
+        &ClaimRequest {
+            origin: Default::default(),
+            key: hook.key(),
+            event: "push".into(),
+            action: None,
+            repository: None,
+            body_sha256: Sha256::digest(&hook.body).into(),
+            guarded: false,
+            pinned: false,
+            legs,
+        },
+    )
+    .await
+    .expect("claim");
+    let source = SourceName::default_source();
+    let hook_id = hook.key().hook_id.as_str().to_owned();
+    let id = hook.key().delivery_id.as_str().to_owned();
+    for awaiting in ["a", "m", "z"] {
+        env.db
+            .execute(
+                "update deliveries set status = 'completed', completed_at = now(), \
+                 last_error_class = null where destination <> $1",
+                &[&awaiting],
+            )
+            .await
+            .expect("complete the others");
+        env.db
+            .execute(
+                "update deliveries set status = 'failed', retryable = true, failed_at = now(), \
+                 last_error_class = 'lost', completed_at = null where destination = $1",
+                &[&awaiting],
+            )
+            .await
+            .expect("one leg lost without a body");
+        let held = deliveries::held(&client, &source, &hook_id, &[id.as_str()])
+            .await
+            .expect("held");
+        assert_eq!(
+            held.get(&id),
+            Some(&Held::AwaitingRedelivery),
+            "with leg {awaiting} lost and no body parked"
+        );
+    }
+    env.db
+        .execute(
+            "update deliveries set status = 'completed', completed_at = now(), last_error_class = null",
+            &[],
+        )
+        .await
+        .expect("all completed");
+    let held = deliveries::held(&client, &source, &hook_id, &[id.as_str()])
+        .await
+        .expect("held");
+    assert_eq!(held.get(&id), Some(&Held::Completed));
+    env.cleanup().await;
+}
