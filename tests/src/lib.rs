@@ -69,6 +69,26 @@ pub fn store_leg() -> hookinbox::deliveries::LegRequest {
     }
 }
 
+/// A claim of `hook` (its key, event and body's hash; no action or
+/// repository; the replay guard off) for `legs`.
+pub fn claim_request(
+    hook: &Hook,
+    legs: Vec<hookinbox::deliveries::LegRequest>,
+) -> hookinbox::deliveries::ClaimRequest {
+    use sha2::Digest;
+    hookinbox::deliveries::ClaimRequest {
+        origin: Default::default(),
+        key: hook.key(),
+        event: hook.event.clone().expect("an event"),
+        action: None,
+        repository: None,
+        body_sha256: Sha256::digest(&hook.body).into(),
+        guarded: false,
+        pinned: false,
+        legs,
+    }
+}
+
 /// The token of a claim that claimed its delivery's one leg.
 pub fn claimed_token(claim: &hookinbox::deliveries::Claim) -> Option<hookinbox::ClaimToken> {
     use hookinbox::deliveries::{Claim, LegClaim};
@@ -539,40 +559,25 @@ impl TestEnv {
     /// publish leaves it: a processing claim whose lease is already over,
     /// no job, and no body anywhere but at GitHub (awaiting redelivery).
     pub async fn claim_unpublished(&self, hook: &Hook) {
-        use hookinbox::deliveries::{self, Claim, ClaimRequest, LegClaim, LegRequest};
-        use sha2::Digest;
-
-        let mut policy = self.policy();
-        policy.lease = Duration::ZERO;
         let pool = self.pool(1);
         let client = pool.get().await.expect("client");
-        let claim = deliveries::claim(
-            &client,
-            &policy,
-            &ClaimRequest {
-                origin: Default::default(),
-                key: hook.key(),
-                event: hook.event.clone().expect("an event"),
-                action: None,
-                repository: None,
-                body_sha256: Sha256::digest(&hook.body).into(),
-                guarded: false,
-                pinned: false,
-                legs: vec![LegRequest {
-                    destination: store_destination(),
-                    filtered: None,
-                    order_key: None,
-                    fair: None,
-                    stale_clock: None,
-                }],
-            },
-        )
-        .await
-        .expect("claim");
-        assert!(
-            matches!(&claim, Claim::Legs(legs) if matches!(legs[..], [(_, LegClaim::Claimed { .. })])),
-            "{claim:?}"
-        );
+        self.claim_expired(&client, hook, store_leg()).await;
+    }
+
+    /// Claims `hook`'s one leg `leg` with a lease that is already over
+    /// (nothing published), and returns the claim's token.
+    pub async fn claim_expired(
+        &self,
+        client: &deadpool_postgres::Object,
+        hook: &Hook,
+        leg: hookinbox::deliveries::LegRequest,
+    ) -> hookinbox::ClaimToken {
+        let mut policy = self.policy();
+        policy.lease = Duration::ZERO;
+        let claim = hookinbox::deliveries::claim(client, &policy, &claim_request(hook, vec![leg]))
+            .await
+            .expect("claim");
+        claimed_token(&claim).unwrap_or_else(|| panic!("{claim:?}"))
     }
 
     /// Runs the reaper with no grace: every claim whose lease is over

@@ -152,38 +152,17 @@ async fn with_fairness_off_another_installation_waits_behind_the_flood() {
 /// claim taken since (another token) is never held over.
 #[tokio::test]
 async fn a_hold_after_the_reaper_marked_the_claim_lost_still_parks_the_body() {
-    use hookinbox::deliveries::{self, ClaimRequest};
-    use sha2::{Digest, Sha256};
+    use hookinbox::deliveries;
 
     let env = TestEnv::new().await;
     let hook = Hook::fixture("push");
     let pool = env.pool(1);
     let client = pool.get().await.expect("client");
-    let mut policy = env.policy();
-    policy.lease = Duration::ZERO;
-    let claim = deliveries::claim(
-        &client,
-        &policy,
-        &ClaimRequest {
-            origin: Default::default(),
-            key: hook.key(),
-            event: "push".into(),
-            action: None,
-            repository: None,
-            body_sha256: Sha256::digest(&hook.body).into(),
-            guarded: false,
-            pinned: false,
-            legs: vec![deliveries::LegRequest {
-                fair: Some((String::new(), 1, false)),
-                ..hookinbox_tests::store_leg()
-            }],
-        },
-    )
-    .await
-    .expect("claim");
-    let Some(token) = hookinbox_tests::claimed_token(&claim) else {
-        panic!("{claim:?}")
+    let fair = deliveries::LegRequest {
+        fair: Some((String::new(), 1, false)),
+        ..hookinbox_tests::store_leg()
     };
+    let token = env.claim_expired(&client, &hook, fair).await;
     assert_eq!(env.reap_now().await, 1, "the reaper marks the claim lost");
 
     let headers = vec![("X-GitHub-Event".to_owned(), "push".to_owned())];

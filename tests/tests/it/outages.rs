@@ -307,28 +307,9 @@ async fn a_publish_that_fails_after_the_reaper_marked_the_claim_lost_still_parks
     let hook = Hook::fixture("push");
     let pool = env.pool(1);
     let client = pool.get().await.expect("client");
-    let mut policy = env.policy();
-    policy.lease = std::time::Duration::ZERO;
-    let claim = deliveries::claim(
-        &client,
-        &policy,
-        &ClaimRequest {
-            origin: Default::default(),
-            key: hook.key(),
-            event: "push".into(),
-            action: None,
-            repository: None,
-            body_sha256: Sha256::digest(&hook.body).into(),
-            guarded: false,
-            pinned: false,
-            legs: vec![hookinbox_tests::store_leg()],
-        },
-    )
-    .await
-    .expect("claim");
-    let Some(token) = hookinbox_tests::claimed_token(&claim) else {
-        panic!("{claim:?}")
-    };
+    let token = env
+        .claim_expired(&client, &hook, hookinbox_tests::store_leg())
+        .await;
     assert_eq!(env.reap_now().await, 1, "the reaper marks the claim lost");
 
     // Another token (a take since) is refused: that leg is in flight.

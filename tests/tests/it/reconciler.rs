@@ -270,36 +270,12 @@ async fn deliveries_sent_while_ingest_was_down_are_redelivered_once_each_and_com
 #[tokio::test]
 async fn a_claim_whose_ingest_died_before_publishing_is_listed_then_redelivered_and_completed_once()
 {
-    use hookinbox::deliveries::{self, ClaimRequest};
-    use sha2::{Digest, Sha256};
-
     let (env, ingest) = TestEnv::with_ingest().await;
     let gh = Github::start(&env, format!("{}/webhooks/github", ingest.base));
     // GitHub sent it; ingest claimed it and died before the publish and
     // the answer: GitHub logged no answer, and nothing carries the claim.
     let hook = Hook::fixture("push");
-    let sha: [u8; 32] = Sha256::digest(&hook.body).into();
-    let mut policy = env.policy();
-    policy.lease = Duration::ZERO;
-    let pool = env.pool(1);
-    let client = pool.get().await.expect("client");
-    deliveries::claim(
-        &client,
-        &policy,
-        &ClaimRequest {
-            origin: Default::default(),
-            key: hook.key(),
-            event: "push".into(),
-            action: None,
-            repository: None,
-            body_sha256: sha,
-            guarded: false,
-            pinned: false,
-            legs: vec![hookinbox_tests::store_leg()],
-        },
-    )
-    .await
-    .expect("claim");
+    env.claim_unpublished(&hook).await;
     gh.fake.record(
         gh.hook,
         hook.id(),
@@ -1206,9 +1182,8 @@ async fn throttled_deliveries_are_counted_on_their_own() {
 /// whatever order Postgres returns the legs.
 #[tokio::test]
 async fn a_delivery_with_one_leg_awaiting_a_redelivery_awaits_it_though_its_other_legs_completed() {
-    use hookinbox::deliveries::{self, ClaimRequest, Held, LegRequest};
+    use hookinbox::deliveries::{self, Held, LegRequest};
     use hookinbox::key::{DestinationName, SourceName};
-    use sha2::{Digest, Sha256};
 
     let env = TestEnv::new().await;
     let hook = Hook::fixture("push");
@@ -1224,17 +1199,7 @@ async fn a_delivery_with_one_leg_awaiting_a_redelivery_awaits_it_though_its_othe
     deliveries::claim(
         &client,
         &env.policy(),
-        &ClaimRequest {
-            origin: Default::default(),
-            key: hook.key(),
-            event: "push".into(),
-            action: None,
-            repository: None,
-            body_sha256: Sha256::digest(&hook.body).into(),
-            guarded: false,
-            pinned: false,
-            legs,
-        },
+        &hookinbox_tests::claim_request(&hook, legs),
     )
     .await
     .expect("claim");
