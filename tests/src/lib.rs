@@ -13,6 +13,7 @@ pub mod github;
 pub mod handlers;
 pub mod octokit;
 pub mod otlp;
+pub mod private_pg;
 pub mod proxy;
 pub mod receiver;
 pub mod tls_receiver;

@@ -11,6 +11,7 @@ use lapin::types::{AMQPValue, LongString};
 use lapin::{Channel, Connection, ConnectionProperties};
 
 mod message;
+mod nodes;
 mod publisher;
 mod topology;
 
@@ -52,19 +53,61 @@ pub enum BrokerError {
     Channel(#[from] lapin::Error),
 }
 
-/// Checks `AMQP_URL` without connecting.
+/// Checks `AMQP_URL` without connecting: one URL, or the URLs of a
+/// cluster's nodes separated by commas, each valid.
 pub fn check_url(url: &str) -> Result<(), BrokerError> {
-    url.parse::<lapin::uri::AMQPUri>()
-        .map(|_| ())
-        .map_err(BrokerError::BadUrl)
+    let urls = nodes::urls(url);
+    if urls.is_empty() {
+        return Err(BrokerError::BadUrl("no URL".to_owned()));
+    }
+    for (i, node) in urls.iter().enumerate() {
+        node.parse::<lapin::uri::AMQPUri>().map_err(|e| {
+            BrokerError::BadUrl(if urls.len() > 1 {
+                format!("node {} of {}: {e}", i + 1, urls.len())
+            } else {
+                e
+            })
+        })?;
+    }
+    Ok(())
 }
 
 fn long_string(s: &str) -> AMQPValue {
     AMQPValue::LongString(LongString::from(s.to_owned()))
 }
 
-/// Opens a connection whose I/O runs on the current tokio runtime.
+/// Opens a connection whose I/O runs on the current tokio runtime, to
+/// the first node of `url` (one URL, or a cluster's, comma-separated) that
+/// answers within `timeout`: the node this process reached last first,
+/// then the others in turn. When that connection is lost, the next one
+/// starts at the node after it (`nodes`).
 pub async fn connect(url: &str, name: &str, timeout: Duration) -> Result<Connection, BrokerError> {
+    let urls = nodes::urls(url);
+    let mut last = BrokerError::BadUrl("no URL".to_owned());
+    for i in nodes::order(urls.len()) {
+        match connect_node(urls[i], name, timeout).await {
+            Ok(connection) => {
+                nodes::reached(i);
+                if urls.len() > 1 {
+                    let count = urls.len();
+                    connection.on_error(move |_| nodes::lost(i, count));
+                    tracing::info!(node = i + 1, nodes = count, "connected to RabbitMQ");
+                }
+                return Ok(connection);
+            }
+            Err(e) => {
+                if urls.len() > 1 {
+                    tracing::warn!(node = i + 1, nodes = urls.len(), error = %e, "RabbitMQ node unavailable; trying the next");
+                }
+                last = e;
+            }
+        }
+    }
+    Err(last)
+}
+
+/// Connects to one node.
+async fn connect_node(url: &str, name: &str, timeout: Duration) -> Result<Connection, BrokerError> {
     let properties = ConnectionProperties::default()
         .with_executor(tokio_executor_trait::Tokio::current())
         .with_reactor(tokio_reactor_trait::Tokio)

@@ -121,6 +121,13 @@ pub fn parse_url(url: &str) -> Result<tokio_postgres::Config, DbError> {
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(Duration::from_secs(5));
     }
+    // Several hosts (a primary and its standbys, `postgres://h1,h2/db`):
+    // every connection writes, so it goes only to the one that takes
+    // writes, whatever the URL's `target_session_attrs` says. After a
+    // failover, each new connection finds the promoted standby by itself.
+    if config.get_hosts().len() > 1 {
+        config.target_session_attrs(tokio_postgres::config::TargetSessionAttrs::ReadWrite);
+    }
     // Keepalives find a peer that vanished from an idle connection: the
     // first probe after 30 s of silence, then every 10 s, given up after
     // 3 unanswered (about a minute in all).
@@ -295,6 +302,24 @@ pub async fn ping(pool: &Pool) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn several_hosts_connect_only_to_the_one_that_takes_writes() {
+        use tokio_postgres::config::TargetSessionAttrs;
+        let one = parse_url("postgres://u@127.0.0.1:5432/db").expect("url");
+        assert_eq!(one.get_target_session_attrs(), TargetSessionAttrs::Any);
+        for url in [
+            "postgres://u@127.0.0.1:5432,127.0.0.1:5433/db",
+            "postgres://u@127.0.0.1:5432,127.0.0.1:5433/db?target_session_attrs=any",
+        ] {
+            let config = parse_url(url).expect("url");
+            assert_eq!(config.get_hosts().len(), 2);
+            assert_eq!(
+                config.get_target_session_attrs(),
+                TargetSessionAttrs::ReadWrite
+            );
+        }
+    }
 
     #[test]
     fn sessions_get_keepalives_and_their_settings_unless_behind_a_transaction_pooler() {

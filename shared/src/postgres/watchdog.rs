@@ -12,7 +12,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 use tokio_postgres::NoTls;
-use tokio_postgres::config::Host;
+use tokio_postgres::config::{Host, TargetSessionAttrs};
 
 /// Connects through a [`Watchdog`] stream.
 pub(super) struct Connect {
@@ -30,23 +30,49 @@ impl deadpool_postgres::Connect for Connect {
         let config = config.clone();
         let request_timeout = self.request_timeout;
         Box::pin(async move {
-            let (client, connection) = match tcp(&config).await {
-                Some(stream) => {
-                    config
+            // A Unix socket cannot be half-open across a network: such a
+            // host is connected by tokio-postgres itself.
+            if config.get_hosts().iter().all(|h| matches!(h, Host::Tcp(_))) {
+                let read_write = config.get_target_session_attrs() == TargetSessionAttrs::ReadWrite;
+                for i in 0..config.get_hosts().len() {
+                    let Some(stream) = tcp(&config, i).await else {
+                        continue;
+                    };
+                    let Ok((client, connection)) = config
                         .connect_raw(Watchdog::new(stream, request_timeout), NoTls)
-                        .await?
+                        .await
+                    else {
+                        continue;
+                    };
+                    let connection = spawn(connection);
+                    // Why: `connect_raw` skips `target_session_attrs`; a
+                    // standby (or a primary being demoted) must never be
+                    // handed out for writes.
+                    if read_write && !takes_writes(&client).await {
+                        connection.abort();
+                        continue;
+                    }
+                    return Ok((client, connection));
                 }
-                // A Unix socket cannot be half-open across a network, and
-                // a failed TCP connect is best reported by tokio-postgres
-                // itself (its errors cannot be built outside it).
-                None => {
-                    let (client, connection) = config.connect(NoTls).await?;
-                    return Ok((client, spawn(connection)));
-                }
-            };
+            }
+            // No host would do (or a socket): tokio-postgres tries them
+            // again and says why (its errors cannot be built outside it).
+            let (client, connection) = config.connect(NoTls).await?;
             Ok((client, spawn(connection)))
         })
     }
+}
+
+/// Whether the server behind `client` takes writes (not a standby, nor
+/// read-only by default), as libpq's `target_session_attrs=read-write`
+/// asks.
+async fn takes_writes(client: &tokio_postgres::Client) -> bool {
+    let Ok(messages) = client.simple_query("SHOW transaction_read_only").await else {
+        return false;
+    };
+    messages.iter().any(
+        |m| matches!(m, tokio_postgres::SimpleQueryMessage::Row(row) if row.get(0) == Some("off")),
+    )
 }
 
 fn spawn<F>(connection: F) -> tokio::task::JoinHandle<()>
@@ -60,28 +86,26 @@ where
     })
 }
 
-/// The first TCP host of `config` that accepts a connection in time.
-async fn tcp(config: &tokio_postgres::Config) -> Option<TcpStream> {
+/// A TCP connection to `config`'s host `i`, if it accepts one in time.
+async fn tcp(config: &tokio_postgres::Config, i: usize) -> Option<TcpStream> {
     let ports = config.get_ports();
     let timeout = config
         .get_connect_timeout()
         .copied()
         .unwrap_or(Duration::from_secs(5));
-    for (i, host) in config.get_hosts().iter().enumerate() {
-        let Host::Tcp(name) = host else {
-            return None;
-        };
-        let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
-        if let Ok(Ok(stream)) =
-            tokio::time::timeout(timeout, TcpStream::connect((name.as_str(), port))).await
-        {
-            let _ = stream.set_nodelay(true);
-            let keepalive = socket2::TcpKeepalive::new().with_time(Duration::from_secs(30));
-            let _ = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive);
-            return Some(stream);
-        }
-    }
-    None
+    let Some(Host::Tcp(name)) = config.get_hosts().get(i) else {
+        return None;
+    };
+    let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+    let Ok(Ok(stream)) =
+        tokio::time::timeout(timeout, TcpStream::connect((name.as_str(), port))).await
+    else {
+        return None;
+    };
+    let _ = stream.set_nodelay(true);
+    let keepalive = socket2::TcpKeepalive::new().with_time(Duration::from_secs(30));
+    let _ = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive);
+    Some(stream)
 }
 
 /// Fails reads once a write has had no byte of answer for `timeout`.
