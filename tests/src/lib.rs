@@ -1039,6 +1039,35 @@ impl ModelDb {
     }
 }
 
+/// Asserts that a model-based test's cases reached every path it counts
+/// (`reached[i]` counts the path named `paths[i]`), and prints the counts.
+pub fn assert_reached(reached: &[std::sync::atomic::AtomicUsize], paths: &[&str]) {
+    let counts: Vec<usize> = reached
+        .iter()
+        .map(|n| n.load(std::sync::atomic::Ordering::Relaxed))
+        .collect();
+    let named: Vec<String> = paths
+        .iter()
+        .zip(&counts)
+        .map(|(path, n)| format!("{path} {n}"))
+        .collect();
+    eprintln!("paths reached: {}", named.join(", "));
+    assert!(
+        counts.iter().all(|n| *n > 0),
+        "the cases missed a path: {}",
+        named.join(", ")
+    );
+}
+
+/// An empty JSON body to park, for the model-based tests.
+pub fn parked_json() -> hookinbox::deliveries::ParkedBody<'static> {
+    hookinbox::deliveries::ParkedBody {
+        content_type: "application/json",
+        headers: &[],
+        body: b"{}",
+    }
+}
+
 /// A model-based test's number of cases: `PROPTEST_CASES`, else `default`.
 pub fn proptest_cases(default: u32) -> u32 {
     std::env::var("PROPTEST_CASES")

@@ -24,8 +24,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use hookinbox::deliveries::{
-    self, ClaimRequest, ErrorClass, Failure, LegClaim, LegRequest, ParkedBody, Policy, Replayed,
-    Take,
+    self, ClaimRequest, ErrorClass, Failure, LegClaim, LegRequest, Policy, Replayed, Take,
 };
 use hookinbox::key::{
     ClaimToken, DeliveryId, DeliveryKey, DestinationName, HookId, LegKey, SourceName,
@@ -158,13 +157,7 @@ struct Sut {
     policy: Policy,
 }
 
-fn parked() -> ParkedBody<'static> {
-    ParkedBody {
-        content_type: "application/json",
-        headers: &[],
-        body: b"{}",
-    }
-}
+use hookinbox_tests::parked_json as parked;
 
 impl Sut {
     fn leg_of(&self, key: &LegKey) -> usize {
@@ -529,11 +522,9 @@ prop_state_machine! {
 #[test]
 fn ordered_legs_start_and_complete_in_claim_order_one_at_a_time() {
     run_every_case();
-    let reached: Vec<usize> = REACHED.iter().map(|n| n.load(Ordering::Relaxed)).collect();
-    eprintln!("started, waited, completed, skipped, retried: {reached:?}");
-    assert!(
-        reached.iter().all(|n| *n > 0),
-        "the cases missed a path (started, waited, completed, skipped, retried): {reached:?}"
+    hookinbox_tests::assert_reached(
+        &REACHED,
+        &["started", "waited", "completed", "skipped", "retried"],
     );
     shared().drop_database();
 }

@@ -270,9 +270,10 @@ pub struct Destination {
     pub disable_after: Duration,
     /// Its legs' order per key, if ordered.
     pub ordering: Option<Ordering>,
-    /// Whether its legs are shared out fairly across installations
-    /// (`fairness = true`; off by default, and never for an ordered
-    /// destination, whose keys already take one leg at a time).
+    /// Whether its legs are shared out fairly across installations: on by
+    /// default for an unordered destination (`fairness = false` turns it
+    /// off), never for an ordered one, whose keys already take one leg at
+    /// a time.
     pub fairness: bool,
     /// `per_key_concurrency`: a hard cap on an installation's legs in
     /// flight; `None`: an installation keeps half the destination's
@@ -304,7 +305,7 @@ impl Destination {
             breaker,
             disable_after: DEFAULT_DISABLE_AFTER,
             ordering: None,
-            fairness: false,
+            fairness: true,
             per_key_concurrency: None,
             skip_stale: false,
         }
@@ -564,10 +565,10 @@ impl FileDestination {
                     || ConfigError::field(&at("per_key_concurrency"), "must be 1 to 65535"),
                 )?),
             };
-        if per_key_concurrency.is_some() && (ordering.is_some() || self.fairness != Some(true)) {
+        if per_key_concurrency.is_some() && (ordering.is_some() || self.fairness == Some(false)) {
             return Err(ConfigError::field(
                 &at("per_key_concurrency"),
-                "needs fairness = true (and no ordering)",
+                "needs fairness (on by default) and no ordering",
             ));
         }
         let skip_stale = self.skip_stale.unwrap_or(false);
@@ -588,7 +589,8 @@ impl FileDestination {
             breaker,
             disable_after,
             ordering,
-            fairness: self.fairness.unwrap_or(false),
+            // On unless turned off, for an unordered destination.
+            fairness: self.fairness.unwrap_or(ordering.is_none()),
             per_key_concurrency,
             skip_stale,
         })

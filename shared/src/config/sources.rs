@@ -504,6 +504,7 @@ name = "quiet"
 kind = "forward"
 url = "https://example.com/hook"
 breaker = false
+fairness = false
 "#,
         )
         .expect("valid");
@@ -524,6 +525,9 @@ breaker = false
         assert!(matches!(&d[2].kind, DestinationKind::Custom(k) if k == "commit_counter"));
         assert!(d[2].breaker.is_some());
         assert!(d[3].breaker.is_none());
+        // Fairness is on unless turned off, and never for an ordered one.
+        assert!(d[0].fairness && d[2].fairness);
+        assert!(!d[1].fairness && !d[3].fairness);
     }
 
     #[test]
@@ -571,7 +575,7 @@ breaker = false
                 "sources[0].destinations[0].fairness",
             ),
             (
-                "name = \"x\"\nkind = \"store\"\nper_key_concurrency = 2\n",
+                "name = \"x\"\nkind = \"store\"\nfairness = false\nper_key_concurrency = 2\n",
                 "sources[0].destinations[0].per_key_concurrency",
             ),
             (

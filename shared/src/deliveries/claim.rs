@@ -190,21 +190,7 @@ with input as (
            case when l.filter_reason is null then l.fair_cap end as fair_cap,
            case when l.filter_reason is null then l.fair_hard end as fair_hard,
            case when l.filter_reason is null and l.order_key is not null
-                then l.stale_clock end as stale_clock,
-           -- How many of its installation's legs may be queued or running
-           -- before a new one is held (`crowded!`): two rounds, one running
-           -- and one queued behind it (so a worker never waits for a
-           -- release to reach it): twice a hard cap; else four times the
-           -- share (twice the destination's `concurrency`, which is per
-           -- worker) for each worker consuming its queue, as the sampler
-           -- last counted them.
-           case when l.filter_reason is null and l.fair_key is not null then
-               case when l.fair_hard then 2::int8 * l.fair_cap
-                    else 4::int8 * l.fair_cap * greatest(1, coalesce(
-                        (select x.consumers from destinations x
-                         where x.source = i.source and x.name = l.destination), 1))
-               end
-           end as fair_hold
+                then l.stale_clock end as stale_clock
     from unnest($11::int8[], $12::text[], $13::text[], $18::text[], $20::text[], $21::int4[],
                 $22::bool[], $23::timestamptz[])
         as l(ix, destination, filter_reason, order_key, fair_key, fair_cap, fair_hard,
@@ -322,10 +308,17 @@ select c.provider, c.source, c.hook_id, c.delivery_id, c.destination, c.claim_to
            where i.guarded and g.hook_id <> i.hook_id and not i.pinned)
             then hookinbox_copied_event() end,
        -- Read in the statement's snapshot: the installation's legs that
-       -- other claims committed, not this batch's.
-       coalesce(c.inserted and c.status = 'processing' and l.fair_key is not null and ",
+       -- other claims committed, not this batch's. Held too behind the
+       -- installation's legs already waiting, which only the releases
+       -- publish, one per leg that ends: a claim that counted while a
+       -- release was on its way would otherwise take the same freed place
+       -- (and the spare slot with it).
+       coalesce(c.inserted and c.status = 'processing' and l.fair_key is not null and (",
     crowded!("l"),
-    ", false)
+    " or exists (select 1 from deliveries w
+                    where w.source = l.source and w.destination = l.destination
+                      and w.fair_key = l.fair_key and w.fair_key is not null
+                      and w.status = 'failed' and w.last_error_class = 'fair')), false)
 from (select * from reclaimed union all select * from inserted) c
 left join asked a using (provider, source, hook_id, delivery_id)
 left join legs l using (provider, source, hook_id, delivery_id, destination)"

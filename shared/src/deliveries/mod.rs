@@ -292,27 +292,58 @@ macro_rules! yields {
     };
 }
 
-/// Whether a new leg `$t` of a fair destination (its `fair_key` and
-/// `fair_hold`) finds its installation crowded there: with `fair_hold` of
-/// its legs already `processing` (queued or running), the claim holds the
-/// leg in Postgres instead of adding it to the queue, so the queue never
-/// holds much more than the workers can run at once of one installation
-/// ahead of another's. Each count stops at the bound; the two partial
-/// indexes of migration 17 serve them.
+/// How many of the fair leg `$t`'s installation's legs may be queued or
+/// running at its destination (its `source`, `destination`, `fair_cap`
+/// and `fair_hard`) before a new one waits (`crowded!`). A hard cap
+/// (`per_key_concurrency`): two rounds of it, one running and one queued
+/// behind it, so its slots never wait for a release. Else one round:
+/// twice the share (the destination's `concurrency`, which is per worker)
+/// for each worker consuming its queue, as the sampler last counted them;
+/// each worker keeps one slot more than that (the worker's lanes), so
+/// another installation's leg finds a free slot at once instead of
+/// queuing behind the flood for a leg's time.
+macro_rules! fair_hold {
+    ($t:literal) => {
+        concat!(
+            "(case when ",
+            $t,
+            ".fair_hard then 2::int8 * ",
+            $t,
+            ".fair_cap else 2::int8 * ",
+            $t,
+            ".fair_cap * greatest(1, coalesce((select x.consumers from destinations x \
+             where x.source = ",
+            $t,
+            ".source and x.name = ",
+            $t,
+            ".destination), 1)) end)"
+        )
+    };
+}
+
+/// Whether the fair leg `$t`'s installation is crowded at its
+/// destination: it has its hold (`fair_hold!`) of legs `processing`
+/// (queued or running) besides `$t`. A new leg so found is held in
+/// Postgres by the claim instead of added to the queue, and a waiting one
+/// is not released (by a leg that ended, or the scheduler's wake), so the
+/// queue never holds much more than a round of one installation's legs
+/// ahead of another's, and a hold gone over (claims and releases that
+/// count at the same moment) comes back to it as legs end. Each count
+/// stops at the bound; the two partial indexes of migration 17 serve
+/// them.
 macro_rules! crowded {
     ($t:literal) => {
         concat!(
             "(select count(*) from (select 1 from deliveries f where ",
             installation_processing!($t),
             " and f.attempts > 0 limit ",
-            $t,
-            ".fair_hold) r) + (select count(*) from (select 1 from deliveries f where ",
+            fair_hold!($t),
+            ") r) + (select count(*) from (select 1 from deliveries f where ",
             installation_processing!($t),
             " and f.attempts = 0 limit ",
-            $t,
-            ".fair_hold) r) >= ",
-            $t,
-            ".fair_hold"
+            fair_hold!($t),
+            ") r) >= ",
+            fair_hold!($t)
         )
     };
 }

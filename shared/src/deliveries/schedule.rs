@@ -220,7 +220,8 @@ pub async fn next_of_key(
 /// The wake of fair destinations' waiting legs (docs/architecture.md,
 /// "Fairness"): per installation with legs waiting (class `fair`, not
 /// due), its oldest becomes due now, unless it would only yield again
-/// (the take's own gate, `yields!`); the same pass's [`schedule_due`]
+/// (the take's own gate, `yields!`) or its installation has its hold
+/// queued or running (`crowded!`); the same pass's [`schedule_due`]
 /// publishes it. The way back for a leg whose installation's legs all
 /// ended without releasing it ([`next_fair`] is the fast way). Returns
 /// the destinations that have legs waiting, so the workers know to
@@ -240,6 +241,8 @@ with heads as materialized (
     join deliveries d using (provider, source, hook_id, delivery_id, destination)
     where d.next_attempt_at is null and not ",
     yields!("d"),
+    " and not ",
+    crowded!("d"),
     "
     order by d.provider, d.source, d.hook_id, d.delivery_id, d.destination
     for update of d skip locked
@@ -264,22 +267,29 @@ pub async fn wake_fair(client: &impl Session) -> Result<Vec<(String, String)>, D
 }
 
 /// The next leg of the installation of the fair leg `$1`–`$5`, which just
-/// ended: its oldest leg waiting for its turn, moved to `processing` under
+/// ended, unless the installation still has its hold queued or running
+/// (`crowded!`): its oldest leg waiting for its turn, moved to `processing` under
 /// a new token (its destination closed), with its parked body to publish.
 /// One statement on that installation's waiting legs alone.
 const NEXT_FAIR: &str = concat!(
     "
 with done as (
-    select source, destination, fair_key from deliveries
+    select source, destination, fair_key, fair_cap, fair_hard from deliveries
     where ",
     key!(),
     " and fair_key is not null
 ), head as (
+    -- Not while the installation still has its hold queued or running
+    -- (claims and releases that counted at the same moment went over it):
+    -- the next of its legs to end releases it instead.
     select d.provider, d.source, d.hook_id, d.delivery_id, d.destination
     from done k
     join deliveries d
       on d.source = k.source and d.destination = k.destination and d.fair_key = k.fair_key
     where d.fair_key is not null and d.status = 'failed' and d.last_error_class = 'fair'
+      and not ",
+    crowded!("k"),
+    "
     order by d.failed_at
     limit 1
     for update of d skip locked

@@ -57,6 +57,17 @@ impl Worker {
                     .await?;
             }
         }
+        // Legs a claim held for fairness are released as this drain's legs
+        // end, as a running worker's scheduler would have told it to: with
+        // no pass before it, the drain would stop with them still waiting.
+        if let Ok(mut known) = inner.ctx.fair_waiting.write() {
+            known.extend(inner.lanes.consumed().filter(|lane| lane.fair).map(|lane| {
+                (
+                    lane.source.as_str().to_owned(),
+                    lane.destination.as_str().to_owned(),
+                )
+            }));
+        }
         let stop = Stop::default();
         let mut report = DrainReport::default();
         // Round the queues, one message each, until a whole round finds

@@ -28,7 +28,8 @@ pub(crate) struct Lane {
     pub(crate) destination: DestinationName,
     /// The queue it consumes.
     pub(crate) queue: String,
-    /// Handlers at once, and the queue's prefetch.
+    /// Handlers at once, and the queue's prefetch: the destination's
+    /// `concurrency`, and one spare slot when it is fair without a cap.
     pub(crate) concurrency: u16,
     /// Handler slots. A deferred copy waits without one.
     pub(crate) slots: Semaphore,
@@ -106,12 +107,26 @@ impl Lanes {
                         Quota::per_second(limit.per_second).allow_burst(limit.burst),
                     )
                 });
+                // A fair destination without a hard cap keeps one slot more
+                // than its `concurrency`: the claim holds an installation's
+                // legs at a round (`concurrency` per worker), so the spare
+                // slot is free for another installation's leg when it comes,
+                // which would otherwise wait for one of the flood's legs to
+                // end. Not with `concurrency = 1`: that asks for one request
+                // at a time.
+                let spare = u16::from(
+                    d.fairness
+                        && d.ordering.is_none()
+                        && d.per_key_concurrency.is_none()
+                        && route.concurrency > 1,
+                );
+                let concurrency = route.concurrency.saturating_add(spare);
                 Lane {
                     source: route.source.clone(),
                     destination: d.name.clone(),
                     queue: topology.leg_queue(&route.source, &d.name),
-                    concurrency: route.concurrency,
-                    slots: Semaphore::new(usize::from(route.concurrency)),
+                    concurrency,
+                    slots: Semaphore::new(usize::from(concurrency)),
                     limiter,
                     retries: route.retries.clone(),
                     breaker: d.breaker,
