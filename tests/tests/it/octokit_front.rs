@@ -106,7 +106,9 @@ breaker = {{ min_requests = 3, window_secs = 60, probe_secs = 1 }}
     }
     // The app is down: every attempt fails, and the breaker opens.
     let down = worker.drain().await.expect("drain").outcomes;
-    assert_eq!(down.len(), SENT);
+    // Legs past the installation's round wait in Postgres (fairness), and
+    // none is released while the breaker is open: not every leg was tried.
+    assert!(!down.is_empty() && down.len() <= SENT, "{down:?}");
     assert!(down.iter().all(|o| *o != JobOutcome::Completed), "{down:?}");
     let state: String = env
         .db
