@@ -7,9 +7,10 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// The node this process tries first: the last one it reached. Starts
-/// where the process id points, so the processes of a deployment spread
-/// their connections over the nodes.
+/// The node this process tries first: the last one it reached. Starts at
+/// one picked from the clock and the process id (every container's
+/// process may be pid 1), so the processes of a deployment spread their
+/// connections over the nodes.
 static FIRST: AtomicUsize = AtomicUsize::new(usize::MAX);
 
 /// Each node's URL, in the order given; empty parts are skipped.
@@ -24,7 +25,12 @@ pub(crate) fn urls(list: &str) -> Vec<&str> {
 /// this process reached last (or its start), then the others in turn.
 pub(crate) fn order(count: usize) -> impl Iterator<Item = usize> {
     let first = match FIRST.load(Ordering::Relaxed) {
-        usize::MAX => std::process::id() as usize,
+        usize::MAX => {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos());
+            (nanos ^ std::process::id()) as usize
+        }
         i => i,
     };
     (0..count).map(move |i| (first + i) % count.max(1))
