@@ -56,7 +56,7 @@ fi
 # retries a test once (.config/nextest.toml), so that a test caught in
 # that window does not fail the run for the broker's bug.
 dlx_watchdog() {
-  while sleep 5; do
+  while sleep 2; do
     rabbitmqctl -q eval 'is_pid(whereis(rabbit_fifo_dlx_sup)) orelse element(1, supervisor:restart_child(rabbit_sup, rabbit_fifo_dlx_sup)) =:= ok.' >/dev/null 2>&1 || true
   done
 }
