@@ -333,17 +333,8 @@ macro_rules! fair_hold {
 /// them.
 macro_rules! crowded {
     ($t:literal) => {
-        concat!(installation_load!($t), " >= ", fair_hold!($t))
-    };
-}
-
-/// How many of the fair leg `$t`'s installation's legs are `processing`
-/// (queued or running) at its destination, counted up to its hold
-/// (`fair_hold!`), from the two partial indexes of migration 17.
-macro_rules! installation_load {
-    ($t:literal) => {
         concat!(
-            "((select count(*) from (select 1 from deliveries f where ",
+            "(select count(*) from (select 1 from deliveries f where ",
             installation_processing!($t),
             " and f.attempts > 0 limit ",
             fair_hold!($t),
@@ -351,7 +342,8 @@ macro_rules! installation_load {
             installation_processing!($t),
             " and f.attempts = 0 limit ",
             fair_hold!($t),
-            ") r))"
+            ") r) >= ",
+            fair_hold!($t)
         )
     };
 }
