@@ -23,6 +23,23 @@ fn as_postgres(args: &[&str]) -> std::process::Command {
     cmd
 }
 
+/// Runs one of Postgres's programs (`initdb`, `pg_basebackup`) as the
+/// `postgres` user on a folder under `root`, which it is given first.
+fn run_on(root: &Path, program: &str, args: &[&str]) -> anyhow::Result<()> {
+    std::fs::create_dir_all(root)?;
+    std::process::Command::new("chown")
+        .args(["-R", "postgres:postgres"])
+        .arg(root)
+        .status()?;
+    let bin = PrivatePg::bin(program);
+    let mut all = vec![bin.as_str()];
+    all.extend_from_slice(args);
+    if !as_postgres(&all).stdout(Stdio::null()).status()?.success() {
+        bail!("{program} failed");
+    }
+    Ok(())
+}
+
 impl PrivatePg {
     fn bin(name: &str) -> String {
         format!("/usr/lib/postgresql/15/bin/{name}")
@@ -32,25 +49,13 @@ impl PrivatePg {
     pub fn start_new(root: &Path) -> anyhow::Result<Self> {
         let dir = root.join("pg");
         std::fs::create_dir_all(&dir)?;
-        std::process::Command::new("chown")
-            .args(["-R", "postgres:postgres"])
-            .arg(root)
-            .status()?;
         let port = free_port();
-        let ok = as_postgres(&[
-            &Self::bin("initdb"),
-            "-D",
-            dir.to_str().unwrap_or(""),
-            "--auth=trust",
-            "-U",
-            "postgres",
-        ])
-        .stdout(Stdio::null())
-        .status()?
-        .success();
-        if !ok {
-            bail!("initdb failed");
-        }
+        let path = dir.to_str().unwrap_or("");
+        run_on(
+            root,
+            "initdb",
+            &["-D", path, "--auth=trust", "-U", "postgres"],
+        )?;
         let pg = Self { dir, port };
         pg.start()?;
         Ok(pg)
@@ -110,31 +115,25 @@ impl PrivatePg {
     /// starts it.
     pub fn standby_of(primary: &PrivatePg, root: &Path) -> anyhow::Result<Self> {
         let dir = root.join("standby");
-        std::fs::create_dir_all(root)?;
-        std::process::Command::new("chown")
-            .args(["-R", "postgres:postgres"])
-            .arg(root)
-            .status()?;
-        let ok = as_postgres(&[
-            &Self::bin("pg_basebackup"),
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &primary.port.to_string(),
-            "-U",
-            "postgres",
-            "-D",
-            dir.to_str().unwrap_or(""),
-            "-R",
-            "-X",
-            "stream",
-        ])
-        .stdout(Stdio::null())
-        .status()?
-        .success();
-        if !ok {
-            bail!("pg_basebackup failed");
-        }
+        let port = primary.port.to_string();
+        let path = dir.to_str().unwrap_or("");
+        run_on(
+            root,
+            "pg_basebackup",
+            &[
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port,
+                "-U",
+                "postgres",
+                "-D",
+                path,
+                "-R",
+                "-X",
+                "stream",
+            ],
+        )?;
         let standby = Self {
             dir,
             port: free_port(),

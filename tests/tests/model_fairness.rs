@@ -622,6 +622,12 @@ impl Sut {
         }
     }
 
+    /// The `n`-th token a take ever gave `leg` (wrapping), if any.
+    fn holder(&self, leg: usize, n: usize) -> Option<ClaimToken> {
+        let seen = &self.holders[leg];
+        (!seen.is_empty()).then(|| seen[n % seen.len()])
+    }
+
     async fn apply(&mut self, op: Op) {
         let client = shared().pool.get().await.expect("client");
         match op {
@@ -635,19 +641,14 @@ impl Sut {
                 self.take(leg, presented).await;
             }
             Op::Complete { leg, token } => {
-                let seen = &self.holders[leg];
-                if seen.is_empty() {
-                    return;
+                if let Some(presented) = self.holder(leg, token) {
+                    self.complete(leg, presented).await;
                 }
-                let presented = seen[token % seen.len()];
-                self.complete(leg, presented).await;
             }
             Op::Fail { leg, token } => {
-                let seen = &self.holders[leg];
-                if seen.is_empty() {
+                let Some(token) = self.holder(leg, token) else {
                     return;
-                }
-                let token = seen[token % seen.len()];
+                };
                 let failure = Failure {
                     class: ErrorClass::Transient,
                     message: "model".into(),

@@ -311,6 +311,12 @@ impl Destination {
         }
     }
 
+    /// Whether its legs are shared out across installations: `fairness`
+    /// on and no `ordering` (whose keys already take one leg at a time).
+    pub fn is_fair(&self) -> bool {
+        self.fairness && self.ordering.is_none()
+    }
+
     /// A leg's installation, its share of legs in flight and whether the
     /// share is a hard cap, when this destination is fair
     /// (docs/architecture.md, "Fairness"): the payload's `installation.id`
@@ -319,7 +325,7 @@ impl Destination {
     /// when `concurrency` is not set), kept only while another
     /// installation's legs wait.
     pub fn fair_key(&self, fields: &crate::payload::Fields) -> Option<(String, i32, bool)> {
-        if !self.fairness || self.ordering.is_some() {
+        if !self.is_fair() {
             return None;
         }
         let (cap, hard) = match self.per_key_concurrency {

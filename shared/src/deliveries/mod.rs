@@ -334,16 +334,15 @@ macro_rules! fair_hold {
 macro_rules! crowded {
     ($t:literal) => {
         concat!(
-            "(select count(*) from (select 1 from deliveries f where ",
+            // The hold computed once (a lookup of the destination's
+            // workers), not once for each count and the comparison.
+            "(select (select count(*) from (select 1 from deliveries f where ",
             installation_processing!($t),
-            " and f.attempts > 0 limit ",
-            fair_hold!($t),
-            ") r) + (select count(*) from (select 1 from deliveries f where ",
+            " and f.attempts > 0 limit h.hold) r) + (select count(*) from (select 1 from deliveries f where ",
             installation_processing!($t),
-            " and f.attempts = 0 limit ",
+            " and f.attempts = 0 limit h.hold) r) >= h.hold from (select ",
             fair_hold!($t),
-            ") r) >= ",
-            fair_hold!($t)
+            " as hold) h)"
         )
     };
 }

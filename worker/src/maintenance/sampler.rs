@@ -74,7 +74,7 @@ impl Sampler {
             queues.push((
                 format!("work.{}.{name}", route.source),
                 ctx.topology.leg_queue(&route.source, name),
-                route.destination.fairness.then_some(route),
+                route.destination.is_fair().then_some(route),
             ));
         }
         for (label, queue, fair) in queues {

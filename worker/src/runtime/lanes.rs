@@ -115,10 +115,7 @@ impl Lanes {
                 // end. Not with `concurrency = 1`: that asks for one request
                 // at a time.
                 let spare = u16::from(
-                    d.fairness
-                        && d.ordering.is_none()
-                        && d.per_key_concurrency.is_none()
-                        && route.concurrency > 1,
+                    d.is_fair() && d.per_key_concurrency.is_none() && route.concurrency > 1,
                 );
                 let concurrency = route.concurrency.saturating_add(spare);
                 Lane {
