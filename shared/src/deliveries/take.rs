@@ -242,7 +242,7 @@ select 1 from moved"
 const TAKE_STATE: &str = concat!(
     "
 select status, greatest(extract(epoch from lease_until - now()), 0)::float8,
-       claim_token = $6
+       claim_token = $6, status = 'failed' and last_error_class = 'lost'
 from deliveries
 where ",
     key!()
@@ -343,7 +343,15 @@ pub async fn take(
         let status = status_of(row.get(0))?;
         let left: f64 = row.get::<_, Option<f64>>(1).unwrap_or(0.0);
         let ours = row.get::<_, Option<bool>>(2).unwrap_or(false);
+        let lost = row.get::<_, Option<bool>>(3).unwrap_or(false);
         match status {
+            // Still takeable (a claim the reaper marked lost): the gates
+            // of the take and of the wait read the installation's or the
+            // key's other legs, which changed between the two statements
+            // (the take saw the leg yield, the wait no longer did). Try
+            // again; answering it resolved would ack its only message and
+            // leave the leg with no way out.
+            Status::Failed if lost => continue,
             // Still our own claim: the statements above raced with a
             // change they depend on (the leg before it in its key ended
             // between the take and the wait, say). Try again at once.
