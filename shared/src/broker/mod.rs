@@ -62,6 +62,9 @@ pub fn check_url(url: &str) -> Result<(), BrokerError> {
     }
     for (i, node) in urls.iter().enumerate() {
         node.parse::<lapin::uri::AMQPUri>().map_err(|e| {
+            // The parser may quote the URL, password and all: never in an
+            // error that is logged.
+            let e = e.replace(node, "…");
             BrokerError::BadUrl(if urls.len() > 1 {
                 format!("node {} of {}: {e}", i + 1, urls.len())
             } else {
@@ -197,4 +200,21 @@ pub async fn close_within<H>(
     let done = joiner.is_ok() && matches!(tokio::time::timeout(wait, joined).await, Ok(Ok(())));
     drop(held);
     done
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bad_url_is_refused_without_quoting_it() {
+        for url in [
+            "amqp:user:s3cret@host",
+            "amqp://guest:guest@127.0.0.1:5672/%2f,amqp:user:s3cret@host",
+        ] {
+            let error = check_url(url).expect_err("refused").to_string();
+            assert!(!error.contains("s3cret"), "{error}");
+        }
+        assert!(check_url("amqp://a:5672/%2f, amqp://b:5672/%2f").is_ok());
+    }
 }
