@@ -336,13 +336,31 @@ macro_rules! crowded {
         concat!(
             // The hold computed once (a lookup of the destination's
             // workers), not once for each count and the comparison.
-            "(select (select count(*) from (select 1 from deliveries f where ",
-            installation_processing!($t),
-            " and f.attempts > 0 limit h.hold) r) + (select count(*) from (select 1 from deliveries f where ",
-            installation_processing!($t),
-            " and f.attempts = 0 limit h.hold) r) >= h.hold from (select ",
+            "(select ",
+            installation_load!($t, "h.hold"),
+            " >= h.hold from (select ",
             fair_hold!($t),
             " as hold) h)"
+        )
+    };
+}
+
+/// How many of the fair leg `$t`'s installation's legs are `processing`
+/// (queued or running) at its destination, each count stopping at
+/// `$hold` (its `fair_hold!`, computed once by the caller), from the two
+/// partial indexes of migration 17.
+macro_rules! installation_load {
+    ($t:literal, $hold:literal) => {
+        concat!(
+            "((select count(*) from (select 1 from deliveries f where ",
+            installation_processing!($t),
+            " and f.attempts > 0 limit ",
+            $hold,
+            ") r) + (select count(*) from (select 1 from deliveries f where ",
+            installation_processing!($t),
+            " and f.attempts = 0 limit ",
+            $hold,
+            ") r))"
         )
     };
 }

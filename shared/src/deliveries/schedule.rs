@@ -218,10 +218,11 @@ pub async fn next_of_key(
 }
 
 /// The wake of fair destinations' waiting legs (docs/architecture.md,
-/// "Fairness"): per installation with legs waiting (class `fair`, not
-/// due), its oldest becomes due now, unless it would only yield again
-/// (the take's own gate, `yields!`) or its installation has its hold
-/// queued or running (`crowded!`); the same pass's [`schedule_due`]
+/// "Fairness"): per installation with legs waiting (class `fair`), its
+/// oldest become due now, as many as its hold has room for beside its
+/// legs queued or running (`fair_hold!`, `installation_load!`; a leg woken
+/// before and not yet published takes its place), each unless it would
+/// only yield again (the take's own gate, `yields!`); the same pass's [`schedule_due`]
 /// publishes it. The way back for a leg whose installation's legs all
 /// ended without releasing it ([`next_fair`] is the fast way). Returns
 /// the destinations that have legs waiting, so the workers know to
@@ -230,19 +231,30 @@ pub async fn next_of_key(
 const WAKE_FAIR: &str = concat!(
     "
 with heads as materialized (
-    select distinct on (source, destination, fair_key)
-           provider, source, hook_id, delivery_id, destination
+    select provider, source, hook_id, delivery_id, destination, fair_key, fair_cap, fair_hard,
+           row_number() over (partition by source, destination, fair_key order by failed_at)
+               as place
     from deliveries
     where fair_key is not null and status = 'failed' and last_error_class = 'fair'
-    order by source, destination, fair_key, failed_at
+), room as materialized (
+    -- Each waiting installation's room under its hold, counted once: a
+    -- release that never came (its worker died, or did not know legs
+    -- waited) is made up for in one pass, not one leg a pass.
+    select h.source, h.destination, h.fair_key,
+           (select x.hold - ",
+    installation_load!("h", "x.hold"),
+    " from (select ",
+    fair_hold!("h"),
+    " as hold) x) as room
+    from heads h
+    where h.place = 1
 ), woken as (
     select d.provider, d.source, d.hook_id, d.delivery_id, d.destination
     from heads h
+    join room r using (source, destination, fair_key)
     join deliveries d using (provider, source, hook_id, delivery_id, destination)
-    where d.next_attempt_at is null and not ",
+    where h.place <= r.room and d.next_attempt_at is null and not ",
     yields!("d"),
-    " and not ",
-    crowded!("d"),
     "
     order by d.provider, d.source, d.hook_id, d.delivery_id, d.destination
     for update of d skip locked
@@ -262,7 +274,8 @@ select distinct source, destination from heads"
 /// when their turn has come (see [`WAKE_FAIR`]); returns the destinations,
 /// as `(source, destination)`, that had legs waiting.
 pub async fn wake_fair(client: &impl Session) -> Result<Vec<(String, String)>, DbError> {
-    let rows = sql::query(client, WAKE_FAIR, &[]).await?;
+    // Planned afresh: the set of waiting legs grows from none to a flood.
+    let rows = sql::query_replanned(client, WAKE_FAIR).await?;
     Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
 }
 

@@ -197,3 +197,49 @@ async fn a_hold_after_the_reaper_marked_the_claim_lost_still_parks_the_body() {
     );
     env.cleanup().await;
 }
+
+/// Releases that never came (the legs ended with a worker that died after
+/// completing them, or that did not yet know legs waited): one scheduler
+/// pass makes up the installation's whole room under its hold, not one
+/// leg, and every held leg then completes once.
+#[tokio::test]
+async fn one_scheduler_pass_makes_up_every_release_that_never_came() {
+    let env = TestEnv::new().await;
+    // concurrency 4: a share of 2, a hold of 4 legs queued or running.
+    let config = env.config_file(&format!(
+        "[[sources]]\nname = \"default\"\nsecrets = [\"{SECRET}\"]\n\
+         [[sources.destinations]]\nname = \"store\"\nkind = \"store\"\nconcurrency = 4\n"
+    ));
+    let ingest = env.ingest_on(&config).await;
+    for n in 0..12 {
+        assert_eq!(ingest.send(&event(1, n)).await.status, 202);
+    }
+    let held =
+        "select count(*) from deliveries where status = 'failed' and last_error_class = 'fair'";
+    assert_eq!(env.count(held).await, 8, "past the hold of 4, held");
+    // The four queued legs end, and no release follows.
+    env.db
+        .execute(
+            "update deliveries set status = 'completed', completed_at = now(), \
+             lease_until = null where status = 'processing'",
+            &[],
+        )
+        .await
+        .expect("ended without releases");
+    let worker = env.worker_on(&config, Default::default()).await;
+    assert_eq!(
+        worker.schedule_once().await.expect("a pass"),
+        4,
+        "the pass published the installation's whole room"
+    );
+    assert_eq!(env.count(held).await, 4);
+    env.run_worker_until_completed(&config, Duration::from_secs(60))
+        .await;
+    assert_eq!(
+        env.count("select count(*) from deliveries where status = 'completed'")
+            .await,
+        12
+    );
+    assert_eq!(env.events().await, 8, "each held leg's effect once");
+    env.cleanup().await;
+}
