@@ -269,8 +269,9 @@ pub struct CommonArgs {
     pub db_idle_in_transaction_timeout_ms: u64,
 
     /// Microseconds a group commit (claims, takes, completions) may wait
-    /// for more rows while another of its statements is in flight; 0 sends
-    /// at once. Up to 100000.
+    /// for more rows while another of its statements is in flight and
+    /// rows have come more often than that on average; 0 sends at once.
+    /// Up to 100000.
     #[arg(
         long,
         env = "HOOKINBOX_BATCH_LINGER_US",

@@ -10,7 +10,10 @@
 //! each item goes out alone and the batches never form. A *linger* lets a
 //! batch wait a little for company, but only while another batch is in
 //! flight (so Postgres is busy anyway, and a lone item on an idle system
-//! still goes out at once), and only until the batch is full.
+//! still goes out at once), only while items arrive often enough that
+//! company is likely within the linger (at a hundred a second, with a gap
+//! of 10 ms between items, a 3-ms linger would mostly only delay each
+//! item), and only until the batch is full.
 //!
 //! The statements themselves belong to the state machine
 //! (`deliveries::group_commit`); this is only the mechanism.
@@ -92,24 +95,33 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
         let (tx, mut rx) = mpsc::channel::<(I, Reply<O>)>(max_batch * 64);
         let slots = Arc::new(Semaphore::new(BATCHES_IN_FLIGHT));
         tokio::spawn(async move {
+            let mut arrivals = Arrivals::new(shape.linger);
             while let Some(first) = rx.recv().await {
+                arrivals.arrived(1);
                 // Waiting for a slot is when the next batch fills up.
                 let Ok(slot) = slots.clone().acquire_owned().await else {
                     return;
                 };
                 let mut batch = vec![first];
-                take_waiting(&mut rx, &mut batch, max_batch);
+                arrivals.arrived(take_waiting(&mut rx, &mut batch, max_batch));
                 // Linger only while another batch holds a slot: Postgres is
                 // busy then, and the wait costs a caller nothing it would
-                // not have waited anyway. Alone, the item goes out now.
+                // not have waited anyway. Alone, the item goes out now. And
+                // only while items come often enough for company to be
+                // likely: at a low rate the linger would only delay it.
                 let others_in_flight = slots.available_permits() + 1 < BATCHES_IN_FLIGHT;
-                if !shape.linger.is_zero() && others_in_flight && batch.len() < max_batch {
+                if !shape.linger.is_zero()
+                    && others_in_flight
+                    && batch.len() < max_batch
+                    && arrivals.company_likely()
+                {
                     let until = tokio::time::Instant::now() + shape.linger;
                     while batch.len() < max_batch {
                         match tokio::time::timeout_at(until, rx.recv()).await {
                             Ok(Some(item)) => {
                                 batch.push(item);
-                                take_waiting(&mut rx, &mut batch, max_batch);
+                                arrivals.arrived(1);
+                                arrivals.arrived(take_waiting(&mut rx, &mut batch, max_batch));
                             }
                             Ok(None) | Err(_) => break,
                         }
@@ -159,13 +171,66 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
     }
 }
 
-/// Moves what is already waiting into `batch`, up to `max_batch` items.
-fn take_waiting<T>(rx: &mut mpsc::Receiver<T>, batch: &mut Vec<T>, max_batch: usize) {
+/// Moves what is already waiting into `batch`, up to `max_batch` items;
+/// returns how many it moved.
+fn take_waiting<T>(rx: &mut mpsc::Receiver<T>, batch: &mut Vec<T>, max_batch: usize) -> usize {
+    let before = batch.len();
     while batch.len() < max_batch {
         match rx.try_recv() {
             Ok(item) => batch.push(item),
             Err(_) => break,
         }
+    }
+    batch.len() - before
+}
+
+/// The collector's view of how often items arrive: a moving average of
+/// the gap between them, against the linger. Items found already waiting
+/// count as arriving together (they queued: the rate is high).
+struct Arrivals {
+    linger: Duration,
+    last: Option<tokio::time::Instant>,
+    /// The average gap, in nanoseconds (each new gap weighs 1/8).
+    gap_ns: u64,
+}
+
+impl Arrivals {
+    fn new(linger: Duration) -> Self {
+        Self {
+            linger,
+            last: None,
+            // Until gaps are seen, company is assumed: the first items of
+            // a burst batch as they always did.
+            gap_ns: 0,
+        }
+    }
+
+    /// Notes `n` items that arrived now.
+    fn arrived(&mut self, n: usize) {
+        if n == 0 {
+            return;
+        }
+        let now = tokio::time::Instant::now();
+        // A long idle time counts as ten lingers, so that when a burst
+        // begins the average comes down within a few tens of items.
+        let cap = u64::try_from(self.linger.as_nanos().saturating_mul(10)).unwrap_or(u64::MAX);
+        let gap = self.last.map_or(0, |last| {
+            u64::try_from(now.duration_since(last).as_nanos())
+                .unwrap_or(u64::MAX)
+                .min(cap)
+        });
+        self.last = Some(now);
+        self.gap_ns = self.gap_ns - self.gap_ns / 8 + gap / 8;
+        // The others arrived with it: gaps of zero.
+        for _ in 1..n.min(64) {
+            self.gap_ns -= self.gap_ns / 8;
+        }
+    }
+
+    /// Whether the next item is likely within the linger: the average gap
+    /// is shorter than it.
+    fn company_likely(&self) -> bool {
+        u128::from(self.gap_ns) < self.linger.as_nanos()
     }
 }
 
@@ -242,5 +307,43 @@ mod tests {
         let lone = gated(Duration::from_secs(10), gate);
         let answered = tokio::time::timeout(Duration::from_secs(5), lone.submit(7)).await;
         assert_eq!(answered.expect("no wait").expect("answer"), 7);
+    }
+    /// Items 20 ms apart while another batch is in flight: with a 3-ms
+    /// linger, company is unlikely, and once the collector has seen the
+    /// gaps each item goes out at once instead of waiting its linger.
+    #[tokio::test(start_paused = true)]
+    async fn items_that_come_rarely_go_out_without_lingering() {
+        let gate = Arc::new(Semaphore::new(0));
+        let shape = BatchShape {
+            max_batch: 8,
+            linger: Duration::from_millis(3),
+            observe: |_| {},
+        };
+        let batcher = Batcher::start(shape, move |items: Vec<u32>| {
+            let gate = gate.clone();
+            async move {
+                if items.contains(&0) {
+                    let _open = gate.acquire().await;
+                }
+                Ok(items)
+            }
+        });
+        // Item 0 stays in flight throughout: every later batch may linger.
+        let held = tokio::spawn({
+            let b = batcher.clone();
+            async move { b.submit(0).await }
+        });
+        let mut waited = Vec::new();
+        for n in 1..=12 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let sent = tokio::time::Instant::now();
+            assert_eq!(batcher.submit(n).await.expect("answer"), n);
+            waited.push(sent.elapsed());
+        }
+        assert!(
+            waited[4..].iter().all(|w| w.is_zero()),
+            "rare items lingered: {waited:?}"
+        );
+        held.abort();
     }
 }
