@@ -30,6 +30,9 @@
 #                               to the load generator, e.g. ordering's cost:
 #                               LOADGEN_EXTRA="--repositories 1000"
 #                               COST_VARIANTS="unordered: ordered:HOOKINBOX_CONFIG=bench/ordered.toml"
+#   scripts/bench.sh --destbench ARGS...   a destbench scenario (e.g.
+#                               `fairness --flood-rate 100 --slow-ms 200`)
+#                               on the benchmark's own Postgres
 #   scripts/bench.sh --sizes RATE   fixed-rate runs (STEP seconds each) across
 #                               ingest's pool, the worker's pool and the
 #                               worker's concurrency (prefetch), each with
@@ -88,6 +91,14 @@ stack_bin="${STACK_BINS:-$bin}"
 # spaced checkpoints); BENCH_POSTGRES=shared uses HOOKINBOX_TEST_POSTGRES.
 . scripts/lib/bench-postgres.sh
 bench_postgres_start
+
+# --destbench ARGS...: a destbench scenario (tests/src/bin/destbench) on
+# this Postgres, whose autovacuum runs as a deployment's does.
+if [ "$mode" = "--destbench" ]; then
+  shift
+  "$bin/destbench" "$@"
+  exit 0
+fi
 
 # Starts ingest and one worker on a fresh database and queue prefix;
 # sets INGEST_URL, INGEST_PID, DB_URL, PREFIX.

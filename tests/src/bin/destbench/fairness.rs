@@ -28,6 +28,8 @@ pub(super) struct Plan {
     pub(super) slow_ms: u64,
     /// The destination's `concurrency`.
     pub(super) concurrency: u16,
+    /// Skip the run with fairness off.
+    pub(super) skip_off: bool,
 }
 
 /// What one run saw of B, and of A meanwhile.
@@ -38,6 +40,10 @@ struct Run {
     a_sent: usize,
     a_arrived_meanwhile: usize,
     yielded: i64,
+    /// B's slowest deliveries: end-to-end, and of it the part from the
+    /// send to the claim's transaction (ingest) and from there to the
+    /// receipt (the broker, the worker and the request), in ms.
+    slowest: Vec<(f64, f64, f64)>,
 }
 
 /// Sends A's flood at its rate (in the background) and B's deliveries at
@@ -79,12 +85,15 @@ async fn run(plan: Plan, fairness: bool) -> anyhow::Result<Run> {
     let period = Duration::from_secs(1) / plan.other_rate.max(1);
     let start = tokio::time::Instant::now();
     let mut sent_at: HashMap<String, Instant> = HashMap::new();
+    let mut sent_wall: HashMap<String, std::time::SystemTime> = HashMap::new();
     for i in 0..plan.other {
         tokio::time::sleep_until(start + period * i as u32).await;
         let hook = about("default", "push", "none", "acme/other", 2);
         let sent = Instant::now();
+        let wall = std::time::SystemTime::now();
         if stack.send(&hook).await? == 202 {
             sent_at.insert(hook.id().to_owned(), sent);
+            sent_wall.insert(hook.id().to_owned(), wall);
         }
     }
     let arrived = |seen: &[super::Seen]| {
@@ -112,6 +121,33 @@ async fn run(plan: Plan, fairness: bool) -> anyhow::Result<Run> {
         b.record(at.saturating_duration_since(sent_at[*id]).as_micros() as u64)?;
     }
     let a_arrived_meanwhile = seen.len() - b_requests;
+    // The slowest five, split at the claim's transaction (Postgres's
+    // clock is this machine's).
+    let mut by_time: Vec<(&str, Duration)> = first
+        .iter()
+        .map(|(id, at)| (*id, at.saturating_duration_since(sent_at[*id])))
+        .collect();
+    by_time.sort_by_key(|(_, d)| std::cmp::Reverse(*d));
+    let mut slowest = Vec::new();
+    for (id, total) in by_time.into_iter().take(5) {
+        let claimed = stack
+            .env
+            .db
+            .query_one(
+                "select extract(epoch from claimed_at)::float8 from deliveries where delivery_id = $1",
+                &[&id],
+            )
+            .await
+            .map(|r| r.get::<_, f64>(0))
+            .unwrap_or(f64::NAN);
+        let sent = sent_wall[id]
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(f64::NAN);
+        let to_claim = (claimed - sent) * 1000.0;
+        let total = total.as_secs_f64() * 1000.0;
+        slowest.push((total, to_claim, total - to_claim));
+    }
     let yielded = stack
         .count("select count(*) from deliveries where last_error_class = 'fair'")
         .await;
@@ -129,6 +165,7 @@ async fn run(plan: Plan, fairness: bool) -> anyhow::Result<Run> {
         a_sent,
         a_arrived_meanwhile,
         yielded,
+        slowest,
     })
 }
 
@@ -136,7 +173,11 @@ async fn run(plan: Plan, fairness: bool) -> anyhow::Result<Run> {
 pub(super) async fn fairness(plan: Plan) -> anyhow::Result<()> {
     let alone = run(Plan { flood: 0, ..plan }, true).await?;
     let on = run(plan, true).await?;
-    let off = run(plan, false).await?;
+    let off = if plan.skip_off {
+        None
+    } else {
+        Some(run(plan, false).await?)
+    };
     let p = |h: &Histogram<u64>, q: f64| Duration::from_micros(h.value_at_quantile(q));
     let base = p(&alone.b, 0.99).as_secs_f64().max(1e-6);
     println!(
@@ -146,11 +187,12 @@ pub(super) async fn fairness(plan: Plan) -> anyhow::Result<()> {
     println!(
         "| B's end-to-end (send to receipt), ms | p50 | p99 | max | p99 / alone | B arrived (twice) | A's legs arrived meanwhile | A's legs waiting for their turn at the end |\n|---|---|---|---|---|---|---|---|"
     );
-    for (name, r) in [
-        ("B alone", &alone),
-        ("beside A's flood, fairness on", &on),
-        ("beside A's flood, fairness off", &off),
-    ] {
+    let runs = [
+        ("B alone", Some(&alone)),
+        ("beside A's flood, fairness on", Some(&on)),
+        ("beside A's flood, fairness off", off.as_ref()),
+    ];
+    for (name, r) in runs.iter().filter_map(|(n, r)| r.map(|r| (*n, r))) {
         println!(
             "| {name} | {} | {} | {} | {:.2} | {} ({}) | {} of {} | {} |",
             ms(p(&r.b, 0.5)),
@@ -164,8 +206,18 @@ pub(super) async fn fairness(plan: Plan) -> anyhow::Result<()> {
             r.yielded,
         );
     }
-    if [&alone, &on, &off]
+    println!("\nB's slowest five, ms: end-to-end = send to claim (ingest) + claim to receipt");
+    for (name, r) in runs.iter().filter_map(|(n, r)| r.map(|r| (*n, r))) {
+        let parts: Vec<String> = r
+            .slowest
+            .iter()
+            .map(|(t, a, b)| format!("{t:.1} = {a:.1} + {b:.1}"))
+            .collect();
+        println!("- {name}: {}", parts.join("; "));
+    }
+    if runs
         .iter()
+        .filter_map(|(_, r)| *r)
         .any(|r| r.b_arrived < plan.other || r.b_twice > 0)
     {
         bail!("some of B's deliveries did not arrive, or arrived twice");

@@ -124,6 +124,9 @@ enum Scenario {
         /// The destination's `concurrency`.
         #[arg(long, default_value_t = 8)]
         concurrency: u16,
+        /// Skip the run with fairness off (minutes of B behind the flood).
+        #[arg(long)]
+        skip_off: bool,
     },
     /// One source forwarding every delivery to N destinations (one local
     /// receiver): CPU per leg at a fixed rate, then S.
@@ -173,6 +176,7 @@ async fn main() -> anyhow::Result<()> {
             other_rate,
             slow_ms,
             concurrency,
+            skip_off,
         } => {
             fairness::fairness(fairness::Plan {
                 flood,
@@ -181,6 +185,7 @@ async fn main() -> anyhow::Result<()> {
                 other_rate,
                 slow_ms,
                 concurrency,
+                skip_off,
             })
             .await
         }
