@@ -301,7 +301,12 @@ macro_rules! yields {
 /// for each worker consuming its queue, as the sampler last counted them;
 /// each worker keeps one slot more than that (the worker's lanes), so
 /// another installation's leg finds a free slot at once instead of
-/// queuing behind the flood for a leg's time.
+/// queuing behind the flood for a leg's time. Or, when it is more, what
+/// the destination completes in 50 ms (its `fair_rate` a second, as the
+/// sampler last measured it): a fast destination that one installation
+/// keeps busy is not paced by releases (each a statement and a publish
+/// per leg), and another installation's leg waits behind at most about
+/// 50 ms of the flood's.
 macro_rules! fair_hold {
     ($t:literal) => {
         concat!(
@@ -309,14 +314,14 @@ macro_rules! fair_hold {
             $t,
             ".fair_hard then 2::int8 * ",
             $t,
-            ".fair_cap else 2::int8 * ",
+            ".fair_cap else (select greatest(2::int8 * ",
             $t,
-            ".fair_cap * greatest(1, coalesce((select x.consumers from destinations x \
-             where x.source = ",
+            ".fair_cap * greatest(1, coalesce(x.consumers, 1)), coalesce(x.fair_rate, 0) / 20) \
+             from (select 1) one left join destinations x on x.source = ",
             $t,
             ".source and x.name = ",
             $t,
-            ".destination), 1)) end)"
+            ".destination) end)"
         )
     };
 }

@@ -113,6 +113,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "0019_skip_stale.sql",
         sql: include_str!("../../migrations/0019_skip_stale.sql"),
     },
+    Migration {
+        version: 20,
+        name: "0020_fair_rate.sql",
+        sql: include_str!("../../migrations/0020_fair_rate.sql"),
+    },
 ];
 
 /// Applies every pending migration and returns how many it applied.

@@ -243,3 +243,72 @@ async fn one_scheduler_pass_makes_up_every_release_that_never_came() {
     assert_eq!(env.events().await, 8, "each held leg's effect once");
     env.cleanup().await;
 }
+
+/// A fast destination's hold grows with its pace: at 200 legs completed a
+/// second (as the sampler measured it), an installation may have what the
+/// destination completes in 50 ms queued or running (10 legs) before its
+/// new legs are held, not only a round (4 with `concurrency = 4`). The
+/// sampler's statement measures the pace from the legs completed over the
+/// last ten seconds.
+#[tokio::test]
+async fn a_fast_destinations_hold_grows_with_its_pace() {
+    let env = TestEnv::new().await;
+    let config = env.config_file(&format!(
+        "[[sources]]\nname = \"default\"\nsecrets = [\"{SECRET}\"]\n\
+         [[sources.destinations]]\nname = \"store\"\nkind = \"store\"\nconcurrency = 4\n"
+    ));
+    env.db
+        .execute(
+            "insert into destinations (source, name, kind, consumers, fair_rate) \
+             values ('default', 'store', 'store', 1, 200)",
+            &[],
+        )
+        .await
+        .expect("a destination measured at 200 legs a second");
+    let ingest = env.ingest_on(&config).await;
+    for n in 0..12 {
+        assert_eq!(ingest.send(&event(1, n)).await.status, 202);
+    }
+    let held =
+        "select count(*) from deliveries where status = 'failed' and last_error_class = 'fair'";
+    assert_eq!(env.count(held).await, 2, "past the hold of 10, held");
+
+    // The pace as the sampler records it: 30 legs completed within the
+    // last ten seconds are 3 a second.
+    env.db
+        .execute(
+            "update deliveries set status = 'completed', completed_at = now(), \
+             lease_until = null, retryable = false",
+            &[],
+        )
+        .await
+        .expect("ended");
+    for n in 12..30 {
+        assert_eq!(ingest.send(&event(2, n)).await.status, 202);
+    }
+    env.db
+        .execute(
+            "update deliveries set status = 'completed', completed_at = now(), \
+             lease_until = null, retryable = false",
+            &[],
+        )
+        .await
+        .expect("ended");
+    let pool = env.pool(1);
+    let client = pool.get().await.expect("a connection");
+    hookinbox::deliveries::set_consumers(
+        &client,
+        &hookinbox::SourceName::default_source(),
+        &hookinbox_tests::store_destination(),
+        1,
+    )
+    .await
+    .expect("recorded");
+    assert_eq!(
+        env.count("select fair_rate::int8 from destinations").await,
+        3
+    );
+    drop(client);
+    drop(pool);
+    env.cleanup().await;
+}
