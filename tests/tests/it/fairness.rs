@@ -198,6 +198,34 @@ async fn a_hold_after_the_reaper_marked_the_claim_lost_still_parks_the_body() {
     env.cleanup().await;
 }
 
+/// The legs held for their installation's turn.
+const HELD: &str =
+    "select count(*) from deliveries where status = 'failed' and last_error_class = 'fair'";
+
+/// A `store` destination with `concurrency = 4`: a share of 2, a round of
+/// 4 legs queued or running.
+fn store_of_four(env: &TestEnv) -> std::path::PathBuf {
+    env.config_file(&format!(
+        "[[sources]]\nname = \"default\"\nsecrets = [\"{SECRET}\"]\n\
+         [[sources.destinations]]\nname = \"store\"\nkind = \"store\"\nconcurrency = 4\n"
+    ))
+}
+
+/// Marks the legs `filter` selects completed now, as if they ended with
+/// no worker to release what waits behind them.
+async fn end_legs(env: &TestEnv, filter: &str) {
+    env.db
+        .execute(
+            &format!(
+                "update deliveries set status = 'completed', completed_at = now(), \
+                 lease_until = null, retryable = false {filter}"
+            ),
+            &[],
+        )
+        .await
+        .expect("ended");
+}
+
 /// Releases that never came (the legs ended with a worker that died after
 /// completing them, or that did not yet know legs waited): one scheduler
 /// pass makes up the installation's whole room under its hold, not one
@@ -205,34 +233,21 @@ async fn a_hold_after_the_reaper_marked_the_claim_lost_still_parks_the_body() {
 #[tokio::test]
 async fn one_scheduler_pass_makes_up_every_release_that_never_came() {
     let env = TestEnv::new().await;
-    // concurrency 4: a share of 2, a hold of 4 legs queued or running.
-    let config = env.config_file(&format!(
-        "[[sources]]\nname = \"default\"\nsecrets = [\"{SECRET}\"]\n\
-         [[sources.destinations]]\nname = \"store\"\nkind = \"store\"\nconcurrency = 4\n"
-    ));
+    let config = store_of_four(&env);
     let ingest = env.ingest_on(&config).await;
     for n in 0..12 {
         assert_eq!(ingest.send(&event(1, n)).await.status, 202);
     }
-    let held =
-        "select count(*) from deliveries where status = 'failed' and last_error_class = 'fair'";
-    assert_eq!(env.count(held).await, 8, "past the hold of 4, held");
+    assert_eq!(env.count(HELD).await, 8, "past the hold of 4, held");
     // The four queued legs end, and no release follows.
-    env.db
-        .execute(
-            "update deliveries set status = 'completed', completed_at = now(), \
-             lease_until = null where status = 'processing'",
-            &[],
-        )
-        .await
-        .expect("ended without releases");
+    end_legs(&env, "where status = 'processing'").await;
     let worker = env.worker_on(&config, Default::default()).await;
     assert_eq!(
         worker.schedule_once().await.expect("a pass"),
         4,
         "the pass published the installation's whole room"
     );
-    assert_eq!(env.count(held).await, 4);
+    assert_eq!(env.count(HELD).await, 4);
     env.run_worker_until_completed(&config, Duration::from_secs(60))
         .await;
     assert_eq!(
@@ -253,10 +268,7 @@ async fn one_scheduler_pass_makes_up_every_release_that_never_came() {
 #[tokio::test]
 async fn a_fast_destinations_hold_grows_with_its_pace() {
     let env = TestEnv::new().await;
-    let config = env.config_file(&format!(
-        "[[sources]]\nname = \"default\"\nsecrets = [\"{SECRET}\"]\n\
-         [[sources.destinations]]\nname = \"store\"\nkind = \"store\"\nconcurrency = 4\n"
-    ));
+    let config = store_of_four(&env);
     env.db
         .execute(
             "insert into destinations (source, name, kind, consumers, fair_rate) \
@@ -269,31 +281,15 @@ async fn a_fast_destinations_hold_grows_with_its_pace() {
     for n in 0..12 {
         assert_eq!(ingest.send(&event(1, n)).await.status, 202);
     }
-    let held =
-        "select count(*) from deliveries where status = 'failed' and last_error_class = 'fair'";
-    assert_eq!(env.count(held).await, 2, "past the hold of 10, held");
+    assert_eq!(env.count(HELD).await, 2, "past the hold of 10, held");
 
     // The pace as the sampler records it: 30 legs completed within the
     // last ten seconds are 3 a second.
-    env.db
-        .execute(
-            "update deliveries set status = 'completed', completed_at = now(), \
-             lease_until = null, retryable = false",
-            &[],
-        )
-        .await
-        .expect("ended");
+    end_legs(&env, "").await;
     for n in 12..30 {
         assert_eq!(ingest.send(&event(2, n)).await.status, 202);
     }
-    env.db
-        .execute(
-            "update deliveries set status = 'completed', completed_at = now(), \
-             lease_until = null, retryable = false",
-            &[],
-        )
-        .await
-        .expect("ended");
+    end_legs(&env, "").await;
     let pool = env.pool(1);
     let client = pool.get().await.expect("a connection");
     hookinbox::deliveries::set_consumers(
