@@ -270,7 +270,7 @@ pub struct CommonArgs {
 
     /// Microseconds a group commit (claims, takes, completions) may wait
     /// for more rows while another of its statements is in flight and
-    /// rows have come more often than that on average; 0 sends at once.
+    /// rows have come at least every two lingers on average; 0 sends at once.
     /// Up to 100000.
     #[arg(
         long,

@@ -11,9 +11,10 @@
 //! batch wait a little for company, but only while another batch is in
 //! flight (so Postgres is busy anyway, and a lone item on an idle system
 //! still goes out at once), only while items arrive often enough that
-//! company is likely within the linger (at a hundred a second, with a gap
-//! of 10 ms between items, a 3-ms linger would mostly only delay each
-//! item), and only until the batch is full.
+//! company is likely within the linger (their average gap under twice the
+//! linger: at a hundred a second, with a gap of 10 ms between items, a
+//! 3-ms linger would mostly only delay each item), and only until the
+//! batch is full.
 //!
 //! The statements themselves belong to the state machine
 //! (`deliveries::group_commit`); this is only the mechanism.
@@ -227,10 +228,16 @@ impl Arrivals {
         }
     }
 
-    /// Whether the next item is likely within the linger: the average gap
-    /// is shorter than it.
+    /// Whether company is likely enough within the linger to wait for it:
+    /// the average gap is under twice the linger (at a gap of twice the
+    /// linger, about two in five lingers find company). A linger under a
+    /// millisecond counts as one: tokio's timers wait that long. Twice,
+    /// not once: a rate spread over several processes (ingest replicas,
+    /// workers) reaches each with longer gaps, and its batches formed
+    /// before.
     fn company_likely(&self) -> bool {
-        u128::from(self.gap_ns) < self.linger.as_nanos()
+        let linger = self.linger.max(Duration::from_millis(1));
+        u128::from(self.gap_ns) < 2 * linger.as_nanos()
     }
 }
 
