@@ -228,6 +228,10 @@ cost_run() { # RATE [LABEL]
   start_stack "cost${cost_runs}_$1"
   local hz; hz=$(getconf CLK_TCK)
   local i0 w0 p0 m0 all0
+  # BENCH_PG_TOP=N (with BENCH_POSTGRES_SETTINGS="shared_preload_libraries =
+  # 'pg_stat_statements'"): the run's N costliest statements, printed below.
+  [ -n "${BENCH_PG_TOP:-}" ] && psql -qAt "$DB_URL" \
+    -c "create extension if not exists pg_stat_statements" -c "select pg_stat_statements_reset()" >/dev/null
   # shellcheck disable=SC2046
   i0=$(ticks "$INGEST_PID"); w0=$(ticks "$WORKER_PID"); p0=$(postgres_ticks)
   # shellcheck disable=SC2046
@@ -250,6 +254,11 @@ cost_run() { # RATE [LABEL]
   local completed
   completed=$(psql -tAq "$DB_URL" -c "select count(*) from deliveries where status = 'completed'")
   local batches; batches=$(batch_rows)
+  if [ -n "${BENCH_PG_TOP:-}" ]; then
+    psql -q "$DB_URL" -c "select calls, round(total_exec_time) as ms, round(total_exec_time * 1000 / greatest($completed, 1)) as us_per_delivery,
+        rows, left(regexp_replace(query, '\s+', ' ', 'g'), 160) as query
+      from pg_stat_statements order by total_exec_time desc limit $BENCH_PG_TOP" >&2
+  fi
   stop_stack
   python3 - "${2:-}" "$1" "$hz" "$completed" "$((i1 - i0))" "$((w1 - w0))" "$((p1 - p0))" "$((m1 - m0))" \
     "$(cat "$work/loadgen-time")" "$((all1 - all0))" "$batches" <<'PY'

@@ -5,7 +5,8 @@
 #   bench_postgres_start   initdb, start, wait until it answers
 # BENCH_POSTGRES=shared keeps the machine's own server instead;
 # BENCH_POSTGRES_SETTINGS adds settings (lines of postgresql.conf), such as
-# shared_preload_libraries = 'pg_stat_statements' to see where its time goes.
+# shared_preload_libraries = 'pg_stat_statements' to see where its time goes
+# (scripts/bench.sh --cost prints the costliest with BENCH_PG_TOP=N).
 pg_bin="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n1)"
 bench_pg_dir=""
 
@@ -34,6 +35,8 @@ bench_postgres_start() {
 bench_postgres_stop() {
   [ -n "$bench_pg_dir" ] || return 0
   "${bench_pg_as[@]}" "$pg_bin/pg_ctl" -D "$bench_pg_dir/data" -m fast -w stop >/dev/null 2>&1 || true
+  # BENCH_PG_LOG=FILE keeps the server's log (say, auto_explain's plans).
+  [ -n "${BENCH_PG_LOG:-}" ] && cp "$bench_pg_dir/log" "$BENCH_PG_LOG"
   rm -rf "$bench_pg_dir"
   bench_pg_dir=""
 }
