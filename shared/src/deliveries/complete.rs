@@ -315,7 +315,7 @@ pub async fn complete_batch(
     let store: Vec<bool> = unique.values().map(|&i| stored(i).is_some()).collect();
     let takes: Vec<Option<i32>> = unique.values().map(|&i| items[i].take).collect();
     let max_attempts: Vec<i32> = unique.values().map(|&i| items[i].max_attempts).collect();
-    let rows = sql::query(
+    let rows = sql::query_planned(
         client,
         COMPLETE_BATCH,
         &keys.params(&[

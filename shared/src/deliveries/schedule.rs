@@ -124,7 +124,7 @@ with heads as materialized (
       and order_skipped_at is null
     order by source, destination, order_key, order_seq
 ), woken as (
-    select d.provider, d.source, d.hook_id, d.delivery_id, d.destination
+    select d.ctid as row_id
     from heads h
     join deliveries d using (provider, source, hook_id, delivery_id, destination)
     where h.status = 'failed' and h.last_error_class = 'ordered' and h.next_attempt_at is null
@@ -133,9 +133,8 @@ with heads as materialized (
 )
 update deliveries d
 set next_attempt_at = now()
-from woken w
-where d.provider = w.provider and d.source = w.source and d.hook_id = w.hook_id
-  and d.delivery_id = w.delivery_id and d.destination = w.destination
+-- The rows by their addresses, as the fair wake's (`WAKE_FAIR`).
+where d.ctid = any(array(select row_id from woken))
   and d.status = 'failed' and d.retryable and d.last_error_class = 'ordered'
   and d.next_attempt_at is null";
 
@@ -146,9 +145,10 @@ pub async fn wake_ordered(client: &impl Session) -> Result<u64, DbError> {
 }
 
 /// The end of [`NEXT_OF_KEY`] and [`NEXT_FAIR`]: the leg a CTE named
-/// `head` found, still waiting with class `$class`, moved to `processing`
-/// under a new token (lease `$6` seconds) while its destination is closed,
-/// and returned with its parked body to publish.
+/// `head` found (at most one row, its `ctid` as `row_id`), still waiting
+/// with class `$class`, moved to `processing` under a new token (lease
+/// `$6` seconds) while its destination is closed, and returned with its
+/// parked body to publish.
 macro_rules! release_head {
     ($class:literal) => {
         concat!(
@@ -157,9 +157,9 @@ macro_rules! release_head {
     set ",
             to_processing!("$6"),
             "
-    from head h
-    where d.provider = h.provider and d.source = h.source and d.hook_id = h.hook_id
-      and d.delivery_id = h.delivery_id and d.destination = h.destination
+    -- The row by its address: a join on the key was planned, when the
+    -- table was small, as a scan of every waiting leg.
+    where d.ctid = (select row_id from head)
       -- Judged on the row, not on `head`'s snapshot: a wait that is
       -- committing as this runs holds the row, and the update sees the
       -- row it committed, waiting.
@@ -192,7 +192,7 @@ with done as (
     key!(),
     " and order_key is not null
 ), head as (
-    select d.provider, d.source, d.hook_id, d.delivery_id, d.destination
+    select d.ctid as row_id
     from done k
     join deliveries d
       on d.source = k.source and d.destination = k.destination and d.order_key = k.order_key
@@ -220,7 +220,7 @@ pub async fn next_of_key(
 /// The wake of fair destinations' waiting legs (docs/architecture.md,
 /// "Fairness"): per installation with legs waiting (class `fair`), its
 /// oldest become due now, as many as its hold has room for beside its
-/// legs queued or running (`fair_hold!`, `installation_load!`; a leg woken
+/// legs queued (`fair_hold!`, `installation_load!`; a leg woken
 /// before and not yet published takes its place), each unless it would
 /// only yield again (the take's own gate, `yields!`); the same pass's [`schedule_due`]
 /// publishes it. The way back for a leg whose installation's legs all
@@ -249,7 +249,7 @@ with heads as materialized (
     from heads h
     where h.place = 1
 ), woken as (
-    select d.provider, d.source, d.hook_id, d.delivery_id, d.destination
+    select d.ctid as row_id
     from heads h
     join room r using (source, destination, fair_key)
     join deliveries d using (provider, source, hook_id, delivery_id, destination)
@@ -261,9 +261,9 @@ with heads as materialized (
 ), moved as (
     update deliveries d
     set next_attempt_at = now()
-    from woken w
-    where d.provider = w.provider and d.source = w.source and d.hook_id = w.hook_id
-      and d.delivery_id = w.delivery_id and d.destination = w.destination
+    -- The rows by their addresses: a join on the key was planned as a
+    -- scan of every due leg.
+    where d.ctid = any(array(select row_id from woken))
       and d.status = 'failed' and d.retryable and d.last_error_class = 'fair'
       and d.next_attempt_at is null
 )
@@ -280,7 +280,7 @@ pub async fn wake_fair(client: &impl Session) -> Result<Vec<(String, String)>, D
 }
 
 /// The next leg of the installation of the fair leg `$1`–`$5`, which just
-/// ended, unless the installation still has its hold queued or running
+/// ended, unless the installation still has its hold queued
 /// (`crowded!`): its oldest leg waiting for its turn, moved to `processing` under
 /// a new token (its destination closed), with its parked body to publish.
 /// One statement on that installation's waiting legs alone.
@@ -292,20 +292,25 @@ with done as (
     key!(),
     " and fair_key is not null
 ), head as (
-    -- Not while the installation still has its hold queued or running
+    -- Not while the installation still has its hold queued
     -- (claims and releases that counted at the same moment went over it):
     -- the next of its legs to end releases it instead.
-    select d.provider, d.source, d.hook_id, d.delivery_id, d.destination
+    select w.row_id
     from done k
-    join deliveries d
-      on d.source = k.source and d.destination = k.destination and d.fair_key = k.fair_key
-    where d.fair_key is not null and d.status = 'failed' and d.last_error_class = 'fair'
-      and not ",
+    -- The installation's oldest waiting leg, read in the order of its
+    -- index (migration 17): a join was planned, when the table was small,
+    -- as a sort of every waiting leg of the destination.
+    cross join lateral (
+        select d.ctid as row_id from deliveries d
+        where d.source = k.source and d.destination = k.destination and d.fair_key = k.fair_key
+          and d.fair_key is not null and d.status = 'failed' and d.last_error_class = 'fair'
+        order by d.failed_at
+        limit 1
+        for update of d skip locked
+    ) w
+    where not ",
     crowded!("k"),
     "
-    order by d.failed_at
-    limit 1
-    for update of d skip locked
 ), ",
     release_head!("fair")
 );

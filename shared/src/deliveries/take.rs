@@ -447,7 +447,7 @@ pub async fn take_batch(
     let presented: Vec<Uuid> = firsts.values().map(|&i| items[i].presented.0).collect();
     let new_tokens: Vec<Uuid> = firsts.values().map(|i| tokens[i].0).collect();
     let max_attempts: Vec<i32> = firsts.values().map(|&i| items[i].max_attempts).collect();
-    let rows = sql::query(
+    let rows = sql::query_planned(
         client,
         TAKE_BATCH,
         &keys.params(&[&presented, &new_tokens, &max_attempts, &secs(policy.lease)]),

@@ -158,6 +158,33 @@ pub async fn query_replanned(session: &impl Session, sql: &str) -> Result<Vec<Ro
     Ok(session.pg().query_typed(sql, &[]).await?)
 }
 
+/// Runs `sql` and returns its rows, planned for these parameters each time
+/// (an unnamed statement, its parameter types those of the statement this
+/// connection prepared once), never by a generic plan cached on the
+/// connection. For the batched claim and completion: their arrays' lengths
+/// change every run, and a generic plan made while the table was small
+/// (a few rows, say, at a deployment's start) stays for the connection's
+/// life; one read the whole primary key of `deliveries` for every batch
+/// of completions (10,000 rows to find 10), and that grows with the table.
+/// A plan costs a fraction of a millisecond, shared by the batch's rows.
+pub async fn query_planned(
+    session: &impl Session,
+    sql: &str,
+    params: &[Param<'_>],
+) -> Result<Vec<Row>, DbError> {
+    let types: Arc<[Type]> = if unnamed_statements() {
+        param_types(sql).await?
+    } else {
+        session.prepare_cached(sql).await?.params().into()
+    };
+    let params: Vec<(Param<'_>, Type)> = params
+        .iter()
+        .zip(types.iter())
+        .map(|(p, t)| (*p, t.clone()))
+        .collect();
+    Ok(session.pg().query_typed(sql, &params).await?)
+}
+
 /// Runs `sql`, which returns at most one row.
 pub async fn query_opt(
     session: &impl Session,
