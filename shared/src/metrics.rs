@@ -138,7 +138,7 @@ pub const ORDERING_WAIT_SECONDS: &str = "hookinbox_ordering_wait_seconds";
 /// older than a completed leg of their key, by `source` and `destination`.
 pub const LEGS_STALE: &str = "hookinbox_legs_stale_total";
 /// New legs of a fair destination that ingest held in Postgres, their
-/// installation having its share queued or in flight there.
+/// installation having its hold of legs queued there.
 pub const FAIR_HELD: &str = "hookinbox_fair_held_total";
 /// The lease this process gives a claim or a take
 /// (`HOOKINBOX_LEASE_SECS`), set at start: the stuck-processing alert's

@@ -15,9 +15,9 @@
 //!   another installation's leg waits for its take or the cap is hard: the
 //!   share;
 //! - a take yields only then: a lone installation is never held back;
-//! - a claim holds a new leg only when its installation has two shares of
-//!   legs queued or running, or legs waiting their turn; with a hard cap,
-//!   always when it has two caps' worth queued or running;
+//! - a claim holds a new leg only when its installation has a share of
+//!   legs queued (not yet taken) and a share running, or four shares
+//!   queued; with a hard cap, always when it has a cap's worth queued;
 //! - a release publishes a leg of the installation whose leg ended;
 //! - a leg completes at most once;
 //! - every leg that waits its installation's turn has its body parked, so
@@ -580,20 +580,25 @@ impl Sut {
                             .iter()
                             .filter(|r| r.installation == installation_of(leg))
                     };
-                    let crowd = mine().filter(|r| r.status == "processing").count();
-                    let queue = mine().any(Row::waiting_its_turn);
-                    // The least hold there is: two shares, a hard cap's.
-                    let hold = 2 * self.share.cap as usize;
+                    let crowd = mine().filter(|r| r.waiting_for_take()).count();
+                    // The least hold there is: one share, a hard cap's.
+                    let hold = self.share.cap as usize;
+                    let running = mine().filter(|r| r.in_flight()).count();
                     assert!(
-                        !held || (!reclaimed && (crowd >= hold || queue)),
-                        "leg {leg} held with {crowd} legs of its installation queued or running \
-                         and none waiting its turn ({:?}, reclaimed: {reclaimed}) ({before:?})",
+                        !held
+                            || (!reclaimed
+                                && crowd >= hold
+                                && (self.share.hard
+                                    || running >= self.share.cap as usize
+                                    || crowd >= 4 * hold)),
+                        "leg {leg} held with {crowd} legs of its installation queued and {running} running \
+                         ({:?}, reclaimed: {reclaimed}) ({before:?})",
                         self.share
                     );
                     assert!(
                         held || reclaimed || !self.share.hard || crowd < hold,
-                        "leg {leg} not held with {crowd} legs of its installation queued or \
-                         running under a hard cap of {} ({before:?})",
+                        "leg {leg} not held with {crowd} legs of its installation queued \
+                         under a hard cap of {} ({before:?})",
                         self.share.cap
                     );
                     if dies {

@@ -90,7 +90,7 @@ pub enum LegClaim {
         /// Takes so far (0 for a new leg; a reclaim keeps the count).
         attempts: i32,
         /// A new leg of a fair destination whose installation already has
-        /// its share queued or in flight there: hold it in Postgres
+        /// its hold queued there: hold it in Postgres
         /// ([`park_fair`]) instead of publishing it, and the release after
         /// one of that installation's legs ends publishes it.
         held: bool,
@@ -279,6 +279,14 @@ with input as (
     on conflict do nothing
     returning d.provider, d.source, d.hook_id, d.delivery_id, d.destination, d.claim_token,
               d.attempts, d.status, true as inserted, null::text as stored_traceparent
+), crowding as materialized (
+    -- Once per installation and destination of the batch, not per leg:
+    -- the counts walk index entries that legs gone by left behind.
+    select k.source, k.destination, k.fair_key, ",
+    crowded!("k"),
+    " as crowded
+    from (select distinct source, destination, fair_key, fair_cap, fair_hard
+          from legs where fair_key is not null) k
 ), asked as (
     select i.provider, i.source, i.hook_id, i.delivery_id,
            (select r.traceparent from reconcile_redeliveries r
@@ -308,20 +316,20 @@ select c.provider, c.source, c.hook_id, c.delivery_id, c.destination, c.claim_to
            where i.guarded and g.hook_id <> i.hook_id and not i.pinned)
             then hookinbox_copied_event() end,
        -- Read in the statement's snapshot: the installation's legs that
-       -- other claims committed, not this batch's. Held too behind the
-       -- installation's legs already waiting, which only the releases
-       -- publish, one per leg that ends: a claim that counted while a
-       -- release was on its way would otherwise take the same freed place
-       -- (and the spare slot with it).
-       coalesce(c.inserted and c.status = 'processing' and l.fair_key is not null and (",
-    crowded!("l"),
-    " or exists (select 1 from deliveries w
-                    where w.source = l.source and w.destination = l.destination
-                      and w.fair_key = l.fair_key and w.fair_key is not null
-                      and w.status = 'failed' and w.last_error_class = 'fair')), false)
+       -- other claims committed, not this batch's. Not held merely because
+       -- the installation has legs waiting: then every new leg of a stream
+       -- that once went past its hold would be held (a second write, a
+       -- release and a publish each) until all that waits was released,
+       -- and at a high rate that path never caught up. A claim and a
+       -- release that count the same freed place both take it; the hold
+       -- gone over comes back as legs are taken.
+       coalesce(c.inserted and c.status = 'processing' and l.fair_key is not null and w.crowded,
+                false)
 from (select * from reclaimed union all select * from inserted) c
 left join asked a using (provider, source, hook_id, delivery_id)
-left join legs l using (provider, source, hook_id, delivery_id, destination)"
+left join legs l using (provider, source, hook_id, delivery_id, destination)
+left join crowding w
+  on w.source = l.source and w.destination = l.destination and w.fair_key = l.fair_key"
 );
 
 /// What is there of the deliveries whose legs the claim did not all write
@@ -895,7 +903,7 @@ with moved as (
     update deliveries
     set status = 'failed', retryable = true, next_attempt_at = null, failed_at = now(),
         last_error_class = 'fair',
-        last_error = 'waiting: its installation has its share of legs queued or in flight'
+        last_error = 'waiting: its installation has its share of legs queued'
     where ",
     key!(),
     " and claim_token = $6 and attempts = $7

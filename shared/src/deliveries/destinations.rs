@@ -156,22 +156,25 @@ const SET_CONSUMERS: &str = "
 with pace as (
     -- The index of completed legs by time (migration 2): the last ten
     -- seconds' completions of every destination, this one's counted.
-    select (count(*) / 10)::int4 as rate from deliveries
+    select (count(*) / 10)::int4 as rate, count(distinct fair_key)::int4 as keys
+    from deliveries
     where status = 'completed' and completed_at > now() - interval '10 seconds'
       and source = $1 and destination = $2
 )
 update destinations
-set consumers = $3, fair_rate = pace.rate
+set consumers = $3, fair_rate = pace.rate, fair_keys = pace.keys
 from pace
 where source = $1 and name = $2
-  and (consumers is distinct from $3 or fair_rate is distinct from pace.rate)";
+  and (consumers is distinct from $3 or fair_rate is distinct from pace.rate
+       or fair_keys is distinct from pace.keys)";
 
 /// Records how many workers consume a fair destination's queue, as the
-/// gauge sampler saw it, and the legs it completed a second over the last
-/// ten seconds: the claim holds an installation's new legs once it has
-/// about that many workers' `concurrency` queued or running (migration
-/// 18), or what the destination completes in 50 ms if that is more
-/// (migration 20). Writes only a change.
+/// gauge sampler saw it, and the legs it completed a second and the
+/// installations it served over the last ten seconds: the claim holds an
+/// installation's new legs once it has about that many workers' share
+/// queued (migration 18), or, when it is more, what the destination
+/// completes in 50 ms (migration 20), or in a second while it served one
+/// installation alone (migration 21). Writes only a change.
 pub async fn set_consumers(
     client: &impl Session,
     source: &SourceName,

@@ -292,31 +292,38 @@ macro_rules! yields {
     };
 }
 
-/// How many of the fair leg `$t`'s installation's legs may be queued or
-/// running at its destination (its `source`, `destination`, `fair_cap`
-/// and `fair_hard`) before a new one waits (`crowded!`). A hard cap
-/// (`per_key_concurrency`): two rounds of it, one running and one queued
-/// behind it, so its slots never wait for a release. Else one round:
-/// twice the share (the destination's `concurrency`, which is per worker)
-/// for each worker consuming its queue, as the sampler last counted them;
-/// each worker keeps one slot more than that (the worker's lanes), so
-/// another installation's leg finds a free slot at once instead of
-/// queuing behind the flood for a leg's time. Or, when it is more, what
-/// the destination completes in 50 ms (its `fair_rate` a second, as the
-/// sampler last measured it): a fast destination that one installation
-/// keeps busy is not paced by releases (each a statement and a publish
-/// per leg), and another installation's leg waits behind at most about
-/// 50 ms of the flood's.
+/// How many of the fair leg `$t`'s installation's legs may be queued (in
+/// its destination's queue, not yet taken) before a new one waits
+/// (`crowded!`); its running legs are not counted: the take's gate
+/// (`yields!`) bounds those, and only the queued ones stand between
+/// another installation's new leg and its take. A hard cap
+/// (`per_key_concurrency`): one round of it, so its slots never wait for
+/// a release. Else one share (the destination's `fair_cap`, per worker)
+/// for each worker consuming its queue, as the sampler last counted them.
+/// Or, when it is more, what the destination completes in 50 ms (its
+/// `fair_rate` a second, as the sampler last measured it): a fast
+/// destination that one installation keeps busy keeps that much queued
+/// without a hold, a release and a publish per leg, and another
+/// installation's leg finds at most about 50 ms of the flood's ahead of
+/// it. While the destination served one installation alone over the
+/// sampler's last ten seconds (`fair_keys`), a second of its pace: there
+/// is nobody to be fair to, and a stream near the machine's limit is not
+/// pushed onto the held path by its own bursts; another installation's
+/// first legs find at most that ahead of them, until the sampler counts
+/// it. Counting the running legs too made the hold a limit on all that is
+/// in flight, and an installation alone past it went only as fast as
+/// releases came: at a high rate its held legs never caught up.
 macro_rules! fair_hold {
     ($t:literal) => {
         concat!(
             "(case when ",
             $t,
-            ".fair_hard then 2::int8 * ",
+            ".fair_hard then ",
             $t,
-            ".fair_cap else (select greatest(2::int8 * ",
+            ".fair_cap::int8 else (select greatest(",
             $t,
-            ".fair_cap * greatest(1, coalesce(x.consumers, 1)), coalesce(x.fair_rate, 0) / 20) \
+            ".fair_cap::int8 * greatest(1, coalesce(x.consumers, 1)), \
+             coalesce(x.fair_rate, 0) / (case when coalesce(x.fair_keys, 0) > 1 then 20 else 1 end)) \
              from (select 1) one left join destinations x on x.source = ",
             $t,
             ".source and x.name = ",
@@ -327,45 +334,56 @@ macro_rules! fair_hold {
 }
 
 /// Whether the fair leg `$t`'s installation is crowded at its
-/// destination: it has its hold (`fair_hold!`) of legs `processing`
-/// (queued or running) besides `$t`. A new leg so found is held in
-/// Postgres by the claim instead of added to the queue, and a waiting one
-/// is not released (by a leg that ended, or the scheduler's wake), so the
-/// queue never holds much more than a round of one installation's legs
-/// ahead of another's, and a hold gone over (claims and releases that
-/// count at the same moment) comes back to it as legs end. Each count
-/// stops at the bound; the two partial indexes of migration 17 serve
-/// them.
+/// destination: it has its hold (`fair_hold!`) of legs queued besides
+/// `$t`, and its share (`fair_cap`) of legs running there, or four holds
+/// queued, or a hard cap. A new leg so found is held in Postgres by the
+/// claim instead of added to the queue, and a waiting one is not released
+/// (by a leg that ended, or the scheduler's wake), so the queue never
+/// holds much more than a hold of one installation's legs ahead of
+/// another's, and a hold gone over (claims and releases that count at the
+/// same moment) comes back to it as legs are taken. An installation under
+/// its share of the running legs has the destination keeping up with it:
+/// its queue is then only the way to the workers, what delays another
+/// installation's leg is the machine, not that queue, and a hold (a second
+/// write, a release and a publish per leg) would only add to it; near
+/// the machine's limit it tipped a stream onto the held path for good. Four
+/// holds queued say the workers are not taking (none run, or they stall).
+/// Each count stops at its bound; the partial indexes of migration 17
+/// serve them.
 macro_rules! crowded {
     ($t:literal) => {
         concat!(
             // The hold computed once (a lookup of the destination's
-            // workers), not once for each count and the comparison.
-            "(select ",
-            installation_load!($t, "h.hold"),
-            " >= h.hold from (select ",
+            // workers), not once for each count and comparison.
+            "(select q.n >= h.hold and (",
+            $t,
+            ".fair_hard or q.n >= 4 * h.hold or (select count(*) from (select 1 from deliveries f where ",
+            installation_processing!($t),
+            " and f.attempts > 0 limit ",
+            $t,
+            ".fair_cap) r) >= ",
+            $t,
+            ".fair_cap) from (select ",
             fair_hold!($t),
-            " as hold) h)"
+            " as hold) h cross join lateral (select ",
+            installation_load!($t, "4 * h.hold"),
+            " as n) q)"
         )
     };
 }
 
-/// How many of the fair leg `$t`'s installation's legs are `processing`
-/// (queued or running) at its destination, each count stopping at
-/// `$hold` (its `fair_hold!`, computed once by the caller), from the two
-/// partial indexes of migration 17.
+/// How many of the fair leg `$t`'s installation's legs are queued at its
+/// destination (`processing`, not yet taken), the count stopping at
+/// `$hold` (its `fair_hold!`, computed once by the caller), from the
+/// partial index of migration 17.
 macro_rules! installation_load {
     ($t:literal, $hold:literal) => {
         concat!(
-            "((select count(*) from (select 1 from deliveries f where ",
-            installation_processing!($t),
-            " and f.attempts > 0 limit ",
-            $hold,
-            ") r) + (select count(*) from (select 1 from deliveries f where ",
+            "(select count(*) from (select 1 from deliveries f where ",
             installation_processing!($t),
             " and f.attempts = 0 limit ",
             $hold,
-            ") r))"
+            ") r)"
         )
     };
 }

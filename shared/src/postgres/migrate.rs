@@ -118,6 +118,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "0020_fair_rate.sql",
         sql: include_str!("../../migrations/0020_fair_rate.sql"),
     },
+    Migration {
+        version: 21,
+        name: "0021_fair_keys.sql",
+        sql: include_str!("../../migrations/0021_fair_keys.sql"),
+    },
 ];
 
 /// Applies every pending migration and returns how many it applied.

@@ -62,7 +62,7 @@ fairness = {fairness}
         assert_eq!(ingest.send(&event(2, n)).await.status, 202);
     }
     // With fairness on, the claim holds the flood in Postgres once its
-    // installation has two rounds queued (4 here: twice `concurrency`, no
+    // installation has a share queued (1 here: half of `concurrency`, no
     // worker counted on the queue yet): only a few of its
     // legs (those whose claims ran beside each other, 16 sends at once)
     // reach the queue ahead of the other installation's.
@@ -202,8 +202,8 @@ async fn a_hold_after_the_reaper_marked_the_claim_lost_still_parks_the_body() {
 const HELD: &str =
     "select count(*) from deliveries where status = 'failed' and last_error_class = 'fair'";
 
-/// A `store` destination with `concurrency = 4`: a share of 2, a round of
-/// 4 legs queued or running.
+/// A `store` destination with `concurrency = 4`: a share of 2, a hold of 2
+/// legs queued with one worker or none, four holds (8) while none runs.
 fn store_of_four(env: &TestEnv) -> std::path::PathBuf {
     env.config_file(&format!(
         "[[sources]]\nname = \"default\"\nsecrets = [\"{SECRET}\"]\n\
@@ -238,16 +238,20 @@ async fn one_scheduler_pass_makes_up_every_release_that_never_came() {
     for n in 0..12 {
         assert_eq!(ingest.send(&event(1, n)).await.status, 202);
     }
-    assert_eq!(env.count(HELD).await, 8, "past the hold of 4, held");
-    // The four queued legs end, and no release follows.
+    assert_eq!(
+        env.count(HELD).await,
+        4,
+        "past four holds of 2 (none running), held"
+    );
+    // The eight queued legs end, and no release follows.
     end_legs(&env, "where status = 'processing'").await;
     let worker = env.worker_on(&config, Default::default()).await;
     assert_eq!(
         worker.schedule_once().await.expect("a pass"),
-        4,
+        2,
         "the pass published the installation's whole room"
     );
-    assert_eq!(env.count(HELD).await, 4);
+    assert_eq!(env.count(HELD).await, 2);
     env.run_worker_until_completed(&config, Duration::from_secs(60))
         .await;
     assert_eq!(
@@ -255,38 +259,62 @@ async fn one_scheduler_pass_makes_up_every_release_that_never_came() {
             .await,
         12
     );
-    assert_eq!(env.events().await, 8, "each held leg's effect once");
+    assert_eq!(env.events().await, 4, "each held leg's effect once");
     env.cleanup().await;
 }
 
 /// A fast destination's hold grows with its pace: at 200 legs completed a
 /// second (as the sampler measured it), an installation may have what the
-/// destination completes in 50 ms queued or running (10 legs) before its
-/// new legs are held, not only a round (4 with `concurrency = 4`). The
-/// sampler's statement measures the pace from the legs completed over the
-/// last ten seconds.
+/// destination completes in 50 ms queued (10 legs) before its new legs
+/// are held, not only a share (2 with `concurrency = 4`), while it serves
+/// several installations; while it served one alone, what it completes in
+/// a second (200). The sampler's statement measures the pace and counts
+/// the installations from the legs completed over the last ten seconds.
 #[tokio::test]
 async fn a_fast_destinations_hold_grows_with_its_pace() {
     let env = TestEnv::new().await;
     let config = store_of_four(&env);
     env.db
         .execute(
-            "insert into destinations (source, name, kind, consumers, fair_rate) \
-             values ('default', 'store', 'store', 1, 200)",
+            "insert into destinations (source, name, kind, consumers, fair_rate, fair_keys) \
+             values ('default', 'store', 'store', 1, 200, 2)",
             &[],
         )
         .await
-        .expect("a destination measured at 200 legs a second");
+        .expect("a destination measured at 200 legs a second, for two installations");
     let ingest = env.ingest_on(&config).await;
-    for n in 0..12 {
+    // Its share (2) running: the destination is busy with it.
+    let taken = "update deliveries set attempts = 1 where status = 'processing'";
+    for n in 0..2 {
+        assert_eq!(ingest.send(&event(1, n)).await.status, 202);
+    }
+    env.db.execute(taken, &[]).await.expect("taken");
+    for n in 2..14 {
         assert_eq!(ingest.send(&event(1, n)).await.status, 202);
     }
     assert_eq!(env.count(HELD).await, 2, "past the hold of 10, held");
+    end_legs(&env, "where status = 'processing'").await;
+    env.db
+        .execute("update destinations set fair_keys = 1", &[])
+        .await
+        .expect("one installation served");
+    for n in 14..16 {
+        assert_eq!(ingest.send(&event(3, n)).await.status, 202);
+    }
+    env.db.execute(taken, &[]).await.expect("taken");
+    for n in 16..28 {
+        assert_eq!(ingest.send(&event(3, n)).await.status, 202);
+    }
+    assert_eq!(
+        env.count(HELD).await,
+        2,
+        "alone, an installation's hold is a second of the pace: none held"
+    );
 
     // The pace as the sampler records it: 30 legs completed within the
     // last ten seconds are 3 a second.
     end_legs(&env, "").await;
-    for n in 12..30 {
+    for n in 28..30 {
         assert_eq!(ingest.send(&event(2, n)).await.status, 202);
     }
     end_legs(&env, "").await;
@@ -303,6 +331,11 @@ async fn a_fast_destinations_hold_grows_with_its_pace() {
     assert_eq!(
         env.count("select fair_rate::int8 from destinations").await,
         3
+    );
+    assert_eq!(
+        env.count("select fair_keys::int8 from destinations").await,
+        3,
+        "three installations served"
     );
     drop(client);
     drop(pool);
