@@ -75,6 +75,7 @@ pub async fn settle(suite: &Suite, ledger: &Mutex<Ledger>) -> anyhow::Result<Set
                 "did not settle: {open} open deliveries, {unanswered} never answered 2xx at GitHub"
             );
             eprintln!("faults: {text}");
+            describe_open(&check, &suite.root).await?;
             unsettled = Some(text);
             break;
         }
@@ -140,4 +141,66 @@ async fn completed_ids(db: &tokio_postgres::Client) -> anyhow::Result<HashSet<St
         .iter()
         .map(|r| r.get(0))
         .collect())
+}
+
+/// Prints each leg still open, its state and the times that decide what
+/// takes it next, then the lines of ingest's and the workers' logs that
+/// name it, so a run that did not settle says why (ids, states, times and
+/// log lines only: the logs hold no body, header or secret).
+async fn describe_open(db: &tokio_postgres::Client, root: &std::path::Path) -> anyhow::Result<()> {
+    let rows = db
+        .query(
+            "select source, destination, delivery_id, status, retryable, coalesce(last_error_class, ''),
+                    attempts, coalesce(fair_key, ''), coalesce(order_key, ''),
+                    coalesce(to_char(lease_until - now(), 'SS.MS'), '-'),
+                    coalesce(to_char(next_attempt_at - now(), 'SS.MS'), '-'),
+                    to_char(now() - claimed_at, 'MI:SS.MS'), to_char(now() - created_at, 'MI:SS.MS'),
+                    coalesce(to_char(now() - failed_at, 'MI:SS.MS'), '-'), replays,
+                    exists (select 1 from parked_bodies p where p.provider = d.provider
+                            and p.source = d.source and p.hook_id = d.hook_id
+                            and p.delivery_id = d.delivery_id and p.destination = d.destination)
+             from deliveries d
+             where status = 'processing' or (status = 'failed' and retryable)
+             order by created_at limit 20",
+            &[],
+        )
+        .await?;
+    let mut ids = Vec::new();
+    for r in rows {
+        ids.push(r.get::<_, String>(2));
+        eprintln!(
+            "faults: open leg {}/{} {}: status {} retryable {} class '{}' attempts {} fair_key '{}' \
+             order_key '{}' lease in {} due in {} claimed {} ago created {} ago failed {} ago \
+             replays {} parked body {}",
+            r.get::<_, String>(0),
+            r.get::<_, String>(1),
+            r.get::<_, String>(2),
+            r.get::<_, String>(3),
+            r.get::<_, bool>(4),
+            r.get::<_, String>(5),
+            r.get::<_, i32>(6),
+            r.get::<_, String>(7),
+            r.get::<_, String>(8),
+            r.get::<_, String>(9),
+            r.get::<_, String>(10),
+            r.get::<_, String>(11),
+            r.get::<_, String>(12),
+            r.get::<_, String>(13),
+            r.get::<_, i32>(14),
+            r.get::<_, bool>(15),
+        );
+    }
+    for id in ids.iter().take(3) {
+        for entry in std::fs::read_dir(root)?.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !name.ends_with(".log") {
+                continue;
+            }
+            let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+            for line in text.lines().filter(|l| l.contains(id.as_str())).take(40) {
+                eprintln!("faults: {name}: {line}");
+            }
+        }
+    }
+    Ok(())
 }
