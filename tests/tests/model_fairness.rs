@@ -16,8 +16,9 @@
 //!   share;
 //! - a take yields only then: a lone installation is never held back;
 //! - a claim holds a new leg only when its installation has a share of
-//!   legs queued (not yet taken) and a share running, or four shares
-//!   queued; with a hard cap, always when it has a cap's worth queued;
+//!   legs queued (not yet taken) and a share running, or two shares
+//!   queued and running together, or legs waiting their turn and a share
+//!   running; with a hard cap, always when it has a cap's worth queued;
 //! - a release publishes a leg of the installation whose leg ended;
 //! - a leg completes at most once;
 //! - every leg that waits its installation's turn has its body parked, so
@@ -581,16 +582,22 @@ impl Sut {
                             .filter(|r| r.installation == installation_of(leg))
                     };
                     let crowd = mine().filter(|r| r.waiting_for_take()).count();
-                    // The least hold there is: one share, a hard cap's.
+                    // The least hold there is: one share, a hard cap's;
+                    // the least round: two shares, queued and running; or
+                    // behind its waiting legs with its share running.
                     let hold = self.share.cap as usize;
                     let running = mine().filter(|r| r.in_flight()).count();
+                    let behind = mine().any(|r| r.waiting_its_turn());
                     assert!(
                         !held
                             || (!reclaimed
-                                && crowd >= hold
-                                && (self.share.hard
-                                    || running >= self.share.cap as usize
-                                    || crowd >= 4 * hold)),
+                                && ((crowd >= hold
+                                    && (self.share.hard
+                                        || running >= self.share.cap as usize))
+                                    || (!self.share.hard
+                                        && (crowd + running >= 2 * hold
+                                            || (behind
+                                                && running >= self.share.cap as usize))))),
                         "leg {leg} held with {crowd} legs of its installation queued and {running} running \
                          ({:?}, reclaimed: {reclaimed}) ({before:?})",
                         self.share

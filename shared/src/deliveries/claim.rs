@@ -284,7 +284,24 @@ with input as (
     -- the counts walk index entries that legs gone by left behind.
     select k.source, k.destination, k.fair_key, ",
     crowded!("k"),
-    " as crowded
+    "
+           -- Behind its installation's waiting legs while the destination
+           -- is busy with it (its share running): then only releases, one
+           -- for each of its legs that ends, publish its legs, and a claim
+           -- and a release that counted the same freed place do not both
+           -- take it (the second took the worker's spare slot, and another
+           -- installation's leg waited for one of the flood's to end).
+           -- Under its share it is not held for what waits: then the
+           -- destination keeps up with it, and at a high rate a stream
+           -- held behind its waiting legs never caught up.
+           or (not k.fair_hard
+               and exists (select 1 from deliveries w
+                           where w.source = k.source and w.destination = k.destination
+                             and w.fair_key = k.fair_key and w.fair_key is not null
+                             and w.status = 'failed' and w.last_error_class = 'fair')
+               and ",
+    installation_running!("k", "("),
+    " >= k.fair_cap) as crowded
     from (select distinct source, destination, fair_key, fair_cap, fair_hard
           from legs where fair_key is not null) k
 ), asked as (
@@ -316,13 +333,7 @@ select c.provider, c.source, c.hook_id, c.delivery_id, c.destination, c.claim_to
            where i.guarded and g.hook_id <> i.hook_id and not i.pinned)
             then hookinbox_copied_event() end,
        -- Read in the statement's snapshot: the installation's legs that
-       -- other claims committed, not this batch's. Not held merely because
-       -- the installation has legs waiting: then every new leg of a stream
-       -- that once went past its hold would be held (a second write, a
-       -- release and a publish each) until all that waits was released,
-       -- and at a high rate that path never caught up. A claim and a
-       -- release that count the same freed place both take it; the hold
-       -- gone over comes back as legs are taken.
+       -- other claims committed, not this batch's.
        coalesce(c.inserted and c.status = 'processing' and l.fair_key is not null and w.crowded,
                 false)
 from (select * from reclaimed union all select * from inserted) c

@@ -292,90 +292,120 @@ macro_rules! yields {
     };
 }
 
-/// How many of the fair leg `$t`'s installation's legs may be queued (in
-/// its destination's queue, not yet taken) before a new one waits
-/// (`crowded!`); its running legs are not counted: the take's gate
-/// (`yields!`) bounds those, and only the queued ones stand between
-/// another installation's new leg and its take. A hard cap
-/// (`per_key_concurrency`): one round of it, so its slots never wait for
-/// a release. Else one share (the destination's `fair_cap`, per worker)
-/// for each worker consuming its queue, as the sampler last counted them.
-/// Or, when it is more, what the destination completes in 50 ms (its
-/// `fair_rate` a second, as the sampler last measured it): a fast
-/// destination that one installation keeps busy keeps that much queued
-/// without a hold, a release and a publish per leg, and another
-/// installation's leg finds at most about 50 ms of the flood's ahead of
-/// it. While the destination served one installation alone over the
-/// sampler's last ten seconds (`fair_keys`), a second of its pace: there
-/// is nobody to be fair to, and a stream near the machine's limit is not
-/// pushed onto the held path by its own bursts; another installation's
-/// first legs find at most that ahead of them, until the sampler counts
-/// it. Counting the running legs too made the hold a limit on all that is
-/// in flight, and an installation alone past it went only as fast as
-/// releases came: at a high rate its held legs never caught up.
-macro_rules! fair_hold {
+/// The fair leg `$t`'s installation's limits at its destination, a row
+/// of two columns, the destination's workers read once:
+///
+/// - `hold`: how many of its legs may be queued (in its destination's
+///   queue, not yet taken) before a new one waits (`crowded!`). A hard cap
+///   (`per_key_concurrency`): one round of it, so its slots never wait
+///   for a release. Else one share (the destination's `fair_cap`, per
+///   worker) for each worker consuming its queue, as the sampler last
+///   counted them. Or, when it is more, what the destination completes in
+///   50 ms (its `fair_rate` a second, as the sampler last measured it): a
+///   fast destination that one installation keeps busy keeps that much
+///   queued without a hold, a release and a publish per leg, and another
+///   installation's leg finds at most about 50 ms of the flood's ahead of
+///   it. While the destination served one installation alone over the
+///   sampler's last ten seconds (`fair_keys`), a second of its pace: there
+///   is nobody to be fair to, and a stream near the machine's limit is not
+///   pushed onto the held path by its own bursts; another installation's
+///   first legs find at most that ahead of them, until the sampler counts
+///   it.
+/// - `round`: how many it may have queued and running together: two
+///   shares (a worker's `concurrency`, the share being half of it) for
+///   each worker, and the pace's hold on top where the pace sets the hold
+///   (a hard cap: two caps, a cap queued and a cap running). Why: each
+///   worker runs a fair
+///   destination on one slot more than its `concurrency` (the spare) and
+///   prefetches as many; an installation that had legs queued beyond the
+///   round filled the spare too, and another installation's leg then
+///   waited for one of the flood's to end (175 ms p99 against a 200-ms
+///   receiver, 8 × its time alone, where 12 ms was measured while the
+///   hold counted running legs).
+///
+/// Counting the running legs in the hold itself made it a limit on all
+/// that is in flight even for a fast destination's pace, and an
+/// installation alone past it went only as fast as releases came: at a
+/// high rate its held legs never caught up. The round is that limit only
+/// where the pace is below a share a worker: a faster destination's queue
+/// holds 50 ms of its pace ahead of another installation's leg anyway,
+/// so its spare slot is no longer what that leg waits for.
+macro_rules! fair_limits {
     ($t:literal) => {
         concat!(
-            "(case when ",
+            "(select case when ",
             $t,
             ".fair_hard then ",
             $t,
-            ".fair_cap::int8 else (select greatest(",
+            ".fair_cap::int8 else greatest(",
             $t,
-            ".fair_cap::int8 * greatest(1, coalesce(x.consumers, 1)), \
-             coalesce(x.fair_rate, 0) / (case when coalesce(x.fair_keys, 0) > 1 then 20 else 1 end)) \
-             from (select 1) one left join destinations x on x.source = ",
+            ".fair_cap::int8 * d.workers, d.pace) end as hold, case when ",
+            $t,
+            ".fair_hard then 2 * ",
+            $t,
+            ".fair_cap::int8 else 2 * ",
+            $t,
+            ".fair_cap::int8 * d.workers + (case when d.pace > ",
+            $t,
+            ".fair_cap::int8 * d.workers then d.pace else 0 end) end as round \
+             from (select greatest(1, coalesce(x.consumers, 1))::int8 as workers, \
+                   coalesce(x.fair_rate, 0)::int8 \
+                   / (case when coalesce(x.fair_keys, 0) > 1 then 20 else 1 end) as pace \
+                   from (select 1) one left join destinations x on x.source = ",
             $t,
             ".source and x.name = ",
             $t,
-            ".destination) end)"
+            ".destination) d)"
         )
     };
 }
 
 /// Whether the fair leg `$t`'s installation is crowded at its
-/// destination: it has its hold (`fair_hold!`) of legs queued besides
-/// `$t`, and its share (`fair_cap`) of legs running there, or four holds
-/// queued, or a hard cap. A new leg so found is held in Postgres by the
-/// claim instead of added to the queue, and a waiting one is not released
-/// (by a leg that ended, or the scheduler's wake), so the queue never
-/// holds much more than a hold of one installation's legs ahead of
-/// another's, and a hold gone over (claims and releases that count at the
-/// same moment) comes back to it as legs are taken. An installation under
-/// its share of the running legs has the destination keeping up with it:
-/// its queue is then only the way to the workers, what delays another
-/// installation's leg is the machine, not that queue, and a hold (a second
-/// write, a release and a publish per leg) would only add to it; near
-/// the machine's limit it tipped a stream onto the held path for good. Four
-/// holds queued say the workers are not taking (none run, or they stall).
-/// Each count stops at its bound; the partial indexes of migration 17
+/// destination: it has its hold (`fair_limits!`) of legs queued besides
+/// `$t`, and its share (`fair_cap`) of legs running there or a hard cap;
+/// or, without a hard cap, its round of legs queued and running together
+/// (which also bounds its queue while none of its legs run: the workers
+/// are not taking, or stall). A new leg so found is held in Postgres by
+/// the claim instead of added to the queue, and a waiting one is not
+/// released (by a leg that ended, or the scheduler's wake), so the queue
+/// never holds much more than a hold of one installation's legs ahead of
+/// another's, the workers' spare slots stay free for another
+/// installation's leg, and a hold gone over (claims and releases that
+/// count at the same moment) comes back to it as legs are taken. An
+/// installation under its share of the running legs, and under its round,
+/// has the destination keeping up with it: its queue is then only the way
+/// to the workers, what delays another installation's leg is the machine,
+/// not that queue, and a hold (a second write, a release and a publish
+/// per leg) would only add to it; near the machine's limit it tipped a
+/// stream onto the held path for good. Each count stops at its bound (the
+/// round is at least the hold); the partial indexes of migration 17
 /// serve them.
 macro_rules! crowded {
     ($t:literal) => {
         concat!(
-            // The hold computed once (a lookup of the destination's
+            // The limits computed once (a lookup of the destination's
             // workers), not once for each count and comparison.
-            "(select q.n >= h.hold and (",
+            "(select (q.n >= h.hold and (",
             $t,
-            ".fair_hard or q.n >= 4 * h.hold or (select count(*) from (select 1 from deliveries f where ",
-            installation_processing!($t),
-            " and f.attempts > 0 limit ",
+            ".fair_hard or run.n >= ",
             $t,
-            ".fair_cap) r) >= ",
+            ".fair_cap)) or (not ",
             $t,
-            ".fair_cap) from (select ",
-            fair_hold!($t),
-            " as hold) h cross join lateral (select ",
-            installation_load!($t, "4 * h.hold"),
-            " as n) q)"
+            ".fair_hard and q.n + run.n >= h.round) from ",
+            fair_limits!($t),
+            " h cross join lateral (select ",
+            installation_load!($t, "h.round"),
+            " as n) q cross join lateral (select ",
+            installation_running!($t, "greatest(h.round, "),
+            " as n) run)"
         )
     };
 }
 
 /// How many of the fair leg `$t`'s installation's legs are queued at its
 /// destination (`processing`, not yet taken), the count stopping at
-/// `$hold` (its `fair_hold!`, computed once by the caller), from the
-/// partial index of migration 17.
+/// `$hold` (computed once by the caller), from the partial index of
+/// migration 17.
 macro_rules! installation_load {
     ($t:literal, $hold:literal) => {
         concat!(
@@ -384,6 +414,24 @@ macro_rules! installation_load {
             " and f.attempts = 0 limit ",
             $hold,
             ") r)"
+        )
+    };
+}
+
+/// How many of the fair leg `$t`'s installation's legs are running at its
+/// destination (taken, or published again for a retry: `processing` with
+/// an attempt), the count stopping at `$limit` followed by `$t`'s
+/// `fair_cap` and a closing parenthesis (so `"greatest(x, "` makes the
+/// larger of the two the bound), from the partial index of migration 17.
+macro_rules! installation_running {
+    ($t:literal, $limit:literal) => {
+        concat!(
+            "(select count(*) from (select 1 from deliveries f where ",
+            installation_processing!($t),
+            " and f.attempts > 0 limit ",
+            $limit,
+            $t,
+            ".fair_cap)) r)"
         )
     };
 }

@@ -220,7 +220,8 @@ pub async fn next_of_key(
 /// The wake of fair destinations' waiting legs (docs/architecture.md,
 /// "Fairness"): per installation with legs waiting (class `fair`), its
 /// oldest become due now, as many as its hold has room for beside its
-/// legs queued (`fair_hold!`, `installation_load!`; a leg woken
+/// legs queued and its round beside its legs queued and running
+/// (`fair_limits!`, `installation_load!`, `installation_running!`; a leg woken
 /// before and not yet published takes its place), each unless it would
 /// only yield again (the take's own gate, `yields!`); the same pass's [`schedule_due`]
 /// publishes it. The way back for a leg whose installation's legs all
@@ -241,11 +242,15 @@ with heads as materialized (
     -- release that never came (its worker died, or did not know legs
     -- waited) is made up for in one pass, not one leg a pass.
     select h.source, h.destination, h.fair_key,
-           (select x.hold - ",
+           (select least(x.hold - ",
     installation_load!("h", "x.hold"),
-    " from (select ",
-    fair_hold!("h"),
-    " as hold) x) as room
+    ", x.round - ",
+    installation_load!("h", "x.round"),
+    " - ",
+    installation_running!("h", "greatest(x.round, "),
+    ") from ",
+    fair_limits!("h"),
+    " x) as room
     from heads h
     where h.place = 1
 ), woken as (

@@ -203,7 +203,7 @@ const HELD: &str =
     "select count(*) from deliveries where status = 'failed' and last_error_class = 'fair'";
 
 /// A `store` destination with `concurrency = 4`: a share of 2, a hold of 2
-/// legs queued with one worker or none, four holds (8) while none runs.
+/// legs queued with one worker or none, a round of 4 queued and running.
 fn store_of_four(env: &TestEnv) -> std::path::PathBuf {
     env.config_file(&format!(
         "[[sources]]\nname = \"default\"\nsecrets = [\"{SECRET}\"]\n\
@@ -240,18 +240,18 @@ async fn one_scheduler_pass_makes_up_every_release_that_never_came() {
     }
     assert_eq!(
         env.count(HELD).await,
-        4,
-        "past four holds of 2 (none running), held"
+        8,
+        "past a round of 4 queued and running (none running), held"
     );
-    // The eight queued legs end, and no release follows.
+    // The four queued legs end, and no release follows.
     end_legs(&env, "where status = 'processing'").await;
     let worker = env.worker_on(&config, Default::default()).await;
     assert_eq!(
         worker.schedule_once().await.expect("a pass"),
         2,
-        "the pass published the installation's whole room"
+        "the pass published the installation's whole room under its hold"
     );
-    assert_eq!(env.count(HELD).await, 2);
+    assert_eq!(env.count(HELD).await, 6);
     env.run_worker_until_completed(&config, Duration::from_secs(60))
         .await;
     assert_eq!(
@@ -259,7 +259,7 @@ async fn one_scheduler_pass_makes_up_every_release_that_never_came() {
             .await,
         12
     );
-    assert_eq!(env.events().await, 4, "each held leg's effect once");
+    assert_eq!(env.events().await, 8, "each held leg's effect once");
     env.cleanup().await;
 }
 
