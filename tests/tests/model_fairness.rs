@@ -592,12 +592,10 @@ impl Sut {
                         !held
                             || (!reclaimed
                                 && ((crowd >= hold
-                                    && (self.share.hard
-                                        || running >= self.share.cap as usize))
+                                    && (self.share.hard || running >= self.share.cap as usize))
                                     || (!self.share.hard
                                         && (crowd + running >= 2 * hold
-                                            || (behind
-                                                && running >= self.share.cap as usize))))),
+                                            || (behind && running >= self.share.cap as usize))))),
                         "leg {leg} held with {crowd} legs of its installation queued and {running} running \
                          ({:?}, reclaimed: {reclaimed}) ({before:?})",
                         self.share
