@@ -24,11 +24,15 @@ fn as_postgres(args: &[&str]) -> std::process::Command {
 }
 
 /// Runs one of Postgres's programs (`initdb`, `pg_basebackup`) as the
-/// `postgres` user on a folder under `root`, which it is given first.
+/// `postgres` user on a folder under `root`: `root` itself is given to it
+/// (to create the folder in), and the folder with what it holds.
+///
+/// Why not `root` with all it holds: other services' folders beside it
+/// (a RabbitMQ node's, which runs as `rabbitmq`) must keep their owners.
 fn run_on(root: &Path, program: &str, args: &[&str]) -> anyhow::Result<()> {
     std::fs::create_dir_all(root)?;
     std::process::Command::new("chown")
-        .args(["-R", "postgres:postgres"])
+        .arg("postgres:postgres")
         .arg(root)
         .status()?;
     let bin = PrivatePg::bin(program);
@@ -49,6 +53,10 @@ impl PrivatePg {
     pub fn start_new(root: &Path) -> anyhow::Result<Self> {
         let dir = root.join("pg");
         std::fs::create_dir_all(&dir)?;
+        std::process::Command::new("chown")
+            .args(["-R", "postgres:postgres"])
+            .arg(&dir)
+            .status()?;
         let port = free_port();
         let path = dir.to_str().unwrap_or("");
         run_on(
