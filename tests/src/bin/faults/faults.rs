@@ -2,10 +2,14 @@
 //! (`kills.rs`), a broker restart, a Postgres crash, connections cut,
 //! half-open and slowed, each recording its window, with the destination
 //! faults (`destinations.rs`) after ingest's kill; then a quiet stretch.
+//! In cluster mode the broker's restart is a cluster's faults instead
+//! (`cluster.rs`): the node leading the most queues killed, the nodes
+//! restarted in turn, and in the last cycle a Postgres failover.
 
 use std::time::{Duration, Instant};
 
 use crate::Settings;
+use crate::cluster;
 use crate::destinations;
 use crate::stack::Suite;
 
@@ -43,7 +47,16 @@ pub async fn cycle(suite: &mut Suite, settings: &Settings, cycle: u32) -> anyhow
     // its next restart.
     destinations::faults(suite, (cycle == 0).then_some(settings.outage)).await?;
     lease_steal(suite, cycle).await?;
-    broker_restart(suite, cycle)?;
+    if settings.cluster {
+        // Each cluster fault is followed by a quiet stretch, so that the
+        // time until the end-to-end p99 is back is its own.
+        cluster::leader_kill(suite).await?;
+        quiet().await;
+        cluster::rolling_restart(suite).await?;
+        quiet().await;
+    } else {
+        broker_restart(suite, cycle)?;
+    }
     postgres_crash(suite).await?;
     cut(suite, Which::Postgres, "worker-postgres connections cut").await;
     cut(suite, Which::Broker, "ingest-broker connections cut").await;
@@ -75,6 +88,12 @@ pub async fn cycle(suite: &mut Suite, settings: &Settings, cycle: u32) -> anyhow
         "ingest-broker connections delayed 200 ms for 5 s",
     )
     .await;
+    if settings.cluster && cycle + 1 == settings.cycles {
+        // Last: after it the workers' Postgres proxy leads to the old
+        // primary, gone, so the connection faults above would cut nothing.
+        quiet().await;
+        cluster::postgres_failover(suite).await?;
+    }
     quiet().await;
     Ok(())
 }
@@ -112,10 +131,10 @@ async fn lease_steal(suite: &mut Suite, cycle: u32) -> anyhow::Result<()> {
 fn broker_restart(suite: &mut Suite, cycle: u32) -> anyhow::Result<()> {
     let since = Instant::now();
     if cycle.is_multiple_of(2) {
-        suite.rabbit.restart_app()?;
+        suite.rabbits[0].restart_app()?;
         suite.count("broker stop_app/start_app");
     } else {
-        suite.rabbit.kill9_and_boot()?;
+        suite.rabbits[0].kill9_and_boot()?;
         suite.count("broker kill -9");
     }
     suite.window(since);
@@ -169,6 +188,6 @@ async fn degrade(suite: &mut Suite, which: Which, stall: bool, what: &'static st
 /// A quiet stretch under traffic: any repeat here is a bug. The
 /// destination faults' windows are not fault windows: a relayed key, or a
 /// `fanout` key answered 2xx, arriving again then is a bug too.
-async fn quiet() {
+pub async fn quiet() {
     tokio::time::sleep(REPEAT_GRACE + STALL).await;
 }

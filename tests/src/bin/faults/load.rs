@@ -71,6 +71,8 @@ pub struct Ledger {
     pub redeliveries: u64,
     /// Requests that got no 2xx.
     pub failed_requests: u64,
+    /// Every request: when it was sent and whether it got a 2xx.
+    pub requests: Vec<(Instant, bool)>,
 }
 
 /// The running stream.
@@ -79,6 +81,9 @@ pub struct Load {
     pub ledger: Arc<Mutex<Ledger>>,
     /// When it started.
     pub started: Instant,
+    /// When it started, by the wall clock (the effect log's times are
+    /// Postgres's).
+    pub started_wall: std::time::SystemTime,
     stop: CancellationToken,
     stream: tokio::task::JoinHandle<()>,
     /// The sends in flight.
@@ -101,6 +106,7 @@ impl Load {
         Self {
             ledger,
             started: Instant::now(),
+            started_wall: std::time::SystemTime::now(),
             stop,
             stream,
             sends,
@@ -133,6 +139,7 @@ async fn deliver(
     body: &[u8],
     redelivery: bool,
 ) {
+    let sent = Instant::now();
     let status = github
         .fake
         .send(github.hook(source), id, event, body, redelivery)
@@ -142,6 +149,7 @@ async fn deliver(
     if !ok {
         ledger.failed_requests += 1;
     }
+    ledger.requests.push((sent, ok));
     let entry = ledger.sent.entry(id.to_owned()).or_insert_with(|| Sent {
         source,
         event: event.to_owned(),

@@ -29,6 +29,12 @@
 //! leg may be lost, dead-lettered, or answered 2xx twice outside a worker
 //! or infrastructure fault, and no 404 may have spent an attempt.
 //!
+//! `scripts/faults.sh --cluster` (`HOOKINBOX_FAULT_CLUSTER`) runs the
+//! broker as a three-node cluster and Postgres with a synchronous standby,
+//! and adds the cluster's faults (`cluster`): after a baseline of the
+//! end-to-end p99, each is reported with its seconds of `5xx` at ingest
+//! and the time until the p99 is back (`recovery`).
+//!
 //! The steps, one module each: `stack` starts the private `services`, the
 //! receivers (`sink`) and the binaries, `load` sends, `faults` (with
 //! `kills` and `destinations`) injects one cycle, `settle` lets the
@@ -36,11 +42,13 @@
 //! prints it.
 
 mod check;
+mod cluster;
 mod destinations;
 mod faults;
 mod kills;
 mod legs;
 mod load;
+mod recovery;
 mod report;
 mod services;
 mod settle;
@@ -70,6 +78,9 @@ pub struct Settings {
     /// How long the long destination outage lasts
     /// (`HOOKINBOX_FAULT_OUTAGE_SECS`, 15 s by default).
     pub outage: Duration,
+    /// A three-node broker cluster and a Postgres standby, and their
+    /// faults (`HOOKINBOX_FAULT_CLUSTER`).
+    pub cluster: bool,
 }
 
 impl Settings {
@@ -91,6 +102,7 @@ impl Settings {
                     .context("HOOKINBOX_FAULT_OUTAGE_SECS is a number of seconds")?,
                 Err(_) => 15,
             }),
+            cluster: std::env::var_os("HOOKINBOX_FAULT_CLUSTER").is_some_and(|v| !v.is_empty()),
         })
     }
 }
@@ -100,6 +112,16 @@ async fn main() -> anyhow::Result<()> {
     let settings = Settings::read()?;
     let mut suite = Suite::start(&settings).await?;
     let mut load = Load::start(suite.github.clone(), RATE);
+    let placed_before = if settings.cluster {
+        // The baseline the recovery times are measured against: the load
+        // with no fault.
+        tokio::time::sleep(recovery::BASELINE).await;
+        Some(tokio::task::block_in_place(|| {
+            cluster::placement(&suite, 0)
+        })?)
+    } else {
+        None
+    };
     for cycle in 0..settings.cycles {
         faults::cycle(&mut suite, &settings, cycle).await?;
     }
@@ -110,6 +132,11 @@ async fn main() -> anyhow::Result<()> {
     report::windows(&suite, load.started);
     let mut report = report::markdown(&settings, &suite, load.started, &checked, &settled);
     report.push_str(&report::destinations(&suite, &legs));
+    if let Some(before) = placed_before {
+        let after = tokio::task::block_in_place(|| cluster::placement(&suite, 0))?;
+        let recovered = recovery::measure(&suite, &load).await?;
+        report.push_str(&recovery::markdown(&before, &after, &recovered));
+    }
     println!("{report}");
     if let Some(path) = &settings.report_path {
         std::fs::write(path, &report)?;

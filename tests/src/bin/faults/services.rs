@@ -1,5 +1,6 @@
 //! The private services the suite starts itself, so that restarting or
-//! killing them disturbs nothing else: a Postgres, a RabbitMQ node and, with
+//! killing them disturbs nothing else: a Postgres, a RabbitMQ node (or,
+//! with `HOOKINBOX_FAULT_CLUSTER`, three clustered nodes) and, with
 //! `HOOKINBOX_FAULT_PGBOUNCER`, a PgBouncer in front of that Postgres.
 //! Each stops when dropped.
 
@@ -14,34 +15,79 @@ pub use hookinbox_tests::private_pg::PrivatePg;
 /// A private RabbitMQ node: its own name, ports and data directory.
 pub struct PrivateRabbit {
     dir: PathBuf,
-    node: String,
+    /// Its Erlang node name (`name@localhost`).
+    pub node: String,
     /// The AMQP port, on 127.0.0.1.
     pub port: u16,
+    /// Its Erlang distribution port, the same at every boot: a clustered
+    /// node's peers know it by it.
+    dist_port: u16,
 }
 
 impl PrivateRabbit {
     /// Lays out `root/rabbit` and boots a node named after this process.
     pub fn start_new(root: &Path) -> anyhow::Result<Self> {
-        let dir = root.join("rabbit");
+        let rabbit = Self::lay_out(
+            root.join("rabbit"),
+            format!("hookinbox-faults-{}@localhost", std::process::id()),
+        )?;
+        rabbit.boot()?;
+        Ok(rabbit)
+    }
+
+    /// Lays out `root/rabbit-0` .. `root/rabbit-{n-1}`, boots each, and
+    /// joins the others to the first (`rabbitmqctl join_cluster`). Queue
+    /// leaders are placed on the node with the fewest
+    /// (`queue_leader_locator = balanced`).
+    pub fn start_cluster(root: &Path, n: usize) -> anyhow::Result<Vec<Self>> {
+        let mut nodes = Vec::with_capacity(n);
+        for i in 0..n {
+            let node = Self::lay_out(
+                root.join(format!("rabbit-{i}")),
+                format!("hookinbox-faults-{}-{i}@localhost", std::process::id()),
+            )?;
+            node.boot()?;
+            if let Some(first) = nodes.first() {
+                let first: &Self = first;
+                if !node.ctl(&["stop_app"])
+                    || !node.ctl(&["join_cluster", &first.node])
+                    || !node.ctl(&["start_app"])
+                {
+                    bail!("{} did not join {}", node.node, first.node);
+                }
+                node.await_up()?;
+            }
+            nodes.push(node);
+        }
+        Ok(nodes)
+    }
+
+    /// Writes a node's folder: its configuration and enabled plugins (none),
+    /// and its node name in `dir/node` (where `scripts/faults.sh` finds it
+    /// if the suite is interrupted).
+    fn lay_out(dir: PathBuf, node: String) -> anyhow::Result<Self> {
         std::fs::create_dir_all(dir.join("mnesia"))?;
         std::fs::create_dir_all(dir.join("log"))?;
         std::fs::write(dir.join("enabled_plugins"), "[].\n")?;
+        std::fs::write(dir.join("node"), &node)?;
         let port = free_port();
         std::fs::write(
             dir.join("rabbitmq.conf"),
-            format!("listeners.tcp.local = 127.0.0.1:{port}\nloopback_users = none\n"),
+            format!(
+                "listeners.tcp.local = 127.0.0.1:{port}\nloopback_users = none\n\
+                 queue_leader_locator = balanced\n"
+            ),
         )?;
         std::process::Command::new("chown")
             .args(["-R", "rabbitmq:rabbitmq"])
             .arg(&dir)
             .status()?;
-        let rabbit = Self {
+        Ok(Self {
             dir,
-            node: format!("hookinbox-faults-{}@localhost", std::process::id()),
+            node,
             port,
-        };
-        rabbit.boot()?;
-        Ok(rabbit)
+            dist_port: free_port(),
+        })
     }
 
     fn boot(&self) -> anyhow::Result<()> {
@@ -50,7 +96,7 @@ impl PrivateRabbit {
             .arg("-detached")
             .env("RABBITMQ_NODENAME", &self.node)
             .env("RABBITMQ_NODE_PORT", self.port.to_string())
-            .env("RABBITMQ_DIST_PORT", free_port().to_string())
+            .env("RABBITMQ_DIST_PORT", self.dist_port.to_string())
             .env("RABBITMQ_MNESIA_BASE", format!("{d}/mnesia"))
             .env("RABBITMQ_LOG_BASE", format!("{d}/log"))
             .env(
@@ -86,7 +132,68 @@ impl PrivateRabbit {
             }
             std::thread::sleep(Duration::from_millis(500));
         }
-        bail!("private RabbitMQ did not start")
+        bail!(
+            "private RabbitMQ {} did not start; the end of its log:\n{}",
+            self.node,
+            self.log_tail()
+        )
+    }
+
+    /// The last lines of the node's logs, for a failure's message.
+    fn log_tail(&self) -> String {
+        let mut tail = String::new();
+        if let Ok(entries) = std::fs::read_dir(self.dir.join("log")) {
+            for entry in entries.flatten() {
+                let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+                let lines: Vec<&str> = text.lines().collect();
+                tail.push_str(&format!("== {}\n", entry.path().display()));
+                for line in &lines[lines.len().saturating_sub(30)..] {
+                    tail.push_str(line);
+                    tail.push('\n');
+                }
+            }
+        }
+        tail
+    }
+
+    /// Each queue's leader node and member nodes (`rabbitmqctl list_queues
+    /// name leader members`), as this node sees them.
+    pub fn queues(&self) -> anyhow::Result<Vec<QueuePlacement>> {
+        let mut tries = 0;
+        let out = loop {
+            let out = std::process::Command::new("rabbitmqctl")
+                .args(["-q", "-n", &self.node, "list_queues"])
+                .args(["name", "leader", "members", "--formatter", "json"])
+                .output()?;
+            tries += 1;
+            if out.status.success() {
+                break out;
+            }
+            if tries == 5 {
+                bail!(
+                    "list_queues on {} failed: {}{}",
+                    self.node,
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        };
+        let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout)?;
+        Ok(rows
+            .iter()
+            .map(|r| QueuePlacement {
+                leader: r["leader"].as_str().unwrap_or_default().to_owned(),
+                members: r["members"]
+                    .as_array()
+                    .map(|m| {
+                        m.iter()
+                            .filter_map(|n| n.as_str().map(str::to_owned))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            })
+            .collect())
     }
 
     /// `rabbitmqctl stop_app`, then `start_app`, and waits for it.
@@ -97,8 +204,29 @@ impl PrivateRabbit {
         self.await_up()
     }
 
+    /// `rabbitmq-queues rebalance quorum`: spreads the quorum queues'
+    /// leaders over the running nodes again.
+    pub fn rebalance(&self) -> anyhow::Result<()> {
+        let ok = std::process::Command::new("rabbitmq-queues")
+            .args(["-q", "-n", &self.node, "rebalance", "quorum"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()?
+            .success();
+        if !ok {
+            bail!("rabbitmq-queues rebalance on {} failed", self.node);
+        }
+        Ok(())
+    }
+
     /// `kill -9` of the node, then boots it again on the same data.
     pub fn kill9_and_boot(&self) -> anyhow::Result<()> {
+        self.kill9()?;
+        self.boot()
+    }
+
+    /// `kill -9` of the node; returns once its process has exited.
+    pub fn kill9(&self) -> anyhow::Result<()> {
         let pid = std::fs::read_to_string(self.dir.join("pid"))?
             .trim()
             .to_owned();
@@ -111,6 +239,11 @@ impl PrivateRabbit {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+        Ok(())
+    }
+
+    /// Boots the node again on its data (after [`Self::kill9`]).
+    pub fn reboot(&self) -> anyhow::Result<()> {
         self.boot()
     }
 
@@ -127,6 +260,14 @@ impl Drop for PrivateRabbit {
         let pid_file = self.dir.join("pid");
         let _ = self.ctl(&["stop", &pid_file.to_string_lossy()]);
     }
+}
+
+/// Where a queue lives in the cluster.
+pub struct QueuePlacement {
+    /// The node that leads it.
+    pub leader: String,
+    /// The nodes that hold a replica of it, the leader among them.
+    pub members: Vec<String>,
 }
 
 /// A private PgBouncer in front of the private Postgres

@@ -114,7 +114,7 @@ async fn reconcile_pass(suite: &Suite) -> anyhow::Result<()> {
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .envs(suite.database_env(false))
-        .env("AMQP_URL", suite.rabbit.url(suite.rabbit.port))
+        .env("AMQP_URL", suite.amqp_url(suite.rabbits[0].port))
         .env("HOOKINBOX_CONFIG", &suite.config)
         .env("HOOKINBOX_AUTO_MIGRATE", "false")
         .env("HOOKINBOX_QUEUE_PREFIX", "faults")

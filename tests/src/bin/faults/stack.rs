@@ -3,6 +3,11 @@
 //! the receivers (the relay's, and the `fanout` source's `steady` and
 //! `flaky`), the sources' configuration, the proxies the faults cut, then
 //! ingest and three workers (built with their kill points).
+//!
+//! With `HOOKINBOX_FAULT_CLUSTER` (`scripts/faults.sh --cluster`) the broker
+//! is three clustered nodes, every process's `AMQP_URL` lists them, and
+//! Postgres has a synchronous streaming standby that every
+//! `DATABASE_URL` lists after the primary (`target_session_attrs=read-write`).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -35,8 +40,12 @@ pub struct Suite {
     pub bins: PathBuf,
     /// The private Postgres.
     pub pg: PrivatePg,
-    /// The private RabbitMQ node.
-    pub rabbit: PrivateRabbit,
+    /// The private RabbitMQ node, or the cluster's nodes (the first is
+    /// the one the single-node faults restart).
+    pub rabbits: Vec<PrivateRabbit>,
+    /// The synchronous standby of `pg`, in cluster mode; promoted by the
+    /// failover, after which it is the primary.
+    pub standby: Option<PrivatePg>,
     /// The database's name.
     pub db: String,
     /// Workers to Postgres (or PgBouncer) go through it.
@@ -53,6 +62,9 @@ pub struct Suite {
     pub counts: HashMap<&'static str, u32>,
     /// When each fault began and ended.
     pub windows: Vec<(Instant, Instant)>,
+    /// The cluster's faults by name, with their windows (also in
+    /// `windows`), for the recovery report.
+    pub named: Vec<(&'static str, Instant, Instant)>,
     /// The sources' configuration file both binaries read.
     pub config: PathBuf,
     /// The fake GitHub that sends every delivery.
@@ -76,9 +88,33 @@ impl Suite {
         eprintln!("faults: working in {}", root.display());
 
         let pg = PrivatePg::start_new(&root)?;
-        let rabbit = PrivateRabbit::start_new(&root)?;
+        let rabbits = if settings.cluster {
+            let nodes = PrivateRabbit::start_cluster(&root, 3)?;
+            eprintln!(
+                "faults: RabbitMQ cluster of {}",
+                nodes
+                    .iter()
+                    .map(|n| n.node.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            nodes
+        } else {
+            vec![PrivateRabbit::start_new(&root)?]
+        };
         let db = "faults".to_owned();
         create_database(&pg, &db).await?;
+        let standby = if settings.cluster {
+            let standby = PrivatePg::standby_of(&pg, &root)?;
+            synchronous_standby(&pg).await?;
+            eprintln!(
+                "faults: Postgres {} with a synchronous standby on {}",
+                pg.port, standby.port
+            );
+            Some(standby)
+        } else {
+            None
+        };
         let receiver = Receiver::ok().await;
         let receivers = Receivers::start().await?;
         let ingest_port = free_port();
@@ -91,6 +127,9 @@ impl Suite {
             sources_toml(&github.fake.base, &token_file, &receiver.url, &receivers),
         )?;
         let pgbouncer = match std::env::var_os("HOOKINBOX_FAULT_PGBOUNCER") {
+            Some(v) if !v.is_empty() && settings.cluster => {
+                bail!("HOOKINBOX_FAULT_PGBOUNCER and the cluster run do not go together")
+            }
             Some(v) if !v.is_empty() => {
                 let pgbouncer = PrivatePgbouncer::start(&root, pg.port)?;
                 eprintln!(
@@ -103,12 +142,13 @@ impl Suite {
         };
         let front = pgbouncer.as_ref().map_or(pg.port, |p| p.port);
         let pg_proxy = Proxy::start(&format!("127.0.0.1:{front}")).await;
-        let amqp_proxy = Proxy::start(&format!("127.0.0.1:{}", rabbit.port)).await;
+        let amqp_proxy = Proxy::start(&format!("127.0.0.1:{}", rabbits[0].port)).await;
         let mut suite = Suite {
             root,
             bins: settings.bins.clone(),
             pg,
-            rabbit,
+            rabbits,
+            standby,
             db,
             pg_proxy,
             amqp_proxy,
@@ -117,6 +157,7 @@ impl Suite {
             workers: vec![None, None, None],
             counts: HashMap::new(),
             windows: Vec::new(),
+            named: Vec::new(),
             config,
             github,
             pgbouncer,
@@ -176,7 +217,7 @@ impl Suite {
         if let Some(summary) = failure {
             bail!("{summary}");
         }
-        if std::env::var_os("HOOKINBOX_FAULT_KEEP").is_some() {
+        if std::env::var_os("HOOKINBOX_FAULT_KEEP").is_some_and(|v| !v.is_empty()) {
             eprintln!("faults: kept {}", root.display());
         } else {
             let _ = std::fs::remove_dir_all(&root);
@@ -194,7 +235,7 @@ impl Suite {
             (Some(pgbouncer), false) => pgbouncer.port,
             (None, false) => self.pg.port,
         };
-        let mut env = vec![("DATABASE_URL", self.pg.url(front, &self.db))];
+        let mut env = vec![("DATABASE_URL", self.with_standby(front))];
         if self.pgbouncer.is_some() {
             env.push(("HOOKINBOX_DB_POOLER", "transaction".to_owned()));
             env.push((
@@ -205,9 +246,34 @@ impl Suite {
         env
     }
 
-    /// The direct URL of the suite's database, for the checks.
+    /// The direct URL of the suite's database, for the checks: in cluster
+    /// mode, whichever of the primary and the standby takes writes.
     pub fn database_url(&self) -> String {
-        self.pg.url(self.pg.port, &self.db)
+        self.with_standby(self.pg.port)
+    }
+
+    /// The URL of the database through `port` and, in cluster mode, the
+    /// standby after it: connections go to the one that takes writes, so
+    /// after the failover to the promoted standby.
+    fn with_standby(&self, port: u16) -> String {
+        match &self.standby {
+            Some(standby) => format!(
+                "postgres://postgres@127.0.0.1:{port},127.0.0.1:{}/{}?target_session_attrs=read-write&connect_timeout=2",
+                standby.port, self.db
+            ),
+            None => self.pg.url(port, &self.db),
+        }
+    }
+
+    /// The `AMQP_URL` of every node, the first through `first_port` (the
+    /// first node's own, or the proxy's in front of it).
+    pub fn amqp_url(&self, first_port: u16) -> String {
+        self.rabbits
+            .iter()
+            .enumerate()
+            .map(|(i, r)| r.url(if i == 0 { first_port } else { r.port }))
+            .collect::<Vec<_>>()
+            .join(",")
     }
 
     fn log(&self, name: &str) -> std::fs::File {
@@ -224,7 +290,7 @@ impl Suite {
         cmd.env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .envs(self.database_env(false))
-            .env("AMQP_URL", self.rabbit.url(self.amqp_proxy.port()))
+            .env("AMQP_URL", self.amqp_url(self.amqp_proxy.port()))
             .env("HOOKINBOX_CONFIG", &self.config)
             .env("HOOKINBOX_AUTO_MIGRATE", "false")
             .env("HOOKINBOX_LEASE_SECS", LEASE_SECS)
@@ -254,7 +320,7 @@ impl Suite {
         cmd.env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .envs(self.database_env(true))
-            .env("AMQP_URL", self.rabbit.url(self.rabbit.port))
+            .env("AMQP_URL", self.amqp_url(self.rabbits[0].port))
             .env("HOOKINBOX_CONFIG", &self.config)
             .env("HOOKINBOX_DB_TIMEOUT_MS", "2000")
             .env("HOOKINBOX_AUTO_MIGRATE", "false")
@@ -291,6 +357,13 @@ impl Suite {
     pub fn window(&mut self, since: Instant) {
         self.windows.push((since, Instant::now()));
     }
+
+    /// Records a cluster fault `name` that began at `since` and ends now.
+    pub fn named_window(&mut self, name: &'static str, since: Instant) {
+        let now = Instant::now();
+        self.windows.push((since, now));
+        self.named.push((name, since, now));
+    }
 }
 
 /// Creates the database, migrates it, and adds the log the `failpoints`
@@ -313,6 +386,38 @@ async fn create_database(pg: &PrivatePg, db: &str) -> anyhow::Result<()> {
             "create table hookinbox_effect_log (provider text, source text, hook_id text, delivery_id text, destination text, at timestamptz default now())",
         )
         .await?;
+    Ok(())
+}
+
+/// Makes every standby of `pg` synchronous (`synchronous_standby_names =
+/// '*'`) and waits (at most 30 s) until one is.
+///
+/// Why: a commit then returns only once the standby has it, so a claim
+/// answered 202 survives the primary's loss. Set after the standby's base
+/// backup, so the standby, once promoted, does not wait for a standby of
+/// its own.
+async fn synchronous_standby(pg: &PrivatePg) -> anyhow::Result<()> {
+    let admin = hookinbox_tests::connect(&pg.url(pg.port, "postgres")).await;
+    // One statement at a time: `alter system` cannot run in a transaction
+    // block, which a multi-statement batch is.
+    admin
+        .batch_execute("alter system set synchronous_standby_names = '*'")
+        .await?;
+    admin.batch_execute("select pg_reload_conf()").await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while admin
+        .query_opt(
+            "select 1 from pg_stat_replication where sync_state = 'sync'",
+            &[],
+        )
+        .await?
+        .is_none()
+    {
+        if Instant::now() > deadline {
+            bail!("the standby did not become synchronous within 30 s");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     Ok(())
 }
 
