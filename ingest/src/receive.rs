@@ -623,9 +623,15 @@ async fn publish_leg(state: &State, job: Job, attempts_at_claim: i32) -> Result<
 /// A leg its claim found crowded (its installation has its share queued
 /// or in flight at a fair destination): held in Postgres, its body parked,
 /// until a release publishes it (see [`deliveries::park_fair`]). `true`
-/// when nothing more is to be done for it: held, or moved on meanwhile (a
-/// worker or a concurrent claim has it). `false` when Postgres failed:
-/// the caller publishes it instead, as it would have without fairness.
+/// when it was held. `false` when it was not: Postgres failed, or the
+/// hold moved nothing; the caller then publishes it, as it would have
+/// without fairness.
+///
+/// Why publish when the hold moved nothing: the leg then has neither a
+/// parked body nor a message, and after a 202 nothing else could carry it
+/// (GitHub does not redeliver what was answered 2xx). If a worker or a
+/// concurrent claim did have it, the extra message is harmless: its take
+/// presents the claim's old token and finds the leg taken or resolved.
 async fn hold_leg(state: &State, job: &Job, attempts_at_claim: i32) -> bool {
     let held = match state.pool.get().await {
         Ok(client) => {
@@ -641,11 +647,17 @@ async fn hold_leg(state: &State, job: &Job, attempts_at_claim: i32) -> bool {
         Err(e) => Err(DbError::from(e)),
     };
     match held {
-        Ok(held) => {
-            if held {
-                metrics::counter!(hookinbox::metrics::FAIR_HELD).increment(1);
-            }
+        Ok(true) => {
+            metrics::counter!(hookinbox::metrics::FAIR_HELD).increment(1);
             true
+        }
+        Ok(false) => {
+            tracing::warn!(
+                delivery_id = %job.key.delivery_id,
+                destination = %job.key.destination,
+                "the leg moved on before it could be held for its installation's turn; publishing it"
+            );
+            false
         }
         Err(error) => {
             tracing::warn!(%error, "could not hold the leg for its installation's turn; publishing it");
