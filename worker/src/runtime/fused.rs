@@ -38,7 +38,7 @@
 
 use hookinbox::job::Job;
 
-use super::job::{Ran, completed_since};
+use super::job::{Ran, at, completed_since};
 use super::{JobOutcome, Stop, Worker};
 use crate::handlers::{Completion, Effect};
 
@@ -62,6 +62,7 @@ impl Worker {
         {
             return None;
         }
+        at("fused.slot");
         let Ok(_slot) = lane.slots.acquire().await else {
             return Some(JobOutcome::Left);
         };
@@ -76,7 +77,9 @@ impl Worker {
         .with_completions(inner.completions.clone());
         // No heartbeat, so no lease to lose.
         let never = tokio_util::sync::CancellationToken::new();
+        at("fused.handler");
         let ran = self.run_handler(job, &mut effect, &never, stop).await;
+        at("fused.complete");
         let completed = match ran {
             Ran::Returned(Ok(())) => tokio::select! {
                 completed = effect.complete() => completed,

@@ -49,6 +49,15 @@ use super::wait::Waited;
 use super::{JobOutcome, Received, Stop, Worker};
 use crate::handlers::{Completion, Effect, HandlerError};
 
+/// How often a job that has not ended says so, with the step it is at.
+const STILL_RUNNING_EVERY: Duration = Duration::from_secs(60);
+
+/// Notes the step the current job is at (its span's `step`), for the
+/// "job still running" warning.
+pub(super) fn at(step: &'static str) {
+    tracing::Span::current().record("step", step);
+}
+
 /// How a handler run ended.
 pub(super) enum Ran {
     /// The handler returned this.
@@ -108,6 +117,7 @@ impl Worker {
             action = job.action.as_deref().unwrap_or(""),
             attempt = field::Empty,
             outcome = field::Empty,
+            step = field::Empty,
             otel.name = "worker.job",
             otel.kind = "consumer",
             trace_id = field::Empty,
@@ -124,10 +134,27 @@ impl Worker {
         }
         span.record_ids();
         let started = std::time::Instant::now();
-        let outcome = self
-            .run_job(&job, received, stop)
-            .instrument(span.clone())
-            .await;
+        // A job waits without end only by mistake (the waits it may make,
+        // for its destination, for Postgres, for another holder's lease,
+        // are each bounded or end with the stop): one that has not ended
+        // says so every minute, with the step it is at, so that a message
+        // held unacked by a stuck job is found.
+        let run = self.run_job(&job, received, stop).instrument(span.clone());
+        tokio::pin!(run);
+        let mut still = tokio::time::interval_at(
+            tokio::time::Instant::now() + STILL_RUNNING_EVERY,
+            STILL_RUNNING_EVERY,
+        );
+        let outcome = loop {
+            tokio::select! {
+                outcome = &mut run => break outcome,
+                _ = still.tick() => tracing::warn!(
+                    parent: &span,
+                    running_s = started.elapsed().as_secs(),
+                    "job still running"
+                ),
+            }
+        };
         span.record("outcome", outcome.as_str());
         let acked = match outcome {
             JobOutcome::Left => Ok(()),
@@ -159,6 +186,7 @@ impl Worker {
         // the leg waits unacked and the broker keeps the ones behind it. A
         // probe (through the shared queue) goes on to its take, which lets
         // only the probe through.
+        at("destination_wait");
         if !received.shared && self.wait_for_destination(lane, stop).await == Waited::Leave {
             return JobOutcome::Left;
         }
@@ -166,9 +194,11 @@ impl Worker {
         // goes the full way, whose take counts the attempt before the
         // handler runs, so a job that crashes every worker is stopped by
         // `max_attempts`.
+        at("fused");
         if !received.redelivered
             && let Some(outcome) = self.fused(job, stop).await
         {
+            at("release");
             if lane.fair {
                 crate::maintenance::publish_next_fair(&inner.ctx, &job.key).await;
             }
@@ -176,6 +206,7 @@ impl Worker {
         }
         // The destination's pace, before the take: waiting for it is not
         // an attempt.
+        at("pace");
         tokio::select! {
             _ = lane.pace() => {}
             _ = stop.hard.cancelled() => return JobOutcome::Left,
@@ -189,6 +220,7 @@ impl Worker {
             if stop.hard.is_cancelled() {
                 return JobOutcome::Left;
             }
+            at("take");
             let taken = self
                 .take(job, lane, presented)
                 .instrument(step("worker.take"))
@@ -197,6 +229,7 @@ impl Worker {
                 Ok(take) => take,
                 Err(error) => {
                     tracing::warn!(%error, "Postgres unavailable; holding the message");
+                    at("db_wait");
                     if !self.wait_for_db(stop).await {
                         return JobOutcome::Left;
                     }
@@ -216,6 +249,7 @@ impl Worker {
                     }
                     // Another holder's lease is live. Wait (without a handler
                     // slot) until it resolves or expires; never run beside it.
+                    at("deferred_wait");
                     let wait = lease_left
                         .min(inner.policy.lease / 3)
                         .max(Duration::from_millis(50));
@@ -276,6 +310,7 @@ impl Worker {
                     // ended and the comparison is final. A probe runs: the
                     // breaker waits for its answer.
                     if lane.skip_stale && !probe {
+                        at("stale_check");
                         match self.complete_if_stale(job, token).await {
                             Ok(false) => {}
                             Ok(true) => {
@@ -305,9 +340,11 @@ impl Worker {
                             }
                         }
                     }
+                    at("slot");
                     let Ok(slot) = lane.slots.acquire().await else {
                         return JobOutcome::Left;
                     };
+                    at("attempt");
                     let taken = Taken {
                         token,
                         attempts,
@@ -323,6 +360,7 @@ impl Worker {
                             presented = token;
                         }
                         Attempt::Done(outcome) => {
+                            at("release");
                             // Its key's next leg, if it waited, goes now
                             // rather than at the scheduler's next pass; the
                             // handler slot is free again meanwhile.
