@@ -76,6 +76,7 @@ pub async fn settle(suite: &Suite, ledger: &Mutex<Ledger>) -> anyhow::Result<Set
             );
             eprintln!("faults: {text}");
             describe_open(&check, &suite.root).await?;
+            describe_broker(suite).await;
             unsettled = Some(text);
             break;
         }
@@ -152,8 +153,8 @@ async fn describe_open(db: &tokio_postgres::Client, root: &std::path::Path) -> a
         .query(
             "select source, destination, delivery_id, status, retryable, coalesce(last_error_class, ''),
                     attempts, coalesce(fair_key, ''), coalesce(order_key, ''),
-                    coalesce(to_char(lease_until - now(), 'SS.MS'), '-'),
-                    coalesce(to_char(next_attempt_at - now(), 'SS.MS'), '-'),
+                    coalesce(round(extract(epoch from lease_until - now()), 1)::text || ' s', '-'),
+                    coalesce(round(extract(epoch from next_attempt_at - now()), 1)::text || ' s', '-'),
                     to_char(now() - claimed_at, 'MI:SS.MS'), to_char(now() - created_at, 'MI:SS.MS'),
                     coalesce(to_char(now() - failed_at, 'MI:SS.MS'), '-'), replays,
                     exists (select 1 from parked_bodies p where p.provider = d.provider
@@ -203,4 +204,44 @@ async fn describe_open(db: &tokio_postgres::Client, root: &std::path::Path) -> a
         }
     }
     Ok(())
+}
+
+/// Prints each broker node's queues (ready and unacked messages,
+/// consumers) and channels (unacked messages): a leg whose message is
+/// unacked in a channel is held by a worker's job, or by a consumer whose
+/// deliveries are never read; one whose message is ready waits for a
+/// consumer; one with neither has no message.
+async fn describe_broker(suite: &Suite) {
+    for rabbit in &suite.rabbits {
+        for args in [
+            &[
+                "list_queues",
+                "name",
+                "messages_ready",
+                "messages_unacknowledged",
+                "consumers",
+            ][..],
+            &[
+                "list_channels",
+                "connection",
+                "number",
+                "messages_unacknowledged",
+                "prefetch_count",
+            ][..],
+        ] {
+            let out = Command::new("rabbitmqctl")
+                .args(["-q", "-n", &rabbit.node])
+                .args(args)
+                .output()
+                .await;
+            match out {
+                Ok(out) => {
+                    for line in String::from_utf8_lossy(&out.stdout).lines() {
+                        eprintln!("faults: {} {}: {line}", rabbit.node, args[0]);
+                    }
+                }
+                Err(e) => eprintln!("faults: rabbitmqctl {} on {}: {e}", args[0], rabbit.node),
+            }
+        }
+    }
 }
