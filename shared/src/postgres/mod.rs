@@ -87,8 +87,8 @@ pub enum Pooler {
 pub struct PoolOptions {
     /// Connections at most.
     pub max_size: usize,
-    /// A request with no byte of answer for this long fails its connection
-    /// (see [`pool_with`]).
+    /// A request whose answer has not ended and that got no byte of it for
+    /// this long fails its connection (see [`pool_with`]).
     pub request_timeout: Duration,
     /// What the URL points at.
     pub pooler: Pooler,
@@ -202,8 +202,10 @@ pub fn pool(url: &str, max_size: usize, request_timeout: Duration) -> Result<Poo
 /// both bounded, so a request fails with 503 instead of queueing without
 /// end.
 ///
-/// Every TCP connection also carries a watchdog: a request that gets no byte
-/// of answer within `request_timeout` fails the connection. Keepalives
+/// Every TCP connection also carries a watchdog: a request whose answer has
+/// not ended (no `ReadyForQuery` yet) and that got no byte of it for
+/// `request_timeout` fails the connection, also when the answer stopped
+/// half-way. Keepalives
 /// cannot find a half-open connection whose far end still acknowledges
 /// packets (a stuck proxy, a frozen peer), and without the watchdog a query
 /// on it would wait forever while holding a pool slot and a job.

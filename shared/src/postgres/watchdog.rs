@@ -108,14 +108,31 @@ async fn tcp(config: &tokio_postgres::Config, i: usize) -> Option<TcpStream> {
     Some(stream)
 }
 
-/// Fails reads once a write has had no byte of answer for `timeout`.
-/// An idle connection (nothing written since the last answer) never
-/// times out.
+/// Fails reads once a request has gone `timeout` without a byte of its
+/// answer. A connection with no request outstanding (every request
+/// answered up to its `ReadyForQuery`) never times out.
+///
+/// Why count the protocol's messages rather than bytes: an answer may
+/// come in pieces (a pooler such as PgBouncer forwards each as it gets
+/// it), and two requests may be written before the first is answered
+/// (a dropped statement's `Close`, then the next statement); a
+/// connection that goes half-open between two pieces, or between the two
+/// answers, still owes the rest. Disarmed by the first byte, the watchdog
+/// let such a request wait forever, and the job behind it hold its
+/// message unacked until the worker stopped. So each request the client writes (the
+/// startup message, each `Sync`, each simple `Query`) is owed one
+/// `ReadyForQuery`; while one is owed, every byte read restarts the
+/// clock, and `timeout` of silence fails the connection.
 struct Watchdog {
     inner: TcpStream,
     timeout: Duration,
     timer: Pin<Box<Sleep>>,
-    waiting: bool,
+    /// What the client wrote: requests that owe an answer.
+    sent: Frames,
+    /// What the server wrote: the answers that ended.
+    received: Frames,
+    /// `ReadyForQuery` messages still owed.
+    owed: u64,
 }
 
 impl Watchdog {
@@ -124,8 +141,18 @@ impl Watchdog {
             inner,
             timeout,
             timer: Box::pin(tokio::time::sleep(timeout)),
-            waiting: false,
+            sent: Frames::frontend(),
+            received: Frames::backend(),
+            owed: 0,
         }
+    }
+
+    /// Restarts the clock and registers this task with the timer, so that
+    /// a read pending with no traffic still wakes at the deadline.
+    fn restart(&mut self, cx: &mut Context<'_>) {
+        let at = Instant::now() + self.timeout;
+        self.timer.as_mut().reset(at);
+        let _ = self.timer.as_mut().poll(cx);
     }
 }
 
@@ -138,12 +165,18 @@ impl AsyncRead for Watchdog {
         let before = buf.filled().len();
         match Pin::new(&mut self.inner).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
-                if buf.filled().len() > before {
-                    self.waiting = false;
+                let read = &buf.filled()[before..];
+                if !read.is_empty() {
+                    let answered = self.received.feed(read);
+                    self.owed = self.owed.saturating_sub(answered);
+                    if self.owed > 0 {
+                        // The server is talking: its answer is not stuck.
+                        self.restart(cx);
+                    }
                 }
                 Poll::Ready(Ok(()))
             }
-            Poll::Pending if self.waiting && self.timer.as_mut().poll(cx).is_ready() => {
+            Poll::Pending if self.owed > 0 && self.timer.as_mut().poll(cx).is_ready() => {
                 Poll::Ready(Err(io::Error::new(
                     io::ErrorKind::TimedOut,
                     "Postgres did not answer in time",
@@ -161,14 +194,17 @@ impl AsyncWrite for Watchdog {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let written = Pin::new(&mut self.inner).poll_write(cx, buf);
-        if matches!(written, Poll::Ready(Ok(n)) if n > 0) && !self.waiting {
-            // The clock starts at the first unanswered write.
-            self.waiting = true;
-            let at = Instant::now() + self.timeout;
-            self.timer.as_mut().reset(at);
-            // Registers this task with the timer, so that a read
-            // pending with no traffic still wakes at the deadline.
-            let _ = self.timer.as_mut().poll(cx);
+        if let Poll::Ready(Ok(n)) = written
+            && n > 0
+        {
+            let requests = self.sent.feed(&buf[..n]);
+            if requests > 0 {
+                // The clock starts at the first request owed an answer.
+                if self.owed == 0 {
+                    self.restart(cx);
+                }
+                self.owed += requests;
+            }
         }
         written
     }
@@ -179,5 +215,207 @@ impl AsyncWrite for Watchdog {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// The message framing of one direction of the protocol, fed the bytes as
+/// they pass: each message is a type byte and a 4-byte length (counting
+/// itself), except the client's first, the startup message, which has no
+/// type byte (<https://www.postgresql.org/docs/current/protocol-message-formats.html>).
+struct Frames {
+    /// The client's side: counts the messages that each owe one
+    /// `ReadyForQuery` (`S` Sync, `Q` Query, and the startup message).
+    /// The server's side: counts `Z` (`ReadyForQuery`).
+    client: bool,
+    /// The next message is the untyped startup message.
+    untyped: bool,
+    /// The header read so far of the message being framed.
+    header: [u8; 5],
+    header_len: usize,
+    /// Body bytes of the current message still to pass.
+    body_left: usize,
+}
+
+impl Frames {
+    fn frontend() -> Self {
+        Self {
+            client: true,
+            untyped: true,
+            header: [0; 5],
+            header_len: 0,
+            body_left: 0,
+        }
+    }
+
+    fn backend() -> Self {
+        Self {
+            client: false,
+            untyped: false,
+            header: [0; 5],
+            header_len: 0,
+            body_left: 0,
+        }
+    }
+
+    /// Takes the next bytes of the stream; returns how many of the
+    /// messages it counts (see `client`) began in them.
+    fn feed(&mut self, mut bytes: &[u8]) -> u64 {
+        let mut counted = 0;
+        while !bytes.is_empty() {
+            if self.body_left > 0 {
+                let skip = self.body_left.min(bytes.len());
+                self.body_left -= skip;
+                bytes = &bytes[skip..];
+                continue;
+            }
+            let header_size = if self.untyped { 4 } else { 5 };
+            let take = (header_size - self.header_len).min(bytes.len());
+            self.header[self.header_len..self.header_len + take].copy_from_slice(&bytes[..take]);
+            self.header_len += take;
+            bytes = &bytes[take..];
+            if self.header_len < header_size {
+                break;
+            }
+            let (kind, length) = if self.untyped {
+                (None, &self.header[..4])
+            } else {
+                (Some(self.header[0]), &self.header[1..5])
+            };
+            let length = u32::from_be_bytes([length[0], length[1], length[2], length[3]]) as usize;
+            // The length counts itself (and, untyped, nothing else).
+            self.body_left = length.saturating_sub(4);
+            counted += u64::from(match (self.client, kind) {
+                (true, None) => true,
+                (true, Some(kind)) => kind == b'S' || kind == b'Q',
+                (false, kind) => kind == Some(b'Z'),
+            });
+            self.untyped = false;
+            self.header_len = 0;
+        }
+        counted
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    /// A message: its type, then its length and body.
+    fn message(kind: u8, body: &[u8]) -> Vec<u8> {
+        let mut m = vec![kind];
+        m.extend_from_slice(&(body.len() as u32 + 4).to_be_bytes());
+        m.extend_from_slice(body);
+        m
+    }
+
+    fn startup() -> Vec<u8> {
+        let body = b"\0\x03\0\0user\0postgres\0\0";
+        let mut m = (body.len() as u32 + 4).to_be_bytes().to_vec();
+        m.extend_from_slice(body);
+        m
+    }
+
+    #[test]
+    fn requests_and_answers_are_counted_whatever_the_pieces() {
+        let mut requests = startup();
+        for kind in [b'P', b'B', b'E', b'S', b'Q', b'X'] {
+            requests.extend(message(kind, b"select 1\0"));
+        }
+        let mut answers = Vec::new();
+        for kind in [b'R', b'S', b'Z', b'1', b'2', b'D', b'C', b'Z', b'C', b'Z'] {
+            answers.extend(message(kind, &[b'I'; 7]));
+        }
+        for piece in [1, 2, 3, 5, 7, 64] {
+            let mut sent = Frames::frontend();
+            let counted: u64 = requests.chunks(piece).map(|c| sent.feed(c)).sum();
+            assert_eq!(counted, 3, "startup, Sync and Query, in pieces of {piece}");
+            let mut received = Frames::backend();
+            let counted: u64 = answers.chunks(piece).map(|c| received.feed(c)).sum();
+            assert_eq!(counted, 3, "three ReadyForQuery, in pieces of {piece}");
+        }
+    }
+
+    /// A connection through the watchdog, and the server's end of it.
+    async fn pair(timeout: Duration) -> (Watchdog, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let client = TcpStream::connect(listener.local_addr().expect("addr"))
+            .await
+            .expect("connect");
+        let (server, _) = listener.accept().await.expect("accept");
+        (Watchdog::new(client, timeout), server)
+    }
+
+    #[tokio::test]
+    async fn an_answer_that_stops_half_way_fails_the_read_and_a_whole_one_does_not() {
+        let timeout = Duration::from_millis(200);
+        let (mut client, mut server) = pair(timeout).await;
+        let mut request = startup();
+        request.extend(message(b'S', b""));
+        client.write_all(&request).await.expect("write");
+        let mut got = vec![0u8; request.len()];
+        server.read_exact(&mut got).await.expect("server reads");
+        // The startup's answer whole, then half of the Sync's: a
+        // CommandComplete without its ReadyForQuery.
+        let mut answer = message(b'R', &[0; 4]);
+        answer.extend(message(b'Z', b"I"));
+        answer.extend(message(b'C', b"SELECT 1\0"));
+        server.write_all(&answer).await.expect("server writes");
+        let mut buf = vec![0u8; answer.len()];
+        client
+            .read_exact(&mut buf)
+            .await
+            .expect("the pieces that came");
+        let started = tokio::time::Instant::now();
+        let stuck = client.read(&mut buf).await;
+        assert_eq!(
+            stuck.expect_err("still owed a ReadyForQuery").kind(),
+            io::ErrorKind::TimedOut
+        );
+        assert!(started.elapsed() >= timeout);
+
+        let (mut client, mut server) = pair(timeout).await;
+        client.write_all(&startup()).await.expect("write");
+        let mut got = vec![0u8; startup().len()];
+        server.read_exact(&mut got).await.expect("server reads");
+        let answer = message(b'Z', b"I");
+        server.write_all(&answer).await.expect("server writes");
+        let mut buf = vec![0u8; answer.len()];
+        client.read_exact(&mut buf).await.expect("the whole answer");
+        // Nothing owed: an idle connection waits for as long as it takes.
+        let idle = tokio::time::timeout(timeout * 3, client.read(&mut buf)).await;
+        assert!(idle.is_err(), "an idle connection never times out");
+    }
+
+    #[tokio::test]
+    async fn a_second_request_written_before_the_first_was_answered_is_watched_too() {
+        let timeout = Duration::from_millis(200);
+        let (mut client, mut server) = pair(timeout).await;
+        // The startup, then a statement's Close and Sync, then a commit,
+        // written before any answer.
+        let mut requests = startup();
+        requests.extend(message(b'C', b"Ss1\0"));
+        requests.extend(message(b'S', b""));
+        requests.extend(message(b'Q', b"commit\0"));
+        client.write_all(&requests).await.expect("write");
+        let mut got = vec![0u8; requests.len()];
+        server.read_exact(&mut got).await.expect("server reads");
+        // The startup's and the Close's answers; the commit's never comes.
+        let mut answer = message(b'Z', b"I");
+        answer.extend(message(b'3', b""));
+        answer.extend(message(b'Z', b"T"));
+        server.write_all(&answer).await.expect("server writes");
+        let mut buf = vec![0u8; answer.len()];
+        client
+            .read_exact(&mut buf)
+            .await
+            .expect("the answers that came");
+        let stuck = client.read(&mut buf).await;
+        assert_eq!(
+            stuck.expect_err("the commit is still owed").kind(),
+            io::ErrorKind::TimedOut
+        );
     }
 }
