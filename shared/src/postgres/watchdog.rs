@@ -32,35 +32,57 @@ impl deadpool_postgres::Connect for Connect {
         Box::pin(async move {
             // A Unix socket cannot be half-open across a network: such a
             // host is connected by tokio-postgres itself.
-            if config.get_hosts().iter().all(|h| matches!(h, Host::Tcp(_))) {
-                let read_write = config.get_target_session_attrs() == TargetSessionAttrs::ReadWrite;
-                for i in 0..config.get_hosts().len() {
-                    let Some(stream) = tcp(&config, i).await else {
-                        continue;
-                    };
-                    let Ok((client, connection)) = config
-                        .connect_raw(Watchdog::new(stream, request_timeout), NoTls)
-                        .await
-                    else {
-                        continue;
-                    };
-                    let connection = spawn(connection);
-                    // Why: `connect_raw` skips `target_session_attrs`; a
-                    // standby (or a primary being demoted) must never be
-                    // handed out for writes.
-                    if read_write && !takes_writes(&client).await {
-                        connection.abort();
-                        continue;
-                    }
-                    return Ok((client, connection));
-                }
+            if !config.get_hosts().iter().all(|h| matches!(h, Host::Tcp(_))) {
+                let (client, connection) = config.connect(NoTls).await?;
+                return Ok((client, spawn(connection)));
             }
-            // No host would do (or a socket): tokio-postgres tries them
-            // again and says why (its errors cannot be built outside it).
-            let (client, connection) = config.connect(NoTls).await?;
-            Ok((client, spawn(connection)))
+            loop {
+                if let Some(watched) = watched(&config, request_timeout).await {
+                    return Ok(watched);
+                }
+                // No host would do: tokio-postgres tries them again and
+                // says why (its errors cannot be built outside it). If it
+                // gets in (a server that came up meanwhile), its connection
+                // is closed unused and the hosts are tried again. Why: a
+                // connection without the watchdog, handed out after a
+                // restart, hung a request for good once it went half-open.
+                // The pool's create timeout bounds the loop.
+                let (client, connection) = config.connect(NoTls).await?;
+                drop((client, connection));
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
         })
     }
+}
+
+/// A connection through a [`Watchdog`] to the first of `config`'s hosts
+/// that accepts one (and, with `target_session_attrs=read-write`, takes
+/// writes); `None` when none does.
+async fn watched(
+    config: &tokio_postgres::Config,
+    request_timeout: Duration,
+) -> Option<(tokio_postgres::Client, tokio::task::JoinHandle<()>)> {
+    let read_write = config.get_target_session_attrs() == TargetSessionAttrs::ReadWrite;
+    for i in 0..config.get_hosts().len() {
+        let Some(stream) = tcp(config, i).await else {
+            continue;
+        };
+        let Ok((client, connection)) = config
+            .connect_raw(Watchdog::new(stream, request_timeout), NoTls)
+            .await
+        else {
+            continue;
+        };
+        let connection = spawn(connection);
+        // Why: `connect_raw` skips `target_session_attrs`; a standby (or a
+        // primary being demoted) must never be handed out for writes.
+        if read_write && !takes_writes(&client).await {
+            connection.abort();
+            continue;
+        }
+        return Some((client, connection));
+    }
+    None
 }
 
 /// Whether the server behind `client` takes writes (not a standby, nor
