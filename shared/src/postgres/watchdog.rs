@@ -141,9 +141,9 @@ async fn tcp(config: &tokio_postgres::Config, i: usize) -> Option<TcpStream> {
 /// connection that goes half-open between two pieces, or between the two
 /// answers, still owes the rest. Disarmed by the first byte, the watchdog
 /// let such a request wait forever, and the job behind it hold its
-/// message unacked until the worker stopped. So each request the client writes (the
-/// startup message, each `Sync`, each simple `Query`) is owed one
-/// `ReadyForQuery`; while one is owed, every byte read restarts the
+/// message unacked until the worker stopped. So each request the client
+/// writes (the startup message, each `Sync`, each simple `Query`) is owed
+/// one `ReadyForQuery`; while one is owed, every byte read restarts the
 /// clock, and `timeout` of silence fails the connection.
 struct Watchdog {
     inner: TcpStream,
@@ -163,8 +163,8 @@ impl Watchdog {
             inner,
             timeout,
             timer: Box::pin(tokio::time::sleep(timeout)),
-            sent: Frames::frontend(),
-            received: Frames::backend(),
+            sent: Frames::new(true),
+            received: Frames::new(false),
             owed: 0,
         }
     }
@@ -259,20 +259,12 @@ struct Frames {
 }
 
 impl Frames {
-    fn frontend() -> Self {
+    /// The client's side (`true`, which begins with the startup message)
+    /// or the server's.
+    fn new(client: bool) -> Self {
         Self {
-            client: true,
-            untyped: true,
-            header: [0; 5],
-            header_len: 0,
-            body_left: 0,
-        }
-    }
-
-    fn backend() -> Self {
-        Self {
-            client: false,
-            untyped: false,
+            client,
+            untyped: client,
             header: [0; 5],
             header_len: 0,
             body_left: 0,
@@ -351,93 +343,81 @@ mod tests {
             answers.extend(message(kind, &[b'I'; 7]));
         }
         for piece in [1, 2, 3, 5, 7, 64] {
-            let mut sent = Frames::frontend();
+            let mut sent = Frames::new(true);
             let counted: u64 = requests.chunks(piece).map(|c| sent.feed(c)).sum();
             assert_eq!(counted, 3, "startup, Sync and Query, in pieces of {piece}");
-            let mut received = Frames::backend();
+            let mut received = Frames::new(false);
             let counted: u64 = answers.chunks(piece).map(|c| received.feed(c)).sum();
             assert_eq!(counted, 3, "three ReadyForQuery, in pieces of {piece}");
         }
     }
 
-    /// A connection through the watchdog, and the server's end of it.
-    async fn pair(timeout: Duration) -> (Watchdog, TcpStream) {
+    /// A connection through the watchdog, and the server's end of it,
+    /// after the client wrote `requests` and the server answered `answer`
+    /// (all of it read by the client). The server's end stays open, silent.
+    async fn exchanged(requests: &[u8], answer: &[u8]) -> (Watchdog, TcpStream) {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let client = TcpStream::connect(listener.local_addr().expect("addr"))
             .await
             .expect("connect");
-        let (server, _) = listener.accept().await.expect("accept");
-        (Watchdog::new(client, timeout), server)
-    }
-
-    #[tokio::test]
-    async fn an_answer_that_stops_half_way_fails_the_read_and_a_whole_one_does_not() {
-        let timeout = Duration::from_millis(200);
-        let (mut client, mut server) = pair(timeout).await;
-        let mut request = startup();
-        request.extend(message(b'S', b""));
-        client.write_all(&request).await.expect("write");
-        let mut got = vec![0u8; request.len()];
+        let (mut server, _) = listener.accept().await.expect("accept");
+        let mut client = Watchdog::new(client, TIMEOUT);
+        client.write_all(requests).await.expect("write");
+        let mut got = vec![0u8; requests.len()];
         server.read_exact(&mut got).await.expect("server reads");
-        // The startup's answer whole, then half of the Sync's: a
-        // CommandComplete without its ReadyForQuery.
-        let mut answer = message(b'R', &[0; 4]);
-        answer.extend(message(b'Z', b"I"));
-        answer.extend(message(b'C', b"SELECT 1\0"));
-        server.write_all(&answer).await.expect("server writes");
+        server.write_all(answer).await.expect("server writes");
         let mut buf = vec![0u8; answer.len()];
         client
             .read_exact(&mut buf)
             .await
-            .expect("the pieces that came");
+            .expect("the answer that came");
+        (client, server)
+    }
+
+    const TIMEOUT: Duration = Duration::from_millis(200);
+
+    /// The client's next read fails with a timeout, after [`TIMEOUT`].
+    async fn times_out(client: &mut Watchdog) {
         let started = tokio::time::Instant::now();
-        let stuck = client.read(&mut buf).await;
+        let read = client.read(&mut [0u8; 64]).await;
         assert_eq!(
-            stuck.expect_err("still owed a ReadyForQuery").kind(),
+            read.expect_err("an answer is owed").kind(),
             io::ErrorKind::TimedOut
         );
-        assert!(started.elapsed() >= timeout);
+        assert!(started.elapsed() >= TIMEOUT);
+    }
 
-        let (mut client, mut server) = pair(timeout).await;
-        client.write_all(&startup()).await.expect("write");
-        let mut got = vec![0u8; startup().len()];
-        server.read_exact(&mut got).await.expect("server reads");
-        let answer = message(b'Z', b"I");
-        server.write_all(&answer).await.expect("server writes");
-        let mut buf = vec![0u8; answer.len()];
-        client.read_exact(&mut buf).await.expect("the whole answer");
+    #[tokio::test]
+    async fn an_answer_that_stops_half_way_fails_the_read_and_a_whole_one_does_not() {
+        // The startup's answer whole, then half of the Sync's: a
+        // CommandComplete without its ReadyForQuery.
+        let mut requests = startup();
+        requests.extend(message(b'S', b""));
+        let mut answer = message(b'R', &[0; 4]);
+        answer.extend(message(b'Z', b"I"));
+        answer.extend(message(b'C', b"SELECT 1\0"));
+        let (mut client, _server) = exchanged(&requests, &answer).await;
+        times_out(&mut client).await;
+
         // Nothing owed: an idle connection waits for as long as it takes.
-        let idle = tokio::time::timeout(timeout * 3, client.read(&mut buf)).await;
+        let (mut client, _server) = exchanged(&startup(), &message(b'Z', b"I")).await;
+        let idle = tokio::time::timeout(TIMEOUT * 3, client.read(&mut [0u8; 64])).await;
         assert!(idle.is_err(), "an idle connection never times out");
     }
 
     #[tokio::test]
     async fn a_second_request_written_before_the_first_was_answered_is_watched_too() {
-        let timeout = Duration::from_millis(200);
-        let (mut client, mut server) = pair(timeout).await;
         // The startup, then a statement's Close and Sync, then a commit,
-        // written before any answer.
+        // written before any answer; the startup's and the Close's answers
+        // come, the commit's never does.
         let mut requests = startup();
         requests.extend(message(b'C', b"Ss1\0"));
         requests.extend(message(b'S', b""));
         requests.extend(message(b'Q', b"commit\0"));
-        client.write_all(&requests).await.expect("write");
-        let mut got = vec![0u8; requests.len()];
-        server.read_exact(&mut got).await.expect("server reads");
-        // The startup's and the Close's answers; the commit's never comes.
         let mut answer = message(b'Z', b"I");
         answer.extend(message(b'3', b""));
         answer.extend(message(b'Z', b"T"));
-        server.write_all(&answer).await.expect("server writes");
-        let mut buf = vec![0u8; answer.len()];
-        client
-            .read_exact(&mut buf)
-            .await
-            .expect("the answers that came");
-        let stuck = client.read(&mut buf).await;
-        assert_eq!(
-            stuck.expect_err("the commit is still owed").kind(),
-            io::ErrorKind::TimedOut
-        );
+        let (mut client, _server) = exchanged(&requests, &answer).await;
+        times_out(&mut client).await;
     }
 }

@@ -133,7 +133,7 @@ pub async fn check(
     Ok(Checked {
         sent: l.sent.len(),
         redeliveries: l.redeliveries,
-        failed_requests: l.failed_requests,
+        failed_requests: l.requests.iter().filter(|(_, ok)| !ok).count() as u64,
         accepted: accepted.len(),
         effects: effects.len(),
         dead: dead.len(),

@@ -61,7 +61,7 @@ pub async fn leader_kill(suite: &mut Suite) -> anyhow::Result<()> {
     tokio::task::block_in_place(|| suite.rabbits[i].kill9())?;
     tokio::time::sleep(DOWN).await;
     tokio::task::block_in_place(|| {
-        suite.rabbits[i].reboot()?;
+        suite.rabbits[i].boot()?;
         suite.rabbits[i].rebalance()
     })?;
     suite.count("broker node leading the most queues kill -9, booted 10 s later");

@@ -90,7 +90,9 @@ impl PrivateRabbit {
         })
     }
 
-    fn boot(&self) -> anyhow::Result<()> {
+    /// Boots the node on its data (first, or again after [`Self::kill9`])
+    /// and waits until it is up.
+    pub fn boot(&self) -> anyhow::Result<()> {
         let d = self.dir.to_string_lossy();
         let status = std::process::Command::new("rabbitmq-server")
             .arg("-detached")
@@ -240,11 +242,6 @@ impl PrivateRabbit {
             std::thread::sleep(Duration::from_millis(100));
         }
         Ok(())
-    }
-
-    /// Boots the node again on its data (after [`Self::kill9`]).
-    pub fn reboot(&self) -> anyhow::Result<()> {
-        self.boot()
     }
 
     /// The AMQP URL through `port` (its own or a proxy's), with a 2-s
