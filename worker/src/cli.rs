@@ -218,9 +218,15 @@ async fn sweep(config: &WorkerConfig) -> anyhow::Result<u8> {
         Some(swept) => {
             writeln!(
                 out,
-                "swept {} completed and {} failed deliveries, {} remembered bodies and {} \
-                 stored events",
-                swept.completed, swept.failed, swept.seen_bodies, swept.events
+                "swept {} completed and {} failed deliveries, {} remembered bodies, {} \
+                 stored events and {} logged attempts; dropped {} day partitions, created {}",
+                swept.completed,
+                swept.failed,
+                swept.seen_bodies,
+                swept.events,
+                swept.attempts,
+                swept.partitions,
+                swept.created
             )?;
             Found::from_count(swept.total() as usize)
         }

@@ -639,6 +639,7 @@ pub mod group_commit;
 mod ordering;
 mod overview;
 mod parked;
+pub mod partitions;
 mod reconcile;
 mod retention;
 mod row;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::postgres::sql::{self, Session};
 
-use super::{execute, secs};
+use super::{execute, partitions, secs};
 use crate::key::LegKey;
 use crate::postgres::DbError;
 
@@ -49,7 +49,12 @@ const SWEEP_FAILED: &str = sweep!(
      and last_error_class is distinct from 'fair'"
 );
 const SWEEP_SEEN_BODIES: &str = sweep!("seen_bodies", "seen_at", "");
-const SWEEP_EVENTS: &str = sweep!("github_events", "received_at", "");
+// The day-partitioned tables: whole days are dropped (see
+// `super::partitions`); rows of a day that had no partition of its own are
+// deleted from the DEFAULT partition. Never `ctid` on the parent: a ctid
+// names a row only within one partition.
+const SWEEP_EVENTS: &str = sweep!("github_events_default", "received_at", "");
+const SWEEP_ATTEMPTS: &str = sweep!("destination_attempts_default", "at", "");
 
 /// How long each kind of row is kept.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,29 +80,58 @@ pub struct Swept {
     pub failed: u64,
     /// Bodies the replay guard no longer needs to remember.
     pub seen_bodies: u64,
-    /// Stored events older than their retention.
+    /// Stored events older than their retention, deleted one by one (from
+    /// days without a partition of their own).
     pub events: u64,
+    /// Logged attempts older than the longer of the completed and failed
+    /// retentions, deleted one by one (likewise).
+    pub attempts: u64,
+    /// Day partitions dropped whole, of either table.
+    pub partitions: u64,
+    /// Day partitions created ahead.
+    pub created: u64,
 }
 
 impl Swept {
     /// Rows deleted in all.
     pub fn total(&self) -> u64 {
-        self.completed + self.filtered + self.failed + self.seen_bodies + self.events
+        self.completed
+            + self.filtered
+            + self.failed
+            + self.seen_bodies
+            + self.events
+            + self.attempts
+            + self.partitions
     }
 }
 
 /// Retention: deletes completed and failed rows older than their
 /// retention, with their parked bodies (cascade), the replay guard's
-/// bodies older than the completed retention, and stored events older
-/// than theirs, in batches of `batch` so that no statement holds many locks
-/// or a long transaction. Processing rows are never swept: the reaper
-/// deals with them.
+/// bodies older than the completed retention, stored events older than
+/// theirs and logged attempts older than the longer of the two, in batches
+/// of `batch` so that no statement holds many locks or a long transaction.
+/// Processing rows are never swept: the reaper deals with them.
+///
+/// The day-partitioned tables first get their partitions for the week
+/// ahead, and lose the days wholly past their retention (see
+/// [`super::partitions`]); only their DEFAULT partitions are swept by rows.
 pub async fn sweep(
     client: &impl Session,
     retention: &Retention,
     batch: i64,
 ) -> Result<Swept, DbError> {
     let mut swept = Swept::default();
+    let now = chrono::Utc::now();
+    let attempts_kept = retention.completed.max(retention.failed);
+    for (table, kept) in [
+        (partitions::GITHUB_EVENTS, retention.events),
+        (partitions::DESTINATION_ATTEMPTS, Some(attempts_kept)),
+    ] {
+        swept.created += table.ensure(client, now.date_naive()).await?;
+        if let Some(kept) = kept {
+            swept.partitions += table.drop_expired(client, now, kept).await?;
+        }
+    }
     let mut tables = vec![
         (SWEEP_COMPLETED, retention.completed, &mut swept.completed),
         (SWEEP_FILTERED, retention.completed, &mut swept.filtered),
@@ -111,6 +145,7 @@ pub async fn sweep(
     if let Some(events) = retention.events {
         tables.push((SWEEP_EVENTS, events, &mut swept.events));
     }
+    tables.push((SWEEP_ATTEMPTS, attempts_kept, &mut swept.attempts));
     for (statement, kept, count) in tables {
         loop {
             let n = sql::execute(client, statement, &[&secs(kept), &batch]).await?;

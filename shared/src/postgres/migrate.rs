@@ -123,6 +123,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "0021_fair_keys.sql",
         sql: include_str!("../../migrations/0021_fair_keys.sql"),
     },
+    Migration {
+        version: 22,
+        name: "0022_day_partitions.sql",
+        sql: include_str!("../../migrations/0022_day_partitions.sql"),
+    },
 ];
 
 /// Applies every pending migration and returns how many it applied.

@@ -39,6 +39,7 @@ mod operator_cli;
 mod operator_destinations;
 mod ordering;
 mod outages;
+mod partitions;
 mod plans;
 mod postgres_connections;
 mod postgres_failover;

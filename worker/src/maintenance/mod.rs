@@ -85,6 +85,9 @@ async fn pass(ctx: &Context, clocks: &mut Clocks) {
                 failed = swept.failed,
                 seen_bodies = swept.seen_bodies,
                 events = swept.events,
+                attempts = swept.attempts,
+                partitions_dropped = swept.partitions,
+                partitions_created = swept.created,
                 "retention sweep"
             ),
             Ok(None) => {}

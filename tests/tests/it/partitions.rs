@@ -1,0 +1,195 @@
+//! Day partitions of `github_events` and `destination_attempts`
+//! (migration 0022): a redelivery across a day boundary still finds its
+//! first claim and its one stored event, and retention drops whole days.
+
+use chrono::{Days, NaiveDate, Utc};
+use hookinbox::deliveries::partitions::{DESTINATION_ATTEMPTS, GITHUB_EVENTS};
+use hookinbox_tests::{Hook, TestEnv, settle};
+
+/// The partition `delivery_id`'s stored event is in.
+async fn event_partition(env: &TestEnv, delivery_id: &str) -> Vec<String> {
+    env.db
+        .query(
+            "select tableoid::regclass::text from github_events where delivery_id = $1",
+            &[&delivery_id],
+        )
+        .await
+        .expect("event partition")
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+async fn exists(env: &TestEnv, table: &str) -> bool {
+    env.db
+        .query_one("select to_regclass($1) is not null", &[&table])
+        .await
+        .expect("to_regclass")
+        .get(0)
+}
+
+fn days_ago(n: u64) -> NaiveDate {
+    Utc::now().date_naive() - Days::new(n)
+}
+
+#[tokio::test]
+async fn a_redelivery_across_a_day_boundary_finds_its_first_claim_and_stores_its_event_once() {
+    let (env, ingest) = TestEnv::with_ingest().await;
+    let worker = env.store_worker().await;
+    let pool = env.pool(1);
+    let client = pool.get().await.expect("client");
+    let (yesterday, today) = (days_ago(1), days_ago(0));
+    assert!(
+        GITHUB_EVENTS
+            .ensure(&client, yesterday)
+            .await
+            .expect("ensure")
+            >= 2
+    );
+
+    let hook = Hook::fixture("push");
+    let id = hook.delivery.clone().expect("a delivery id");
+    assert_eq!(ingest.send(&hook).await.status, 202);
+    settle(&env, &worker).await;
+    assert_eq!(
+        event_partition(&env, &id).await,
+        [GITHUB_EVENTS.partition(today)]
+    );
+
+    // Claimed a second before midnight: its event moves to yesterday.
+    env.db
+        .execute(
+            "with at as (select (current_date - 1)::timestamptz + interval '23:59:59' as t)
+             update deliveries set created_at = (select t from at) where delivery_id = $1",
+            &[&id],
+        )
+        .await
+        .expect("age the claim");
+    env.db
+        .execute(
+            "update github_events e set received_at = d.created_at
+             from deliveries d where d.delivery_id = e.delivery_id and e.delivery_id = $1",
+            &[&id],
+        )
+        .await
+        .expect("age the event");
+    assert_eq!(
+        event_partition(&env, &id).await,
+        [GITHUB_EVENTS.partition(yesterday)]
+    );
+
+    // GitHub's redelivery today: the claim table is whole, so it is found.
+    let again = ingest.send(&hook).await;
+    assert_eq!((again.status, again.kind()), (200, "duplicate"));
+    settle(&env, &worker).await;
+
+    // Past the completed retention its claim and remembered body are
+    // swept, and a redelivery is claimed anew, today; its event, whose
+    // key alone is no longer unique across days, is not stored twice.
+    env.db
+        .execute("delete from deliveries where delivery_id = $1", &[&id])
+        .await
+        .expect("sweep the claim");
+    env.db
+        .execute("delete from seen_bodies where delivery_id = $1", &[&id])
+        .await
+        .expect("sweep the remembered body");
+    let anew = ingest.send(&hook).await;
+    assert_eq!(
+        (anew.status, anew.kind()),
+        (202, "accepted"),
+        "{:?}",
+        anew.body
+    );
+    settle(&env, &worker).await;
+    assert_eq!(
+        env.count(&format!(
+            "select count(*) from deliveries where delivery_id = '{id}' and status = 'completed' \
+             and created_at::date = current_date"
+        ))
+        .await,
+        1,
+        "claimed anew today and completed"
+    );
+    assert_eq!(
+        event_partition(&env, &id).await,
+        [GITHUB_EVENTS.partition(yesterday)],
+        "one stored event, the first"
+    );
+    drop(client);
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn retention_drops_whole_days_and_sweeps_the_default_partition_by_rows() {
+    let (env, ingest) = TestEnv::with_ingest().await;
+    let worker = env.store_worker().await;
+    let pool = env.pool(1);
+    let client = pool.get().await.expect("client");
+    // Partitions for a week from 50 days ago, and for this week.
+    let old = days_ago(50);
+    for table in [GITHUB_EVENTS, DESTINATION_ATTEMPTS] {
+        assert_eq!(table.ensure(&client, old).await.expect("ensure old"), 8);
+        assert_eq!(table.ensure(&client, days_ago(0)).await.expect("ensure"), 8);
+    }
+    for _ in 0..3 {
+        assert_eq!(ingest.send(&Hook::fixture("push")).await.status, 202);
+    }
+    settle(&env, &worker).await;
+    assert_eq!(env.events().await, 3);
+    // One event 50 days old (into its day's partition), one 40 (a day
+    // without one: the default partition), one fresh; and the same ages
+    // in the attempt log.
+    env.db
+        .batch_execute(
+            "with aged as (
+                 select delivery_id, row_number() over (order by delivery_id) as n
+                 from github_events
+             )
+             update github_events e
+             set received_at = now() - case a.n when 1 then interval '50 days'
+                                                when 2 then interval '40 days'
+                                                else interval '0 days' end
+             from aged a where a.delivery_id = e.delivery_id;
+             insert into destination_attempts
+                 (at, provider, source, hook_id, delivery_id, destination, attempt, result,
+                  duration_ms)
+             select now() - make_interval(days => d), 'github', 'test', '', 'x' || d, 'ci', 1,
+                    'ok', 1
+             from unnest(array[50, 40, 0]) d",
+        )
+        .await
+        .expect("age rows");
+    assert_eq!(
+        env.count(
+            "select count(*) from github_events where tableoid = 'github_events_default'::regclass"
+        )
+        .await,
+        1
+    );
+
+    let out = hookinbox_tests::worker_command(&env, &["sweep"], &[])
+        .output()
+        .expect("runs");
+    let out = String::from_utf8_lossy(&out.stdout).into_owned();
+    // 30 days for both: the old week's 8 partitions of each table go whole,
+    // the 40-day-old rows one by one from the defaults.
+    assert!(
+        out.contains("1 stored events and 1 logged attempts; dropped 16 day partitions"),
+        "{out}"
+    );
+    assert_eq!(env.events().await, 1);
+    assert_eq!(
+        env.count("select count(*) from destination_attempts").await,
+        1
+    );
+    for table in [GITHUB_EVENTS, DESTINATION_ATTEMPTS] {
+        assert!(!exists(&env, &table.partition(old)).await);
+        assert!(exists(&env, &table.partition(days_ago(0))).await);
+        assert!(exists(&env, &table.default_partition()).await);
+        assert_eq!(table.days(&client).await.expect("days").len(), 8);
+    }
+    assert_eq!(env.deliveries().await, 3, "their deliveries are kept");
+    drop(client);
+    env.cleanup().await;
+}
