@@ -33,6 +33,12 @@
 #   scripts/bench.sh --destbench ARGS...   a destbench scenario (e.g.
 #                               `fairness --flood-rate 100 --slow-ms 200`)
 #                               on the benchmark's own Postgres
+#   scripts/bench.sh --storage ARGS...   storage at volume: N delivered
+#                               deliveries, then the retention sweep under
+#                               live claims, with and without day
+#                               partitions; --rr-secs adds closed loops
+#                               beside a REPEATABLE READ transaction (see
+#                               tests/src/bin/storagebench.rs)
 #   scripts/bench.sh --sizes RATE   fixed-rate runs (STEP seconds each) across
 #                               ingest's pool, the worker's pool and the
 #                               worker's concurrency (prefetch), each with
@@ -91,6 +97,14 @@ stack_bin="${STACK_BINS:-$bin}"
 # spaced checkpoints); BENCH_POSTGRES=shared uses HOOKINBOX_TEST_POSTGRES.
 . scripts/lib/bench-postgres.sh
 bench_postgres_start
+
+# --storage ARGS...: storage at volume (tests/src/bin/storagebench.rs):
+# retention and claims before and after day partitions, on this Postgres.
+if [ "$mode" = "--storage" ]; then
+  shift
+  "$bin/storagebench" "$@"
+  exit 0
+fi
 
 # --destbench ARGS...: a destbench scenario (tests/src/bin/destbench) on
 # this Postgres, whose autovacuum runs as a deployment's does.

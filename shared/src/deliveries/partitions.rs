@@ -10,7 +10,9 @@
 //! Every statement here takes a lock on the parent table; each runs in a
 //! transaction of its own with a short `lock_timeout`, so that a sweep
 //! behind a long transaction gives up until its next pass instead of
-//! queueing, and holding up every insert queued behind it.
+//! queueing, and holding up every insert queued behind it. After one such
+//! timeout the table's other changes wait for the next pass too: each
+//! would hold the inserts up as long again.
 
 use std::time::Duration;
 
@@ -42,11 +44,22 @@ pub const DESTINATION_ATTEMPTS: DayPartitioned = DayPartitioned {
     column: "at",
 };
 
+/// What [`DayPartitioned::ensure`] or [`DayPartitioned::drop_expired`]
+/// did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Changed {
+    /// Partitions created or dropped.
+    pub count: u64,
+    /// A long transaction held the table: the rest is left to the next
+    /// sweep.
+    pub held: bool,
+}
+
 /// Days of partitions kept ready past today.
 pub const AHEAD_DAYS: u64 = 7;
 
 /// How long a partition statement waits for its lock on the parent.
-const LOCK_TIMEOUT: &str = "2s";
+const LOCK_TIMEOUT: &str = "1s";
 
 impl DayPartitioned {
     /// The name of `day`'s partition.
@@ -67,14 +80,18 @@ impl DayPartitioned {
     }
 
     /// Creates the partitions of `today` and the [`AHEAD_DAYS`] after it
-    /// that do not exist yet. Returns how many it created.
+    /// that do not exist yet.
     ///
     /// A day whose rows the DEFAULT partition already holds (today's, the
     /// first day after the migration) cannot get a partition: its rows stay
     /// in the default, and are swept from there.
-    pub async fn ensure(&self, client: &impl Session, today: NaiveDate) -> Result<u64, DbError> {
+    pub async fn ensure(
+        &self,
+        client: &impl Session,
+        today: NaiveDate,
+    ) -> Result<Changed, DbError> {
         let existing = self.days(client).await?;
-        let mut created = 0;
+        let mut created = Changed::default();
         for ahead in 0..=AHEAD_DAYS {
             let Some(day) = today.checked_add_days(Days::new(ahead)) else {
                 break;
@@ -92,10 +109,15 @@ impl DayPartitioned {
                 next.format("%Y-%m-%d"),
             );
             match run_ddl(client, &ddl).await {
-                Ok(()) => created += 1,
+                Ok(()) => created.count += 1,
                 // The default holds rows of that day.
                 Err(e) if e.code() == Some(&SqlState::CHECK_VIOLATION) => {
                     tracing::debug!(table = self.table, %day, "day kept in the default partition");
+                }
+                // The rest would wait as long: left to the next sweep.
+                Err(e) if waited_too_long(&e) => {
+                    created.held = true;
+                    break;
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -104,20 +126,20 @@ impl DayPartitioned {
     }
 
     /// Drops the partitions whose whole day is older than `keep` before
-    /// `now`. Returns how many it dropped.
+    /// `now`.
     pub async fn drop_expired(
         &self,
         client: &impl Session,
         now: DateTime<Utc>,
         keep: Duration,
-    ) -> Result<u64, DbError> {
+    ) -> Result<Changed, DbError> {
+        let mut dropped = Changed::default();
         let Ok(keep) = chrono::Duration::from_std(keep) else {
-            return Ok(0);
+            return Ok(dropped);
         };
         let Some(cutoff) = now.checked_sub_signed(keep) else {
-            return Ok(0);
+            return Ok(dropped);
         };
-        let mut dropped = 0;
         for day in self.days(client).await? {
             let Some(end) = day.succ_opt().and_then(|d| d.and_hms_opt(0, 0, 0)) else {
                 continue;
@@ -125,12 +147,19 @@ impl DayPartitioned {
             if end.and_utc() > cutoff {
                 continue;
             }
-            run_ddl(
+            match run_ddl(
                 client,
                 &format!("drop table if exists {}", self.partition(day)),
             )
-            .await?;
-            dropped += 1;
+            .await
+            {
+                Ok(()) => dropped.count += 1,
+                Err(e) if waited_too_long(&e) => {
+                    dropped.held = true;
+                    break;
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
         Ok(dropped)
     }
@@ -153,6 +182,19 @@ select c.relname::text
 from pg_inherits i
 join pg_class c on c.oid = i.inhrelid
 where i.inhparent = $1::text::regclass";
+
+/// Whether `e` is [`LOCK_TIMEOUT`] running out: a long transaction holds
+/// the table. Logged, and left to the next sweep.
+fn waited_too_long(e: &tokio_postgres::Error) -> bool {
+    let timed_out = e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE);
+    if timed_out {
+        tracing::warn!(
+            "a partition change waited {LOCK_TIMEOUT} for its lock (a long transaction holds \
+             the table): left to the next sweep"
+        );
+    }
+    timed_out
+}
 
 /// Runs one DDL statement in a transaction of its own, waiting at most
 /// [`LOCK_TIMEOUT`] for its locks.

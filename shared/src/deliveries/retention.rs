@@ -127,9 +127,11 @@ pub async fn sweep(
         (partitions::GITHUB_EVENTS, retention.events),
         (partitions::DESTINATION_ATTEMPTS, Some(attempts_kept)),
     ] {
-        swept.created += table.ensure(client, now.date_naive()).await?;
-        if let Some(kept) = kept {
-            swept.partitions += table.drop_expired(client, now, kept).await?;
+        let created = table.ensure(client, now.date_naive()).await?;
+        swept.created += created.count;
+        // Held by a long transaction: its drops would wait as long.
+        if let (Some(kept), false) = (kept, created.held) {
+            swept.partitions += table.drop_expired(client, now, kept).await?.count;
         }
     }
     let mut tables = vec![

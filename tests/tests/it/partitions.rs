@@ -44,6 +44,7 @@ async fn a_redelivery_across_a_day_boundary_finds_its_first_claim_and_stores_its
             .ensure(&client, yesterday)
             .await
             .expect("ensure")
+            .count
             >= 2
     );
 
@@ -129,8 +130,18 @@ async fn retention_drops_whole_days_and_sweeps_the_default_partition_by_rows() {
     // Partitions for a week from 50 days ago, and for this week.
     let old = days_ago(50);
     for table in [GITHUB_EVENTS, DESTINATION_ATTEMPTS] {
-        assert_eq!(table.ensure(&client, old).await.expect("ensure old"), 8);
-        assert_eq!(table.ensure(&client, days_ago(0)).await.expect("ensure"), 8);
+        assert_eq!(
+            table.ensure(&client, old).await.expect("ensure old").count,
+            8
+        );
+        assert_eq!(
+            table
+                .ensure(&client, days_ago(0))
+                .await
+                .expect("ensure")
+                .count,
+            8
+        );
     }
     for _ in 0..3 {
         assert_eq!(ingest.send(&Hook::fixture("push")).await.status, 202);
@@ -190,6 +201,47 @@ async fn retention_drops_whole_days_and_sweeps_the_default_partition_by_rows() {
         assert_eq!(table.days(&client).await.expect("days").len(), 8);
     }
     assert_eq!(env.deliveries().await, 3, "their deliveries are kept");
+    drop(client);
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_day_held_by_a_long_transaction_is_left_to_the_next_sweep() {
+    let env = TestEnv::new().await;
+    let pool = env.pool(1);
+    let client = pool.get().await.expect("client");
+    let old = days_ago(50);
+    assert_eq!(
+        GITHUB_EVENTS
+            .ensure(&client, old)
+            .await
+            .expect("ensure")
+            .count,
+        8
+    );
+    // A reader of the table, its transaction left open.
+    let reader = hookinbox_tests::connect(&env.database_url).await;
+    reader
+        .batch_execute("begin; select count(*) from github_events")
+        .await
+        .expect("read");
+    let sweep = || {
+        let out = hookinbox_tests::worker_command(&env, &["sweep"], &[])
+            .output()
+            .expect("runs");
+        (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (out, err) = sweep();
+    assert!(out.contains("dropped 0 day partitions"), "{out}");
+    assert_eq!(err.matches("waited 1s for its lock").count(), 1, "{err}");
+    assert!(exists(&env, &GITHUB_EVENTS.partition(old)).await);
+    reader.batch_execute("commit").await.expect("commit");
+    let (out, _) = sweep();
+    assert!(out.contains("dropped 8 day partitions"), "{out}");
+    assert!(!exists(&env, &GITHUB_EVENTS.partition(old)).await);
     drop(client);
     env.cleanup().await;
 }
