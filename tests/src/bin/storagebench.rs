@@ -290,7 +290,7 @@ impl Live {
                         _ = stopped.changed() => break,
                         _ = tick.tick() => {}
                     }
-                    let (pool, policy) = (pool.clone(), policy.clone());
+                    let pool = pool.clone();
                     let (windows, current, errors) =
                         (windows.clone(), current.clone(), errors.clone());
                     inflight.spawn(async move {
