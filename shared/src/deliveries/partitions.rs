@@ -3,16 +3,20 @@
 //! past their retention, so that retention costs a `drop table` per day
 //! instead of a delete per row, and leaves no dead rows behind.
 //!
-//! A partition is `<table>_pYYYYMMDD`, covering that UTC day. Rows of a day
-//! without one go to the table's DEFAULT partition (`<table>_default`),
-//! which the sweep deletes from in batches, as before.
+//! A table's partitions, by name:
+//! - `<table>_pYYYYMMDD`: that UTC day;
+//! - `<table>_default`: the DEFAULT partition, for a row of a day without a
+//!   partition of its own; swept by rows;
+//! - `<table>_to_YYYYMMDD`: the rows from before the migration, everything
+//!   before that day; swept by rows, dropped whole once that day is past
+//!   retention.
 //!
-//! Every statement here takes a lock on the parent table; each runs in a
-//! transaction of its own with a short `lock_timeout`, so that a sweep
-//! behind a long transaction gives up until its next pass instead of
-//! queueing, and holding up every insert queued behind it. After one such
-//! timeout the table's other changes wait for the next pass too: each
-//! would hold the inserts up as long again.
+//! Every statement here that changes partitions takes a lock on the parent
+//! table; each runs in a transaction of its own with a short
+//! `lock_timeout`, so that a sweep behind a long transaction gives up until
+//! its next pass instead of queueing, and holding up every insert queued
+//! behind it. After one such timeout the table's other changes wait for
+//! the next pass too: each would hold the inserts up as long again.
 
 use std::time::Duration;
 
@@ -61,6 +65,29 @@ pub const AHEAD_DAYS: u64 = 7;
 /// How long a partition statement waits for its lock on the parent.
 const LOCK_TIMEOUT: &str = "1s";
 
+/// One partition of a table, as its name says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Partition {
+    /// One UTC day.
+    Day(NaiveDate),
+    /// Everything before that day (the rows from before the migration).
+    Before(NaiveDate),
+    /// The DEFAULT partition.
+    Default,
+}
+
+impl Partition {
+    /// The day this partition's rows all come before; `None` for the
+    /// DEFAULT partition.
+    fn end(&self) -> Option<NaiveDate> {
+        match self {
+            Self::Day(day) => day.succ_opt(),
+            Self::Before(end) => Some(*end),
+            Self::Default => None,
+        }
+    }
+}
+
 impl DayPartitioned {
     /// The name of `day`'s partition.
     pub fn partition(&self, day: NaiveDate) -> String {
@@ -72,34 +99,75 @@ impl DayPartitioned {
         format!("{}_default", self.table)
     }
 
-    /// The day a partition of this table covers, from its name; `None` for
-    /// any other name (the DEFAULT partition, say).
-    fn day_of(&self, name: &str) -> Option<NaiveDate> {
-        let suffix = name.strip_prefix(self.table)?.strip_prefix("_p")?;
-        NaiveDate::parse_from_str(suffix, "%Y%m%d").ok()
+    /// What a partition of this table is, from its name; `None` for a name
+    /// this module did not give.
+    fn kind_of(&self, name: &str) -> Option<Partition> {
+        let rest = name.strip_prefix(self.table)?;
+        let date = |s: &str| NaiveDate::parse_from_str(s, "%Y%m%d").ok();
+        if rest == "_default" {
+            Some(Partition::Default)
+        } else if let Some(end) = rest.strip_prefix("_to_") {
+            date(end).map(Partition::Before)
+        } else {
+            date(rest.strip_prefix("_p")?).map(Partition::Day)
+        }
+    }
+
+    /// This table's partitions, by name.
+    async fn partitions(&self, client: &impl Session) -> Result<Vec<(String, Partition)>, DbError> {
+        let rows = sql::query(client, PARTITIONS, &[&self.table]).await?;
+        let mut all: Vec<(String, Partition)> = rows
+            .iter()
+            .filter_map(|r| {
+                let name: String = r.get(0);
+                self.kind_of(&name).map(|kind| (name, kind))
+            })
+            .collect();
+        all.sort_by_key(|(_, kind)| kind.end());
+        Ok(all)
+    }
+
+    /// The days that have a partition of their own, oldest first.
+    pub async fn days(&self, client: &impl Session) -> Result<Vec<NaiveDate>, DbError> {
+        Ok(self
+            .partitions(client)
+            .await?
+            .into_iter()
+            .filter_map(|(_, kind)| match kind {
+                Partition::Day(day) => Some(day),
+                _ => None,
+            })
+            .collect())
     }
 
     /// Creates the partitions of `today` and the [`AHEAD_DAYS`] after it
     /// that do not exist yet.
     ///
-    /// A day whose rows the DEFAULT partition already holds (today's, the
-    /// first day after the migration) cannot get a partition: its rows stay
-    /// in the default, and are swept from there.
+    /// A day that the rows from before the migration cover, or whose rows
+    /// the DEFAULT partition already holds, cannot get a partition: its rows
+    /// stay where they are, and are swept from there by rows.
     pub async fn ensure(
         &self,
         client: &impl Session,
         today: NaiveDate,
     ) -> Result<Changed, DbError> {
-        let existing = self.days(client).await?;
+        let existing = self.partitions(client).await?;
+        let covered = |day: NaiveDate| {
+            existing.iter().any(|(_, kind)| match kind {
+                Partition::Day(d) => *d == day,
+                Partition::Before(end) => day < *end,
+                Partition::Default => false,
+            })
+        };
         let mut created = Changed::default();
         for ahead in 0..=AHEAD_DAYS {
             let Some(day) = today.checked_add_days(Days::new(ahead)) else {
                 break;
             };
-            if existing.contains(&day) {
+            let Some(next) = day.succ_opt() else { break };
+            if covered(day) {
                 continue;
             }
-            let Some(next) = day.succ_opt() else { break };
             let ddl = format!(
                 "create table if not exists {} partition of {} \
                  for values from ('{} 00:00:00+00') to ('{} 00:00:00+00')",
@@ -110,7 +178,7 @@ impl DayPartitioned {
             );
             match run_ddl(client, &ddl).await {
                 Ok(()) => created.count += 1,
-                // The default holds rows of that day.
+                // The DEFAULT partition holds rows of that day.
                 Err(e) if e.code() == Some(&SqlState::CHECK_VIOLATION) => {
                     tracing::debug!(table = self.table, %day, "day kept in the default partition");
                 }
@@ -125,8 +193,9 @@ impl DayPartitioned {
         Ok(created)
     }
 
-    /// Drops the partitions whose whole day is older than `keep` before
-    /// `now`.
+    /// Drops the partitions whose rows are all older than `keep` before
+    /// `now`: the days wholly past it, and the rows from before the
+    /// migration once their last day is.
     pub async fn drop_expired(
         &self,
         client: &impl Session,
@@ -140,19 +209,14 @@ impl DayPartitioned {
         let Some(cutoff) = now.checked_sub_signed(keep) else {
             return Ok(dropped);
         };
-        for day in self.days(client).await? {
-            let Some(end) = day.succ_opt().and_then(|d| d.and_hms_opt(0, 0, 0)) else {
+        for (name, kind) in self.partitions(client).await? {
+            let Some(end) = kind.end().and_then(|d| d.and_hms_opt(0, 0, 0)) else {
                 continue;
             };
             if end.and_utc() > cutoff {
                 continue;
             }
-            match run_ddl(
-                client,
-                &format!("drop table if exists {}", self.partition(day)),
-            )
-            .await
-            {
+            match run_ddl(client, &format!("drop table if exists \"{name}\"")).await {
                 Ok(()) => dropped.count += 1,
                 Err(e) if waited_too_long(&e) => {
                     dropped.held = true;
@@ -164,19 +228,42 @@ impl DayPartitioned {
         Ok(dropped)
     }
 
-    /// The days that have a partition, oldest first.
-    pub async fn days(&self, client: &impl Session) -> Result<Vec<NaiveDate>, DbError> {
-        let rows = sql::query(client, PARTITIONS, &[&self.table]).await?;
-        let mut days: Vec<NaiveDate> = rows
-            .iter()
-            .filter_map(|r| self.day_of(r.get::<_, &str>(0)))
-            .collect();
-        days.sort();
-        Ok(days)
+    /// Deletes, `batch` rows at a time, the rows older than `keep` from the
+    /// partitions that are not days (the DEFAULT partition, the rows from
+    /// before the migration). Returns how many.
+    pub async fn sweep_rows(
+        &self,
+        client: &impl Session,
+        keep: Duration,
+        batch: i64,
+    ) -> Result<u64, DbError> {
+        let mut deleted = 0;
+        for (name, kind) in self.partitions(client).await? {
+            if matches!(kind, Partition::Day(_)) {
+                continue;
+            }
+            // A ctid names a row within one table: the partition's own.
+            let statement = format!(
+                "delete from \"{name}\" where ctid in (
+                     select ctid from \"{name}\"
+                     where {column} < now() - make_interval(secs => $1)
+                     limit $2)",
+                column = self.column,
+            );
+            loop {
+                let n = sql::execute(client, &statement, &[&keep.as_secs_f64(), &batch]).await?;
+                deleted += n;
+                if n < batch as u64 {
+                    break;
+                }
+            }
+        }
+        Ok(deleted)
     }
 }
 
-/// The partitions of a table, by name.
+/// The partitions of a table, by name (a name holds only the table's
+/// name, `_`, letters and digits: see [`DayPartitioned::kind_of`]).
 const PARTITIONS: &str = "
 select c.relname::text
 from pg_inherits i
@@ -210,4 +297,36 @@ async fn run_ddl(client: &impl Session, ddl: &str) -> Result<(), tokio_postgres:
         let _ = client.batch_execute("rollback").await;
     }
     done
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_say_what_a_partition_holds() {
+        let day = NaiveDate::from_ymd_opt(2026, 12, 6).expect("a date");
+        let t = GITHUB_EVENTS;
+        assert_eq!(t.partition(day), "github_events_p20261206");
+        assert_eq!(
+            t.kind_of("github_events_p20261206"),
+            Some(Partition::Day(day))
+        );
+        assert_eq!(
+            t.kind_of("github_events_to_20261206"),
+            Some(Partition::Before(day))
+        );
+        assert_eq!(t.kind_of("github_events_default"), Some(Partition::Default));
+        for other in [
+            "github_events_p2026120",
+            "github_events_p20261306",
+            "github_events_old",
+            "destination_attempts_p20261206",
+            "github_events_p20261206; drop table deliveries",
+        ] {
+            assert_eq!(t.kind_of(other), None, "{other}");
+        }
+        assert_eq!(Partition::Day(day).end(), day.succ_opt());
+        assert_eq!(Partition::Before(day).end(), Some(day));
+    }
 }

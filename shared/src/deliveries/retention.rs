@@ -49,13 +49,6 @@ const SWEEP_FAILED: &str = sweep!(
      and last_error_class is distinct from 'fair'"
 );
 const SWEEP_SEEN_BODIES: &str = sweep!("seen_bodies", "seen_at", "");
-// The day-partitioned tables: whole days are dropped (see
-// `super::partitions`); rows of a day that had no partition of its own are
-// deleted from the DEFAULT partition. Never `ctid` on the parent: a ctid
-// names a row only within one partition.
-const SWEEP_EVENTS: &str = sweep!("github_events_default", "received_at", "");
-const SWEEP_ATTEMPTS: &str = sweep!("destination_attempts_default", "at", "");
-
 /// How long each kind of row is kept.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Retention {
@@ -114,7 +107,8 @@ impl Swept {
 ///
 /// The day-partitioned tables first get their partitions for the week
 /// ahead, and lose the days wholly past their retention (see
-/// [`super::partitions`]); only their DEFAULT partitions are swept by rows.
+/// [`super::partitions`]); only their other partitions (the DEFAULT one,
+/// the rows from before the migration) are swept by rows.
 pub async fn sweep(
     client: &impl Session,
     retention: &Retention,
@@ -134,7 +128,7 @@ pub async fn sweep(
             swept.partitions += table.drop_expired(client, now, kept).await?.count;
         }
     }
-    let mut tables = vec![
+    let tables = vec![
         (SWEEP_COMPLETED, retention.completed, &mut swept.completed),
         (SWEEP_FILTERED, retention.completed, &mut swept.filtered),
         (SWEEP_FAILED, retention.failed, &mut swept.failed),
@@ -144,10 +138,6 @@ pub async fn sweep(
             &mut swept.seen_bodies,
         ),
     ];
-    if let Some(events) = retention.events {
-        tables.push((SWEEP_EVENTS, events, &mut swept.events));
-    }
-    tables.push((SWEEP_ATTEMPTS, attempts_kept, &mut swept.attempts));
     for (statement, kept, count) in tables {
         loop {
             let n = sql::execute(client, statement, &[&secs(kept), &batch]).await?;
@@ -157,6 +147,14 @@ pub async fn sweep(
             }
         }
     }
+    if let Some(events) = retention.events {
+        swept.events = partitions::GITHUB_EVENTS
+            .sweep_rows(client, events, batch)
+            .await?;
+    }
+    swept.attempts = partitions::DESTINATION_ATTEMPTS
+        .sweep_rows(client, attempts_kept, batch)
+        .await?;
     Ok(swept)
 }
 

@@ -245,3 +245,147 @@ async fn a_day_held_by_a_long_transaction_is_left_to_the_next_sweep() {
     drop(client);
     env.cleanup().await;
 }
+
+/// A database at the migration before day partitions (0021), with its
+/// bookkeeping, as an earlier version left it: (name, url).
+async fn database_before_day_partitions() -> (String, String) {
+    use sha2::Digest;
+    let name = format!("hookinbox_test_{}", uuid::Uuid::new_v4().simple());
+    let admin =
+        hookinbox_tests::connect(&format!("{}/postgres", hookinbox_tests::postgres_base())).await;
+    admin
+        .batch_execute(&format!("create database {name}"))
+        .await
+        .expect("create database");
+    let url = format!("{}/{name}", hookinbox_tests::postgres_base());
+    let db = hookinbox_tests::connect(&url).await;
+    db.batch_execute(
+        "create table hookinbox_migrations (version integer primary key, name text not null,
+             checksum bytea not null, applied_at timestamptz not null default now())",
+    )
+    .await
+    .expect("bookkeeping");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/migrations");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .expect("migrations")
+        .map(|e| e.expect("entry").file_name().into_string().expect("name"))
+        .filter(|f| f.as_str() < "0022")
+        .collect();
+    files.sort();
+    assert_eq!(files.len(), 21);
+    for (i, file) in files.iter().enumerate() {
+        let sql = std::fs::read_to_string(dir.join(file)).expect("read");
+        db.batch_execute(&format!("begin; {sql}; commit"))
+            .await
+            .expect(file);
+        let checksum = sha2::Sha256::digest(sql.as_bytes()).to_vec();
+        db.execute(
+            "insert into hookinbox_migrations (version, name, checksum) values ($1, $2, $3)",
+            &[&(i as i32 + 1), file, &checksum],
+        )
+        .await
+        .expect("record");
+    }
+    (name, url)
+}
+
+#[tokio::test]
+async fn an_upgrade_keeps_the_old_rows_in_one_partition_until_they_are_past_retention() {
+    let (name, url) = database_before_day_partitions().await;
+    let db = hookinbox_tests::connect(&url).await;
+    // Two stored events, 40 days and an hour old; an attempt 40 days old.
+    db.batch_execute(
+        "insert into github_events
+             (provider, source, hook_id, delivery_id, event, payload, received_at)
+         values ('github', 'github', '', 'old', 'push', '{}', now() - interval '40 days'),
+                ('github', 'github', '', 'new', 'push', '{}', now() - interval '1 hour');
+         insert into destination_attempts
+             (at, provider, source, hook_id, delivery_id, destination, attempt, result,
+              duration_ms)
+         values (now() - interval '40 days', 'github', 'github', '', 'old', 'ci', 1, 'ok', 1)",
+    )
+    .await
+    .expect("old rows");
+    let pool = hookinbox::postgres::pool(&url, 1, hookinbox::postgres::DEFAULT_REQUEST_TIMEOUT)
+        .expect("pool");
+    assert_eq!(
+        hookinbox::postgres::migrate(&pool).await.expect("migrate"),
+        1
+    );
+
+    let tomorrow = days_ago(0) + Days::new(1);
+    let old_part = format!("github_events_to_{}", tomorrow.format("%Y%m%d"));
+    let count = |sql: String| {
+        let db = &db;
+        async move {
+            db.query_one(&sql, &[])
+                .await
+                .expect("count")
+                .get::<_, i64>(0)
+        }
+    };
+    assert_eq!(count(format!("select count(*) from {old_part}")).await, 2);
+    assert_eq!(count("select count(*) from github_events".into()).await, 2);
+
+    // The sweep: today is the old rows' (no partition for it), the week
+    // after gets partitions; the 40-day-old rows go by rows.
+    let client = pool.get().await.expect("client");
+    let kept = std::time::Duration::from_secs(30 * 86_400);
+    let retention = hookinbox::deliveries::Retention {
+        completed: kept,
+        failed: kept,
+        events: Some(kept),
+    };
+    let swept = hookinbox::deliveries::sweep(&client, &retention, 500)
+        .await
+        .expect("sweep");
+    assert_eq!(
+        (
+            swept.events,
+            swept.attempts,
+            swept.partitions,
+            swept.created
+        ),
+        (1, 1, 0, 14)
+    );
+    assert_eq!(
+        GITHUB_EVENTS.days(&client).await.expect("days").first(),
+        Some(&tomorrow)
+    );
+    // A new row lands in its day's partition.
+    db.batch_execute(
+        "insert into github_events
+             (provider, source, hook_id, delivery_id, event, payload, received_at)
+         values ('github', 'github', '', 'later', 'push', '{}', now() + interval '1 day')",
+    )
+    .await
+    .expect("a later row");
+    assert_eq!(
+        count(format!(
+            "select count(*) from {}",
+            GITHUB_EVENTS.partition(tomorrow)
+        ))
+        .await,
+        1
+    );
+    // Once its last day is past retention, the old rows' partition goes
+    // whole.
+    let later = Utc::now() + chrono::Duration::days(31);
+    let dropped = GITHUB_EVENTS
+        .drop_expired(&client, later, kept)
+        .await
+        .expect("drop");
+    assert_eq!(dropped.count, 1);
+    assert!(!exists_in(&db, &old_part).await);
+    assert_eq!(count("select count(*) from github_events".into()).await, 1);
+    drop(client);
+    drop(pool);
+    hookinbox_tests::drop_database(&name).await;
+}
+
+async fn exists_in(db: &tokio_postgres::Client, table: &str) -> bool {
+    db.query_one("select to_regclass($1) is not null", &[&table])
+        .await
+        .expect("to_regclass")
+        .get(0)
+}
