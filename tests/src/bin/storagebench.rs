@@ -3,8 +3,9 @@
 //! replay guard's body and its stored event), then the retention sweep run
 //! under live traffic, in two layouts from one run of this tool:
 //!
-//! - `rows`: every past day in the DEFAULT partition, so that retention
-//!   deletes stored events row by row, as before day partitions;
+//! - `rows`: every past day in one partition, as an upgraded database has
+//!   them (`github_events_to_YYYYMMDD`), so that retention deletes stored
+//!   events row by row, as before day partitions;
 //! - `days`: a partition per day, so that retention drops whole days.
 //!
 //! Live traffic is the worker's store path through the library: a claim
@@ -93,13 +94,25 @@ async fn run_layout(args: &Args, by_day: bool) -> anyhow::Result<()> {
     let env = TestEnv::new().await;
     let pool = env.pool(12);
     let client = pool.get().await.context("client")?;
+    let today = Utc::now().date_naive();
     if by_day {
-        let today = Utc::now().date_naive();
         let mut start = today - Days::new(args.days as u64 + 1);
         while start <= today {
             GITHUB_EVENTS.ensure(&client, start).await?;
             start = start + Days::new(8);
         }
+    } else {
+        // What migration 0022 makes of a table with rows.
+        let tomorrow = today + Days::new(1);
+        env.db
+            .batch_execute(&format!(
+                "create table github_events_to_{to} (like github_events including defaults \
+                     including storage including compression);
+                 alter table github_events attach partition github_events_to_{to}
+                     for values from (minvalue) to ('{tomorrow} 00:00:00+00')",
+                to = tomorrow.format("%Y%m%d"),
+            ))
+            .await?;
     }
     let filled = Instant::now();
     fill(&env, args).await?;
@@ -138,13 +151,15 @@ async fn run_layout(args: &Args, by_day: bool) -> anyhow::Result<()> {
         swept.partitions
     );
     println!(
-        "\n| live traffic | n | claim p50 | claim p99 | store+complete p50 | store+complete p99 |"
+        "\n| live traffic | done | failed | claim p50 | claim p99 | store+complete p50 | \
+         store+complete p99 |"
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|");
     for (label, w) in [("before the sweep", &before), ("during the sweep", &during)] {
         println!(
-            "| {label} | {} | {} | {} | {} | {} |",
+            "| {label} | {} | {} | {} | {} | {} | {} |",
             w.claim.len(),
+            w.failed,
             ms(&w.claim, 0.5),
             ms(&w.claim, 0.99),
             ms(&w.complete, 0.5),
@@ -244,6 +259,9 @@ async fn print_tables(env: &TestEnv, when: &str) -> anyhow::Result<()> {
 struct Window {
     claim: Histogram<u64>,
     complete: Histogram<u64>,
+    /// Deliveries that failed (the first error is printed), such as those
+    /// that waited 5 s for a connection of the pool: a stall.
+    failed: u64,
 }
 
 impl Window {
@@ -252,6 +270,7 @@ impl Window {
         Self {
             claim: h(),
             complete: h(),
+            failed: 0,
         }
     }
 }
@@ -302,6 +321,7 @@ impl Live {
                                 let _ = all[w].complete.record(complete.as_micros() as u64);
                             }
                             Err(e) => {
+                                windows.lock().expect("windows")[w].failed += 1;
                                 if errors.fetch_add(1, Ordering::Relaxed) == 0 {
                                     eprintln!("live delivery failed: {e:#}");
                                 }
