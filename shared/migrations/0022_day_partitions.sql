@@ -23,10 +23,9 @@
 -- its rows are deleted one by one when their legs complete, so it holds
 -- only the legs not in flight, and days would not spare it any delete.
 
--- github_events: one row per delivery key, `received_at` the delivery
--- row's `created_at` (fixed by the first claim). The key alone is no
--- longer unique across days; the completing statement keeps it exact (see
--- deliveries/complete.rs).
+-- github_events: one row per claim of a delivery, `received_at` the
+-- delivery row's `created_at` (fixed by its claim); see
+-- deliveries/complete.rs.
 alter table github_events rename to github_events_old;
 alter table github_events_old drop constraint github_events_pkey;
 alter index github_events_received rename to github_events_old_received;
@@ -59,6 +58,7 @@ do $$
 declare
     tomorrow date := (now() at time zone 'UTC')::date + 1;
     t text;
+    i text;
     old_rows boolean;
 begin
     foreach t in array array['github_events', 'destination_attempts'] loop
@@ -69,6 +69,13 @@ begin
             execute format('alter table %I attach partition %I for values from (minvalue) to (%L)',
                            t, t || '_to_' || to_char(tomorrow, 'YYYYMMDD'),
                            to_char(tomorrow, 'YYYY-MM-DD') || ' 00:00:00+00');
+            -- Its indexes are named after it, as the other partitions' are.
+            for i in select c.relname from pg_index x join pg_class c on c.oid = x.indexrelid
+                     where x.indrelid = (t || '_to_' || to_char(tomorrow, 'YYYYMMDD'))::regclass
+                       and c.relname like t || '\_old\_%' loop
+                execute format('alter index %I rename to %I', i,
+                               replace(i, t || '_old_', t || '_to_' || to_char(tomorrow, 'YYYYMMDD') || '_'));
+            end loop;
         else
             execute format('drop table %I', t || '_old');
         end if;

@@ -11,6 +11,10 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
+/// How long a migration's statement may go unanswered before its connection
+/// counts as dead.
+const MIGRATION_TIMEOUT: Duration = Duration::from_secs(6 * 3600);
+
 use clap::builder::BoolishValueParser;
 use deadpool_postgres::Pool;
 
@@ -429,6 +433,12 @@ impl CommonConfig {
     /// A pool of `size` connections that keep their sessions (the direct
     /// URL when one is set): for migrations and the leader locks.
     pub fn direct_pool_of(&self, size: usize) -> Result<Pool, DbError> {
+        let (url, pooler) = self.direct();
+        crate::postgres::pool_with(url, &self.pool_options(size, pooler))
+    }
+
+    /// Where direct connections go, and through what.
+    fn direct(&self) -> (&str, Pooler) {
         let url = self
             .direct_database_url
             .as_deref()
@@ -438,7 +448,7 @@ impl CommonConfig {
         } else {
             self.db_pooler
         };
-        crate::postgres::pool_with(url, &self.pool_options(size, pooler))
+        (url, pooler)
     }
 
     /// The pool the leader locks are taken on: `app` itself, unless
@@ -473,7 +483,14 @@ impl CommonConfig {
     /// Applies pending migrations over a direct connection of its own
     /// (their lock is a session lock), and returns how many it applied.
     pub async fn migrate(&self) -> Result<usize, DbError> {
-        crate::postgres::migrate(&self.direct_pool_of(1)?).await
+        let (url, pooler) = self.direct();
+        let mut options = self.pool_options(1, pooler);
+        // A migration may read or index a large table, the server silent
+        // until it ends (0022 reads the stored events):
+        // HOOKINBOX_DB_TIMEOUT_MS would take that silence for a dead connection
+        // and roll it back, at every start.
+        options.request_timeout = MIGRATION_TIMEOUT;
+        crate::postgres::migrate(&crate::postgres::pool_with(url, &options)?).await
     }
 
     fn pool_options(&self, max_size: usize, pooler: Pooler) -> PoolOptions {

@@ -206,13 +206,17 @@ where ",
     key!()
 );
 
-/// `github_events` holds one row per delivery (one `store` destination a
-/// source at most): addressed by the delivery's four parts.
+/// `github_events` holds one row per claim of a delivery (one `store`
+/// destination a source at most): addressed by the delivery's four parts,
+/// the first claim's if it was claimed anew after its claim was swept.
 const EVENT_PAYLOAD: &str = concat!(
     "
 select payload from github_events g
 where ",
-    delivery_key!("g")
+    delivery_key!("g"),
+    "
+order by received_at
+limit 1"
 );
 
 /// The payload stored for a delivery: its parked body if it has one (what a

@@ -28,28 +28,27 @@ use crate::postgres::DbError;
 /// The one `github_events` insert: the `store` effect, written in the
 /// completing transaction (see [`store_event`]) or by the completing
 /// statement itself (see [`complete_batch`]). Its `received_at` is the
-/// delivery row's `created_at`, when ingest first claimed it.
-///
-/// One row per delivery key, across the table's day partitions: their
-/// primary key must include `received_at`, so it no longer says so by
-/// itself. The fence makes a second effect of one leg impossible, and a
-/// source has at most one `store` destination; what is left is a request
-/// claimed anew after its delivery row was swept (a redelivery past the
-/// completed retention), whose `created_at` is a later day: `not exists`
-/// finds the first row in whichever partition holds it (an index probe per
-/// partition), and `on conflict do nothing` keeps such a request from
+/// delivery row's `created_at`, when ingest first claimed it: the table is
+/// partitioned by it, and its primary key is the delivery's key and it.
+/// `on conflict do nothing`: the fence already makes a second effect of one
+/// claim impossible; this keeps a second completion of the same claim from
 /// failing forever.
+///
+/// A delivery claimed anew after its claim was swept (a request arriving
+/// past the completed retention, 7 days or more unless
+/// `HOOKINBOX_ALLOW_SHORT_RETENTION`, beyond GitHub's
+/// redelivery window) runs again, as with every handler, and its event is
+/// stored again, under its new claim's day. Checking every day's partition
+/// for the key instead cost each store an index probe and a lock per
+/// partition (see docs/architecture.md, "Storage at volume").
 macro_rules! insert_github_event {
     ($($select:tt)+) => {
         concat!(
             "insert into github_events
         (provider, source, hook_id, delivery_id, event, action, payload, received_at)
-    select * from (",
+    ",
             $($select)+,
-            ") e
-    where not exists (select 1 from github_events g
-                      where g.provider = e.provider and g.source = e.source
-                        and g.hook_id = e.hook_id and g.delivery_id = e.delivery_id)
+            "
     on conflict do nothing"
         )
     };

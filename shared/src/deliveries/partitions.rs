@@ -23,6 +23,8 @@ use std::time::Duration;
 use chrono::{DateTime, Days, NaiveDate, Utc};
 use tokio_postgres::error::SqlState;
 
+use deadpool_postgres::Client;
+
 use crate::postgres::DbError;
 use crate::postgres::sql::{self, Session};
 
@@ -146,11 +148,7 @@ impl DayPartitioned {
     /// A day that the rows from before the migration cover, or whose rows
     /// the DEFAULT partition already holds, cannot get a partition: its rows
     /// stay where they are, and are swept from there by rows.
-    pub async fn ensure(
-        &self,
-        client: &impl Session,
-        today: NaiveDate,
-    ) -> Result<Changed, DbError> {
+    pub async fn ensure(&self, client: &Client, today: NaiveDate) -> Result<Changed, DbError> {
         let existing = self.partitions(client).await?;
         let covered = |day: NaiveDate| {
             existing.iter().any(|(_, kind)| match kind {
@@ -165,7 +163,7 @@ impl DayPartitioned {
                 break;
             };
             let Some(next) = day.succ_opt() else { break };
-            if covered(day) {
+            if covered(day) || self.default_holds(client, day, next).await? {
                 continue;
             }
             let ddl = format!(
@@ -193,12 +191,33 @@ impl DayPartitioned {
         Ok(created)
     }
 
+    /// Whether the DEFAULT partition holds rows of `[day, next)`: then the
+    /// day cannot get a partition. Asked through its index first, since the
+    /// `create` would read the whole DEFAULT partition, holding the table,
+    /// to find out.
+    async fn default_holds(
+        &self,
+        client: &Client,
+        day: NaiveDate,
+        next: NaiveDate,
+    ) -> Result<bool, DbError> {
+        let statement = format!(
+            "select exists (select 1 from \"{}\" where {col} >= $1::text::timestamptz \
+             and {col} < $2::text::timestamptz)",
+            self.default_partition(),
+            col = self.column,
+        );
+        let bound = |d: NaiveDate| format!("{} 00:00:00+00", d.format("%Y-%m-%d"));
+        let row = sql::query_one(client, &statement, &[&bound(day), &bound(next)]).await?;
+        Ok(row.get(0))
+    }
+
     /// Drops the partitions whose rows are all older than `keep` before
     /// `now`: the days wholly past it, and the rows from before the
     /// migration once their last day is.
     pub async fn drop_expired(
         &self,
-        client: &impl Session,
+        client: &Client,
         now: DateTime<Utc>,
         keep: Duration,
     ) -> Result<Changed, DbError> {
@@ -285,7 +304,10 @@ fn waited_too_long(e: &tokio_postgres::Error) -> bool {
 
 /// Runs one DDL statement in a transaction of its own, waiting at most
 /// [`LOCK_TIMEOUT`] for its locks.
-async fn run_ddl(client: &impl Session, ddl: &str) -> Result<(), tokio_postgres::Error> {
+///
+/// A connection, not a transaction: the statement's own transaction would
+/// end the caller's.
+async fn run_ddl(client: &Client, ddl: &str) -> Result<(), tokio_postgres::Error> {
     let done = client
         .batch_execute(&format!(
             "begin; set local lock_timeout = '{LOCK_TIMEOUT}'; {ddl}; commit"

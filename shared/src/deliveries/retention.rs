@@ -73,20 +73,23 @@ pub struct Swept {
     pub failed: u64,
     /// Bodies the replay guard no longer needs to remember.
     pub seen_bodies: u64,
-    /// Stored events older than their retention, deleted one by one (from
-    /// days without a partition of their own).
+    /// Stored events older than their retention, deleted by rows from the
+    /// partitions that are not days (see [`partitions`]); the days past
+    /// retention go whole, in [`Swept::partitions`].
     pub events: u64,
     /// Logged attempts older than the longer of the completed and failed
-    /// retentions, deleted one by one (likewise).
+    /// retentions, deleted by rows likewise.
     pub attempts: u64,
-    /// Day partitions dropped whole, of either table.
+    /// Partitions dropped whole (days, or the rows from before the
+    /// upgrade), of either table.
     pub partitions: u64,
     /// Day partitions created ahead.
     pub created: u64,
 }
 
 impl Swept {
-    /// Rows deleted in all.
+    /// What went: rows deleted, and partitions dropped whole (the
+    /// partitions created are not counted).
     pub fn total(&self) -> u64 {
         self.completed
             + self.filtered
@@ -110,7 +113,7 @@ impl Swept {
 /// [`super::partitions`]); only their other partitions (the DEFAULT one,
 /// the rows from before the migration) are swept by rows.
 pub async fn sweep(
-    client: &impl Session,
+    client: &deadpool_postgres::Client,
     retention: &Retention,
     batch: i64,
 ) -> Result<Swept, DbError> {
@@ -121,11 +124,27 @@ pub async fn sweep(
         (partitions::GITHUB_EVENTS, retention.events),
         (partitions::DESTINATION_ATTEMPTS, Some(attempts_kept)),
     ] {
-        let created = table.ensure(client, now.date_naive()).await?;
+        // A partition change that fails (a partition made by hand that
+        // overlaps, say) leaves the rest of retention to run.
+        let created = match table.ensure(client, now.date_naive()).await {
+            Ok(created) => created,
+            Err(e) => {
+                tracing::warn!(table = table.table, error = %e, "creating day partitions failed");
+                partitions::Changed {
+                    count: 0,
+                    held: true,
+                }
+            }
+        };
         swept.created += created.count;
         // Held by a long transaction: its drops would wait as long.
         if let (Some(kept), false) = (kept, created.held) {
-            swept.partitions += table.drop_expired(client, now, kept).await?.count;
+            match table.drop_expired(client, now, kept).await {
+                Ok(dropped) => swept.partitions += dropped.count,
+                Err(e) => {
+                    tracing::warn!(table = table.table, error = %e, "dropping day partitions failed")
+                }
+            }
         }
     }
     let tables = vec![
