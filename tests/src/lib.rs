@@ -629,6 +629,35 @@ impl TestEnv {
     }
 }
 
+/// Sends one `push` per age through `ingest`, lets `worker` store them,
+/// then ages their stored events, in delivery id order: the first
+/// `ages_days[0]` days old, and so on.
+pub async fn stored_events_aged(
+    env: &TestEnv,
+    ingest: &TestIngest,
+    worker: &Worker,
+    ages_days: &[i32],
+) {
+    for _ in ages_days {
+        assert_eq!(ingest.send(&Hook::fixture("push")).await.status, 202);
+    }
+    settle(env, worker).await;
+    assert_eq!(env.events().await, ages_days.len() as i64);
+    env.db
+        .execute(
+            "with aged as (
+                 select delivery_id, row_number() over (order by delivery_id) as n
+                 from github_events
+             )
+             update github_events e
+             set received_at = now() - make_interval(days => ($1::int4[])[a.n])
+             from aged a where a.delivery_id = e.delivery_id",
+            &[&ages_days],
+        )
+        .await
+        .expect("age events");
+}
+
 /// Drives `worker` until nothing is left: drains the queue, runs the retry
 /// scheduler, and when retries are pending waits until the earliest is due
 /// by the database's own `next_attempt_at` (a condition, not a guess).

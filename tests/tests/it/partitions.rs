@@ -154,26 +154,13 @@ async fn retention_drops_whole_days_and_sweeps_the_default_partition_by_rows() {
             8
         );
     }
-    for _ in 0..3 {
-        assert_eq!(ingest.send(&Hook::fixture("push")).await.status, 202);
-    }
-    settle(&env, &worker).await;
-    assert_eq!(env.events().await, 3);
     // One event 50 days old (into its day's partition), one 40 (a day
     // without one: the default partition), one fresh; and the same ages
     // in the attempt log.
+    hookinbox_tests::stored_events_aged(&env, &ingest, &worker, &[50, 40, 0]).await;
     env.db
         .batch_execute(
-            "with aged as (
-                 select delivery_id, row_number() over (order by delivery_id) as n
-                 from github_events
-             )
-             update github_events e
-             set received_at = now() - case a.n when 1 then interval '50 days'
-                                                when 2 then interval '40 days'
-                                                else interval '0 days' end
-             from aged a where a.delivery_id = e.delivery_id;
-             insert into destination_attempts
+            "insert into destination_attempts
                  (at, provider, source, hook_id, delivery_id, destination, attempt, result,
                   duration_ms)
              select now() - make_interval(days => d), 'github', 'test', '', 'x' || d, 'ci', 1,

@@ -209,26 +209,8 @@ async fn the_reaper_marks_only_abandoned_claims_lost_and_both_ways_out_complete(
 async fn stored_events_are_swept_after_their_own_retention_and_0_keeps_them() {
     let (env, ingest) = TestEnv::with_ingest().await;
     let worker = env.store_worker().await;
-    for _ in 0..3 {
-        assert_eq!(ingest.send(&Hook::fixture("push")).await.status, 202);
-    }
-    settle(&env, &worker).await;
-    assert_eq!(env.events().await, 3);
     // One event 50 days old, one 35, one fresh; their deliveries are fresh.
-    env.db
-        .batch_execute(
-            "with aged as (
-                 select delivery_id, row_number() over (order by delivery_id) as n
-                 from github_events
-             )
-             update github_events e
-             set received_at = now() - case a.n when 1 then interval '50 days'
-                                                when 2 then interval '35 days'
-                                                else interval '0 days' end
-             from aged a where a.delivery_id = e.delivery_id",
-        )
-        .await
-        .expect("age events");
+    hookinbox_tests::stored_events_aged(&env, &ingest, &worker, &[50, 35, 0]).await;
     let sweep = |extra: &[(&str, &str)]| {
         let out = hookinbox_tests::worker_command(&env, &["sweep"], extra)
             .output()
