@@ -411,7 +411,9 @@ async fn closed_loops(
     println!("|---|---|---|---|---|");
     for held in [false, true] {
         let holder = if held {
-            let c = pool.get().await?;
+            // A connection of its own: the pool's sessions end a
+            // transaction left idle (idle_in_transaction_session_timeout).
+            let c = hookinbox_tests::connect(&env.database_url).await;
             c.batch_execute(
                 "begin isolation level repeatable read; select count(*) from deliveries",
             )
