@@ -130,6 +130,7 @@ pub async fn sweep(
             Ok(created) => created,
             Err(e) => {
                 tracing::warn!(table = table.table, error = %e, "creating day partitions failed");
+                // Counted as held: its drops are left to the next sweep too.
                 partitions::Changed {
                     count: 0,
                     held: true,
