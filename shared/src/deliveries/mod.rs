@@ -40,11 +40,12 @@
 //!   caller's, so skewed hosts agree on who holds a lease.
 //!
 //! Every fence that addresses one delivery by its key compares
-//! `status || ''` rather than `status` (`held_by!`). The planner may
-//! otherwise answer `status = 'processing'` from an index of processing rows
-//! (the partial lease index, or the one led by `status`), and such an index
-//! holds every row that was ever processing until a vacuum: the statement
-//! would then grow slower with history. The key is the only way in; the
+//! `status || ''` rather than `status` (`held_by!`, `reclaimable!`). The
+//! planner may otherwise answer `status = 'processing'` from an index of
+//! processing rows (the partial lease index, or the one led by `status`),
+//! and such an index holds every row that was ever processing until a
+//! vacuum (and behind a long transaction, past it): the statement would
+//! then grow slower with history. The key is the only way in; the
 //! reaper, which wants the lease index, keeps the plain comparison, and so
 //! does the take (`takeable!`), whose row is locked by key first.
 //! `tests/it/plans.rs` checks this for the hot path.
@@ -119,16 +120,20 @@ macro_rules! held_by {
 /// allowed when the leg records none): a processing claim whose lease
 /// expired, or a retryable failure that is due with attempts left. Shared
 /// by [`claim`] and [`claim_batch`]; the body is compared beside it.
+/// Compares `status || ''` (see the module notes on plans): with the plain
+/// comparison, a generic plan answered both arms from the partial indexes
+/// of processing and of failed rows, walking every dead entry of a lease
+/// run out since the last vacuum on each claim.
 macro_rules! reclaimable {
     ($t:literal, $max:literal) => {
         concat!(
             "((",
             $t,
-            ".status = 'processing' and ",
+            ".status || '' = 'processing' and ",
             $t,
             ".lease_until < now()) or (",
             $t,
-            ".status = 'failed' and ",
+            ".status || '' = 'failed' and ",
             $t,
             ".retryable and ",
             $t,

@@ -115,14 +115,15 @@ async fn statements_planned_on_an_empty_table_do_not_scan_it_once_it_has_grown()
     }
     // The table grows behind the cached plans, with no ANALYZE: rows that
     // were processing and have completed, as the worker leaves them (their
-    // old versions stay in the indexes of processing rows until a vacuum).
+    // old versions stay in the indexes of processing rows until a vacuum,
+    // their leases run out: what a claim's takeover looks for).
     let grown = 20_000;
     let bulk = hookinbox_tests::connect(&env.database_url).await;
     bulk.batch_execute(&format!(
         "insert into deliveries (provider, source, hook_id, delivery_id, event, body_sha256, \
              status, claim_token, lease_until) \
              select 'github', 'default', '1', 'bulk-' || g, 'push', '\\x00', 'processing', \
-             gen_random_uuid(), now() + interval '1 minute' from generate_series(1, {grown}) g; \
+             gen_random_uuid(), now() - interval '1 minute' from generate_series(1, {grown}) g; \
              update deliveries set status = 'completed', completed_at = now() \
              where delivery_id like 'bulk-%'"
     ))
