@@ -76,6 +76,9 @@ pub const AWAITING_REDELIVERY: &str = "hookinbox_deliveries_awaiting_redelivery"
 /// How long since the lease of the oldest of [`AWAITING_REDELIVERY`] ran out.
 pub const OLDEST_AWAITING_REDELIVERY_SECONDS: &str =
     "hookinbox_oldest_awaiting_redelivery_age_seconds";
+/// Seconds since the start of the oldest transaction in hookinbox's
+/// database that holds back vacuum (`postgres::horizon`); 0 when none.
+pub const OLDEST_TRANSACTION_SECONDS: &str = "hookinbox_postgres_oldest_transaction_age_seconds";
 /// Ready messages by `queue` (work, dlq).
 pub const QUEUE_MESSAGES: &str = "hookinbox_queue_messages";
 /// Consumers by `queue`.
@@ -385,6 +388,11 @@ fn describe() {
         OLDEST_AWAITING_REDELIVERY_SECONDS,
         Unit::Seconds,
         "How long since the lease of the oldest claim awaiting a redelivery ran out"
+    );
+    describe_gauge!(
+        OLDEST_TRANSACTION_SECONDS,
+        Unit::Seconds,
+        "Age of the oldest transaction in hookinbox's database holding back vacuum (0 when none)"
     );
     describe_counter!(
         DESTINATION_ATTEMPTS,

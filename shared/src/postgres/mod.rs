@@ -1,7 +1,7 @@
 //! Postgres: the pool (its only builder), the errors, readiness, and the
 //! pieces underneath: a watchdog for half-open connections, the versioned
-//! migrations, advisory locks, and the group-commit mechanism. This module
-//! knows nothing of deliveries.
+//! migrations, advisory locks, the vacuum horizon's age, and the
+//! group-commit mechanism. This module knows nothing of deliveries.
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -10,6 +10,7 @@ use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Pool, Recycling
 
 pub mod advisory;
 mod batcher;
+pub mod horizon;
 mod migrate;
 mod refusal;
 pub mod sql;

@@ -899,3 +899,53 @@ async fn both_binaries_export_their_configured_lease() {
     }
     env.cleanup().await;
 }
+
+/// The vacuum horizon's gauge, as a real worker exports it: about 0 while
+/// hookinbox's own short transactions are all there is, the age of a
+/// `REPEATABLE READ` transaction held open beside them (what keeps vacuum
+/// from every delivery's dead rows), and about 0 again once it ends.
+#[tokio::test]
+async fn the_oldest_transaction_gauge_follows_a_transaction_held_open() {
+    const GAUGE: &str = "hookinbox_postgres_oldest_transaction_age_seconds";
+    let env = TestEnv::new().await;
+    let worker = env.spawn("hookinbox-worker", &[]);
+    let gauge = || async { value(&worker.scrape("/metrics").await.1, GAUGE, &[]) };
+    wait_until(
+        "the sampler's first sample",
+        Duration::from_secs(30),
+        || async { gauge().await.is_some() },
+    )
+    .await;
+    let before = gauge().await;
+    assert!(
+        before.is_some_and(|v| v < 1.0),
+        "{GAUGE} before: {before:?}"
+    );
+
+    // Its own connection: a pool's session would end it after 60 s idle.
+    let holder = hookinbox_tests::connect(&env.database_url).await;
+    let opened = std::time::Instant::now();
+    holder
+        .batch_execute("begin isolation level repeatable read; select count(*) from deliveries")
+        .await
+        .expect("open a snapshot");
+    wait_until(
+        "a sample of the open transaction",
+        Duration::from_secs(40),
+        || async { gauge().await.is_some_and(|v| v >= 1.0) },
+    )
+    .await;
+    let held = gauge().await.unwrap_or_default();
+    assert!(
+        held <= opened.elapsed().as_secs_f64() + 1.0,
+        "{GAUGE}: {held} s for a transaction open {:?}",
+        opened.elapsed()
+    );
+
+    holder.batch_execute("commit").await.expect("commit");
+    wait_until("the gauge to clear", Duration::from_secs(40), || async {
+        gauge().await.is_some_and(|v| v < 1.0)
+    })
+    .await;
+    env.cleanup().await;
+}

@@ -1,7 +1,8 @@
 //! The state gauges (deliveries by state, the oldest processing claim and
-//! due retry, claims awaiting a redelivery, queue depths), sampled by one
-//! worker at a time. What each figure counts is `deliveries::gauges`; this
-//! keeps the leader lock and writes the metrics.
+//! due retry, claims awaiting a redelivery, queue depths, the oldest
+//! transaction holding back vacuum), sampled by one worker at a time. What
+//! each figure counts is `deliveries::gauges` (and `postgres::horizon`);
+//! this keeps the leader lock and writes the metrics.
 
 use hookinbox::deliveries::{self, State};
 use hookinbox::postgres::{DbError, advisory};
@@ -63,6 +64,10 @@ impl Sampler {
             .set(gauges.awaiting_redelivery as f64);
         metrics::gauge!(hookinbox::metrics::OLDEST_AWAITING_REDELIVERY_SECONDS)
             .set(gauges.oldest_awaiting_redelivery_secs);
+        match hookinbox::postgres::horizon::oldest_transaction_secs(client).await {
+            Ok(secs) => metrics::gauge!(hookinbox::metrics::OLDEST_TRANSACTION_SECONDS).set(secs),
+            Err(error) => tracing::debug!(%error, "the oldest transaction's age not read"),
+        }
         // The legacy shared queue, the dead letters, and each configured
         // destination's queue (labelled `work.<source>.<destination>`).
         let mut queues = vec![
