@@ -28,8 +28,9 @@ POSTGRES_VERSION=15.20-0+deb12u1
 RABBITMQ_VERSION=3.10.8-1.1+deb12u1
 NEXTEST_VERSION=0.9.143
 # The admin console's browser tests drive Debian's Chromium through its
-# chromedriver; both pinned to the same build.
-CHROMIUM_VERSION=156.0.8078.114-1~deb12u1
+# chromedriver; both pinned to the same build (when the security archive
+# has replaced it, services_apt_version says so and takes its newest).
+CHROMIUM_VERSION=156.0.8078.129-1~deb12u1
 # The core paths also run through a real PgBouncer (transaction mode).
 PGBOUNCER_VERSION=1.18.0-1+deb12u1
 # The tests run an unmodified @octokit/webhooks app (tests/octokit-app,
@@ -58,14 +59,52 @@ services_sudo=""
 if [ "$(id -u)" -ne 0 ]; then services_sudo="sudo"; fi
 services_apt_updated=""
 
+# The version of `name` to install for the pin `version`: the pin itself
+# when Debian's archive still offers it. The security archive keeps only
+# its newest build of a package (Chromium moves every few weeks, a major
+# release every month or so), so a pin it has replaced falls back to the
+# newest offered build of the same major release, or failing that to the
+# newest offered at all, said on standard error: a pin that has left the
+# archive must not stop a fresh machine from testing.
+services_apt_version() {
+  local name=$1 pin=$2 offered best=""
+  offered=$(apt-cache madison "$name" 2>/dev/null | awk -F'|' '{gsub(/ /, "", $2); print $2}')
+  if [ -z "$offered" ] || grep -qxF -- "$pin" <<<"$offered"; then
+    printf '%s\n' "$pin"
+    return 0
+  fi
+  local candidate newest="" what="its newest build of the same major release"
+  while read -r candidate; do
+    if [ -z "$newest" ] || dpkg --compare-versions "$candidate" gt "$newest"; then
+      newest=$candidate
+    fi
+    [[ "$candidate" == "${pin%%.*}."* ]] || continue
+    if [ -z "$best" ] || dpkg --compare-versions "$candidate" gt "$best"; then
+      best=$candidate
+    fi
+  done <<<"$offered"
+  if [ -z "$best" ]; then
+    best=$newest
+    what="the newest it offers (none of the pin's major release is left)"
+  fi
+  printf '%s: the pinned %s is no longer in the archive; installing %s, %s\n' \
+    "$name" "$pin" "$best" "$what" >&2
+  printf '%s\n' "$best"
+}
+
 # apt-get install of pinned packages (`name=version`), non-interactive.
 services_apt_install() {
   if [ -z "$services_apt_updated" ]; then
     services_do $services_sudo apt-get update -qq
     services_apt_updated=1
   fi
+  local wanted=() spec version
+  for spec in "$@"; do
+    version=$(services_apt_version "${spec%%=*}" "${spec#*=}") || return 1
+    wanted+=("${spec%%=*}=$version")
+  done
   services_do $services_sudo env DEBIAN_FRONTEND=noninteractive \
-    apt-get install -y -qq --no-install-recommends "$@"
+    apt-get install -y -qq --no-install-recommends "${wanted[@]}"
 }
 
 postgres_installed() {

@@ -76,3 +76,43 @@ fn on_a_machine_without_them_the_setup_installs_the_pinned_packages_then_starts_
         "{said}"
     );
 }
+
+/// Runs `services_apt_version NAME PIN` against an archive that offers
+/// `offered` (apt-cache madison's lines); returns its output and what it
+/// said on standard error.
+fn apt_version(pin: &str, offered: &str) -> (String, String) {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace");
+    let script = format!(
+        ". scripts/lib/services.sh && apt-cache() {{ printf '{offered}'; }} && services_apt_version chromium '{pin}'"
+    );
+    let out = Command::new("bash")
+        .args(["-c", &script])
+        .current_dir(root)
+        .output()
+        .expect("bash runs");
+    assert!(out.status.success(), "{out:?}");
+    (
+        String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_pin_the_archive_has_replaced_falls_back_to_its_newest_build_and_says_so() {
+    let archive = "  chromium | 156.0.8078.129-1~deb12u1 | http://deb.debian.org/debian-security bookworm-security/main amd64 Packages\\n  chromium | 150.0.7871.100-1~deb12u1 | http://deb.debian.org/debian bookworm/main amd64 Packages\\n";
+    // Still offered: the pin, silently.
+    let (version, said) = apt_version("150.0.7871.100-1~deb12u1", archive);
+    assert_eq!(version, "150.0.7871.100-1~deb12u1");
+    assert!(said.is_empty(), "{said}");
+    // Replaced by a newer build of its major release: that build, said.
+    let (version, said) = apt_version("156.0.8078.114-1~deb12u1", archive);
+    assert_eq!(version, "156.0.8078.129-1~deb12u1");
+    assert!(said.contains("no longer in the archive"), "{said}");
+    assert!(said.contains("same major release"), "{said}");
+    // Its major release gone: the newest offered, said.
+    let (version, said) = apt_version("155.0.1-1", archive);
+    assert_eq!(version, "156.0.8078.129-1~deb12u1");
+    assert!(said.contains("none of the pin's major release"), "{said}");
+}
