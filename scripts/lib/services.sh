@@ -67,29 +67,33 @@ services_apt_updated=""
 # newest offered at all, said on standard error: a pin that has left the
 # archive must not stop a fresh machine from testing.
 services_apt_version() {
-  local name=$1 pin=$2 offered best=""
+  local name=$1 pin=$2 offered best what="its newest build of the same major release"
   offered=$(apt-cache madison "$name" 2>/dev/null | awk -F'|' '{gsub(/ /, "", $2); print $2}')
   if [ -z "$offered" ] || grep -qxF -- "$pin" <<<"$offered"; then
     printf '%s\n' "$pin"
     return 0
   fi
-  local candidate newest="" what="its newest build of the same major release"
-  while read -r candidate; do
-    if [ -z "$newest" ] || dpkg --compare-versions "$candidate" gt "$newest"; then
-      newest=$candidate
-    fi
-    [[ "$candidate" == "${pin%%.*}."* ]] || continue
-    if [ -z "$best" ] || dpkg --compare-versions "$candidate" gt "$best"; then
-      best=$candidate
-    fi
-  done <<<"$offered"
+  best=$(awk -v major="${pin%%.*}." 'index($0, major) == 1' <<<"$offered" | services_apt_newest)
   if [ -z "$best" ]; then
-    best=$newest
+    best=$(services_apt_newest <<<"$offered")
     what="the newest it offers (none of the pin's major release is left)"
   fi
   printf '%s: the pinned %s is no longer in the archive; installing %s, %s\n' \
     "$name" "$pin" "$best" "$what" >&2
   printf '%s\n' "$best"
+}
+
+# The newest of the Debian versions on standard input, one a line, by
+# Debian's ordering (`~` sorts before anything).
+services_apt_newest() {
+  local version newest=""
+  while read -r version; do
+    [ -n "$version" ] || continue
+    if [ -z "$newest" ] || dpkg --compare-versions "$version" gt "$newest"; then
+      newest=$version
+    fi
+  done
+  printf '%s\n' "$newest"
 }
 
 # apt-get install of pinned packages (`name=version`), non-interactive.
@@ -100,7 +104,7 @@ services_apt_install() {
   fi
   local wanted=() spec version
   for spec in "$@"; do
-    version=$(services_apt_version "${spec%%=*}" "${spec#*=}") || return 1
+    version=$(services_apt_version "${spec%%=*}" "${spec#*=}")
     wanted+=("${spec%%=*}=$version")
   done
   services_do $services_sudo env DEBIAN_FRONTEND=noninteractive \

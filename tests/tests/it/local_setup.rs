@@ -77,31 +77,39 @@ fn on_a_machine_without_them_the_setup_installs_the_pinned_packages_then_starts_
     );
 }
 
-/// Runs `services_apt_version NAME PIN` against an archive that offers
-/// `offered` (apt-cache madison's lines); returns its output and what it
-/// said on standard error.
+/// Runs `services_apt_install chromium=PIN` in a dry run against an
+/// archive that offers `offered` (apt-cache madison's lines); returns the
+/// version its install names and what it said on standard error.
 fn apt_version(pin: &str, offered: &str) -> (String, String) {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("workspace");
     let script = format!(
-        ". scripts/lib/services.sh && apt-cache() {{ printf '{offered}'; }} && services_apt_version chromium '{pin}'"
+        ". scripts/lib/services.sh && apt-cache() {{ printf '{offered}'; }} && services_apt_install 'chromium={pin}'"
     );
     let out = Command::new("bash")
         .args(["-c", &script])
         .current_dir(root)
+        .env("HOOKINBOX_INSTALL_DRY_RUN", "1")
         .output()
         .expect("bash runs");
     assert!(out.status.success(), "{out:?}");
-    (
-        String::from_utf8_lossy(&out.stdout).trim().to_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let said = String::from_utf8_lossy(&out.stdout);
+    let install = said
+        .lines()
+        .find(|l| l.contains("apt-get install"))
+        .unwrap_or_else(|| panic!("no install in:\n{said}"));
+    let version = install
+        .split_once("chromium=")
+        .map(|(_, v)| v.trim().to_owned())
+        .unwrap_or_else(|| panic!("no chromium in: {install}"));
+    (version, String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
 #[test]
 fn a_pin_the_archive_has_replaced_falls_back_to_its_newest_build_and_says_so() {
-    let archive = "  chromium | 156.0.8078.129-1~deb12u1 | http://deb.debian.org/debian-security bookworm-security/main amd64 Packages\\n  chromium | 150.0.7871.100-1~deb12u1 | http://deb.debian.org/debian bookworm/main amd64 Packages\\n";
+    // Unordered, as an archive may list them.
+    let archive = "  chromium | 150.0.7871.100-1~deb12u1 | http://deb.debian.org/debian bookworm/main amd64 Packages\\n  chromium | 156.0.8078.129-1~deb12u1 | http://deb.debian.org/debian-security bookworm-security/main amd64 Packages\\n  chromium | 156.0.8078.129~rc1-1 | http://deb.example/ Packages\\n";
     // Still offered: the pin, silently.
     let (version, said) = apt_version("150.0.7871.100-1~deb12u1", archive);
     assert_eq!(version, "150.0.7871.100-1~deb12u1");
