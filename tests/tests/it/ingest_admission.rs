@@ -141,7 +141,7 @@ impl Drop for Trickle {
 }
 
 /// Waits until ingest is receiving exactly `n` unverified bodies.
-async fn receiving(ingest: &Spawned, n: u32) {
+pub(crate) async fn receiving(ingest: &Spawned, n: u32) {
     wait_until(
         &format!("{n} bodies being received"),
         Duration::from_secs(30),
