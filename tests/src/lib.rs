@@ -831,8 +831,19 @@ impl Hook {
         self.delivery.as_deref().expect("delivery id")
     }
 
-    /// Sends this request to the ingest at `base` and returns the answer.
+    /// Sends this request to the ingest at `base` and returns the answer;
+    /// panics if none comes.
     pub async fn post(&self, http: &reqwest::Client, base: &str) -> Answer {
+        self.try_post(http, base).await.expect("ingest answers")
+    }
+
+    /// Sends this request to the ingest at `base`: its answer, or the
+    /// transport's error (a load generator counts it rather than stop).
+    pub async fn try_post(
+        &self,
+        http: &reqwest::Client,
+        base: &str,
+    ) -> Result<Answer, reqwest::Error> {
         let hook = self;
         let mut req = http
             .post(format!("{base}{}", hook.path))
@@ -854,7 +865,7 @@ impl Hook {
         for (k, v) in &hook.extra {
             req = req.header(k, v);
         }
-        let resp = req.send().await.expect("ingest answers");
+        let resp = req.send().await?;
         let status = resp.status().as_u16();
         let retry_after = resp
             .headers()
@@ -862,11 +873,11 @@ impl Hook {
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
         let text = resp.text().await.unwrap_or_default();
-        Answer {
+        Ok(Answer {
             status,
             body: serde_json::from_str(&text).unwrap_or(serde_json::Value::Null),
             retry_after,
-        }
+        })
     }
 }
 

@@ -15,7 +15,8 @@
 //!   `Retry-After`): deferrals spend no attempt.
 //! - `fairness`: installation A floods a slow destination while B sends a
 //!   few deliveries a second: B's latency alone, beside the flood with
-//!   fairness on, and with it off.
+//!   fairness on, with it off, and beside the flood sent to a destination
+//!   of its own (the floor: only the processes and the machine shared).
 //! - `fanout`: one source forwarding to 1, 3 and 10 destinations: CPU µs
 //!   per leg of each process at a fixed rate, and the highest rate whose
 //!   legs all keep up (S).
@@ -426,8 +427,14 @@ impl Stack {
         format!("http://127.0.0.1:{}", self.ingest.port)
     }
 
+    /// The status ingest answered, or why no answer came (a connection
+    /// the server closed as a request went out on it, under a flood).
     async fn send(&self, hook: &Hook) -> anyhow::Result<u16> {
-        Ok(hook.post(&self.http, &self.base()).await.status)
+        let answer = hook
+            .try_post(&self.http, &self.base())
+            .await
+            .context("ingest did not answer")?;
+        Ok(answer.status)
     }
 
     async fn count(&self, sql: &str) -> i64 {
