@@ -56,8 +56,13 @@ struct Run {
     yielded: i64,
     /// B's slowest deliveries: end-to-end, and of it the part from the
     /// send to the claim's transaction (ingest) and from there to the
-    /// receipt (the broker, the worker and the request), in ms.
-    slowest: Vec<(f64, f64, f64)>,
+    /// receipt (the broker, the worker and the request), in ms; and how
+    /// many of A's requests the receiver was answering as it came.
+    slowest: Vec<(f64, f64, f64, u32)>,
+    /// The most requests the receiver answered at once, and the most of
+    /// A's alone (arrivals within one answer's time of each other).
+    peak: u32,
+    a_peak: usize,
 }
 
 /// Sends A's flood at its rate (in the background) and B's deliveries at
@@ -144,17 +149,34 @@ async fn run(plan: Plan, layout: Layout) -> anyhow::Result<Run> {
     let seen = sink.seen();
     let mut b = Histogram::<u64>::new(3)?;
     let mut first: HashMap<&str, Instant> = HashMap::new();
+    let mut beside: HashMap<&str, u32> = HashMap::new();
     let mut b_requests = 0usize;
     for s in &seen {
         if sent_at.contains_key(&s.delivery) {
             b_requests += 1;
             first.entry(s.delivery.as_str()).or_insert(s.at);
+            beside.entry(s.delivery.as_str()).or_insert(s.beside);
         }
     }
     for (id, at) in &first {
         b.record(at.saturating_duration_since(sent_at[*id]).as_micros() as u64)?;
     }
     let a_arrived_meanwhile = seen.len() - b_requests;
+    let mut a_at: Vec<Instant> = seen
+        .iter()
+        .filter(|s| !sent_at.contains_key(&s.delivery))
+        .map(|s| s.at)
+        .collect();
+    a_at.sort();
+    let answer = Duration::from_millis(plan.slow_ms);
+    let mut a_peak = 0;
+    let mut from = 0;
+    for (i, at) in a_at.iter().enumerate() {
+        while *at >= a_at[from] + answer {
+            from += 1;
+        }
+        a_peak = a_peak.max(i + 1 - from);
+    }
     // The slowest five, split at the claim's transaction (Postgres's
     // clock is this machine's).
     let mut by_time: Vec<(&str, Duration)> = first
@@ -180,7 +202,7 @@ async fn run(plan: Plan, layout: Layout) -> anyhow::Result<Run> {
             .unwrap_or(f64::NAN);
         let to_claim = (claimed - sent) * 1000.0;
         let total = total.as_secs_f64() * 1000.0;
-        slowest.push((total, to_claim, total - to_claim));
+        slowest.push((total, to_claim, total - to_claim, beside[id]));
     }
     let yielded = stack
         .count("select count(*) from deliveries where last_error_class = 'fair'")
@@ -200,6 +222,8 @@ async fn run(plan: Plan, layout: Layout) -> anyhow::Result<Run> {
         a_arrived_meanwhile,
         yielded,
         slowest,
+        peak: sink.peak(),
+        a_peak,
     })
 }
 
@@ -248,22 +272,29 @@ pub(super) async fn fairness(plan: Plan) -> anyhow::Result<()> {
             r.yielded,
         );
     }
-    println!("\nB's slowest five, ms: end-to-end = send to claim (ingest) + claim to receipt");
+    println!(
+        "\nB's slowest five, ms: end-to-end = send to claim (ingest) + claim to receipt [requests the receiver was answering as it came]; the receiver's most at once, and of A's"
+    );
     for (name, r) in &runs {
         let parts: Vec<String> = r
             .slowest
             .iter()
-            .map(|(t, a, b)| {
+            .map(|(t, a, b, n)| {
                 // A release or a reclaim sets `claimed_at` again: past the
                 // receipt, it no longer tells where the time went.
                 if *a > *t {
-                    format!("{t:.1} (claimed again {a:.1} after the send)")
+                    format!("{t:.1} (claimed again {a:.1} after the send) [{n}]")
                 } else {
-                    format!("{t:.1} = {a:.1} + {b:.1}")
+                    format!("{t:.1} = {a:.1} + {b:.1} [{n}]")
                 }
             })
             .collect();
-        println!("- {name}: {}", parts.join("; "));
+        println!(
+            "- {name}: {}; most at once {}, of A's {}",
+            parts.join("; "),
+            r.peak,
+            r.a_peak
+        );
     }
     if runs
         .iter()

@@ -25,7 +25,7 @@
 
 use std::collections::HashMap;
 use std::net::TcpListener;
-use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -218,14 +218,16 @@ enum Mode {
     Slow(u64),
 }
 
-/// One request a sink saw: its key, the delivery id, when, and whether it
-/// was answered 2xx (taken).
+/// One request a sink saw: its key, the delivery id, when, whether it
+/// was answered 2xx (taken), and how many other requests the sink was
+/// answering as it came.
 #[derive(Clone, Debug)]
 struct Seen {
     key: String,
     delivery: String,
     at: Instant,
     taken: bool,
+    beside: u32,
 }
 
 #[derive(Default)]
@@ -238,6 +240,9 @@ struct SinkState {
     /// Until then, every request is answered `429` with `Retry-After`
     /// naming it (whole seconds, rounded up): a rate limit's reset.
     limited_until: Mutex<Option<Instant>>,
+    /// Requests being answered now, and the most there were at once.
+    in_flight: AtomicU32,
+    peak: AtomicU32,
 }
 
 /// A local receiver that records each request's `Idempotency-Key` and
@@ -269,11 +274,16 @@ async fn sink(req: HttpRequest, state: web::Data<SinkState>) -> HttpResponse {
         (None, 0) => 200,
         (None, n) => n,
     };
+    let beside = state.in_flight.fetch_add(1, Ordering::Relaxed);
+    state.peak.fetch_max(beside + 1, Ordering::Relaxed);
+    // Counted out however the request ends (a client gone mid-answer too).
+    let _answering = Answering(&state.in_flight);
     state.seen.lock().expect("lock").push(Seen {
         key: header("idempotency-key"),
         delivery: header("x-github-delivery"),
         at: Instant::now(),
         taken: (200..300).contains(&status),
+        beside,
     });
     let slow = state.slow_ms.load(Ordering::Relaxed);
     if slow > 0 {
@@ -286,6 +296,15 @@ async fn sink(req: HttpRequest, state: web::Data<SinkState>) -> HttpResponse {
         response.insert_header(("retry-after", secs.to_string()));
     }
     response.finish()
+}
+
+/// A request being answered, counted out of `in_flight` on drop.
+struct Answering<'a>(&'a AtomicU32);
+
+impl Drop for Answering<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Sink {
@@ -365,6 +384,11 @@ impl Sink {
 
     fn seen(&self) -> Vec<Seen> {
         self.state.seen.lock().expect("lock").clone()
+    }
+
+    /// The most requests it answered at once.
+    fn peak(&self) -> u32 {
+        self.state.peak.load(Ordering::Relaxed)
     }
 
     /// Keys taken (answered 2xx), and how many of them were taken more
