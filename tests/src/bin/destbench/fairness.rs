@@ -3,8 +3,8 @@
 //! receiver's first request) alone, beside A's flood with fairness on,
 //! beside it with fairness off, and beside the same flood sent to a
 //! destination of A's own (a source apart, sharing with B only the
-//! processes and the machine: the floor a shared destination's fairness
-//! can reach), from one run of this tool.
+//! processes and the machine: a reference for what B sees with no
+//! destination shared), from one run of this tool.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -14,7 +14,7 @@ use anyhow::bail;
 use futures::StreamExt;
 use hdrhistogram::Histogram;
 
-use super::{Mode, Sink, Stack, about, ms, one_forward};
+use super::{Mode, Sink, Stack, about, forward_source, ms, one_forward};
 
 /// What one run is asked to do.
 #[derive(Clone, Copy)]
@@ -58,10 +58,8 @@ struct Run {
     /// send to the claim's transaction (ingest) and from there to the
     /// receipt (the broker, the worker and the request), in ms; and how
     /// many other requests the receiver was answering as it came.
-    slowest: Vec<(f64, f64, f64, u32)>,
-    /// The most requests the receiver answered at once, and the most of
-    /// A's alone (arrivals within one answer's time of each other).
-    peak: u32,
+    slowest: Vec<(f64, f64, f64, usize)>,
+    /// The most of A's requests the receiver answered at once.
     a_peak: usize,
 }
 
@@ -77,16 +75,10 @@ async fn run(plan: Plan, layout: Layout) -> anyhow::Result<Run> {
     };
     let (config, b_source) = match layout {
         Layout::Shared { fairness } => (one_forward(&sink, &shape(fairness)), "default"),
-        Layout::Apart => {
-            let apart = format!(
-                "\n[[sources]]\nname = \"other\"\nsecrets = [\"{}\"]\n[[sources.destinations]]\n\
-                 name = \"app\"\nkind = \"forward\"\nurl = \"{}\"\n{}",
-                hookinbox_tests::SECRET,
-                sink.url(),
-                shape(true)
-            );
-            (one_forward(&sink, &shape(true)) + &apart, "other")
-        }
+        Layout::Apart => (
+            one_forward(&sink, &shape(true)) + &forward_source("other", &sink, &shape(true)),
+            "other",
+        ),
     };
     let stack = Arc::new(Stack::start(&config, &[]).await?);
     let flood = tokio::spawn({
@@ -150,34 +142,33 @@ async fn run(plan: Plan, layout: Layout) -> anyhow::Result<Run> {
     let seen = sink.seen();
     let mut b = Histogram::<u64>::new(3)?;
     let mut first: HashMap<&str, Instant> = HashMap::new();
-    let mut beside: HashMap<&str, u32> = HashMap::new();
     let mut b_requests = 0usize;
     for s in &seen {
         if sent_at.contains_key(&s.delivery) {
             b_requests += 1;
             first.entry(s.delivery.as_str()).or_insert(s.at);
-            beside.entry(s.delivery.as_str()).or_insert(s.beside);
         }
     }
     for (id, at) in &first {
         b.record(at.saturating_duration_since(sent_at[*id]).as_micros() as u64)?;
     }
     let a_arrived_meanwhile = seen.len() - b_requests;
+    // What the receiver was answering at once, from the arrivals alone:
+    // each request is answered `slow_ms` after it came.
+    let answer = Duration::from_millis(plan.slow_ms);
     let mut a_at: Vec<Instant> = seen
         .iter()
         .filter(|s| !sent_at.contains_key(&s.delivery))
         .map(|s| s.at)
         .collect();
     a_at.sort();
-    let answer = Duration::from_millis(plan.slow_ms);
-    let mut a_peak = 0;
-    let mut from = 0;
-    for (i, at) in a_at.iter().enumerate() {
-        while from < i && *at >= a_at[from] + answer {
-            from += 1;
-        }
-        a_peak = a_peak.max(i + 1 - from);
-    }
+    let mut all_at: Vec<Instant> = seen.iter().map(|s| s.at).collect();
+    all_at.sort();
+    let a_peak = a_at
+        .iter()
+        .map(|at| answering(&a_at, *at, answer) + 1)
+        .max()
+        .unwrap_or(0);
     // The slowest five, split at the claim's transaction (Postgres's
     // clock is this machine's).
     let mut by_time: Vec<(&str, Duration)> = first
@@ -203,7 +194,8 @@ async fn run(plan: Plan, layout: Layout) -> anyhow::Result<Run> {
             .unwrap_or(f64::NAN);
         let to_claim = (claimed - sent) * 1000.0;
         let total = total.as_secs_f64() * 1000.0;
-        slowest.push((total, to_claim, total - to_claim, beside[id]));
+        let beside = answering(&all_at, first[id], answer);
+        slowest.push((total, to_claim, total - to_claim, beside));
     }
     let yielded = stack
         .count("select count(*) from deliveries where last_error_class = 'fair'")
@@ -223,9 +215,17 @@ async fn run(plan: Plan, layout: Layout) -> anyhow::Result<Run> {
         a_arrived_meanwhile,
         yielded,
         slowest,
-        peak: sink.peak(),
         a_peak,
     })
+}
+
+/// How many requests of `arrivals` (sorted) the receiver was still
+/// answering when one came at `at`: those that came within `answer`
+/// before it (`at` itself not counted).
+fn answering(arrivals: &[Instant], at: Instant, answer: Duration) -> usize {
+    let before = arrivals.partition_point(|t| *t < at);
+    let since = arrivals.partition_point(|t| *t + answer <= at);
+    before - since.min(before)
 }
 
 /// B alone, B beside A's flood with fairness on, with it off, and
@@ -274,7 +274,7 @@ pub(super) async fn fairness(plan: Plan) -> anyhow::Result<()> {
         );
     }
     println!(
-        "\nB's slowest five, ms: end-to-end = send to claim (ingest) + claim to receipt [requests the receiver was answering as it came]; the receiver's most at once, and of A's"
+        "\nB's slowest five, ms: end-to-end = send to claim (ingest) + claim to receipt [requests the receiver was answering as it came]; the most of A's the receiver answered at once"
     );
     for (name, r) in &runs {
         let parts: Vec<String> = r
@@ -291,9 +291,8 @@ pub(super) async fn fairness(plan: Plan) -> anyhow::Result<()> {
             })
             .collect();
         println!(
-            "- {name}: {}; most at once {}, of A's {}",
+            "- {name}: {}; most of A's at once {}",
             parts.join("; "),
-            r.peak,
             r.a_peak
         );
     }

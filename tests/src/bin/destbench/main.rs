@@ -16,7 +16,7 @@
 //! - `fairness`: installation A floods a slow destination while B sends a
 //!   few deliveries a second: B's latency alone, beside the flood with
 //!   fairness on, with it off, and beside the flood sent to a destination
-//!   of its own (the floor: only the processes and the machine shared).
+//!   of its own (a reference: only the processes and the machine shared).
 //! - `fanout`: one source forwarding to 1, 3 and 10 destinations: CPU µs
 //!   per leg of each process at a fixed rate, and the highest rate whose
 //!   legs all keep up (S).
@@ -25,7 +25,7 @@
 
 use std::collections::HashMap;
 use std::net::TcpListener;
-use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -218,16 +218,14 @@ enum Mode {
     Slow(u64),
 }
 
-/// One request a sink saw: its key, the delivery id, when, whether it
-/// was answered 2xx (taken), and how many other requests the sink was
-/// answering as it came.
+/// One request a sink saw: its key, the delivery id, when, and whether it
+/// was answered 2xx (taken).
 #[derive(Clone, Debug)]
 struct Seen {
     key: String,
     delivery: String,
     at: Instant,
     taken: bool,
-    beside: u32,
 }
 
 #[derive(Default)]
@@ -240,9 +238,6 @@ struct SinkState {
     /// Until then, every request is answered `429` with `Retry-After`
     /// naming it (whole seconds, rounded up): a rate limit's reset.
     limited_until: Mutex<Option<Instant>>,
-    /// Requests being answered now, and the most there were at once.
-    in_flight: AtomicU32,
-    peak: AtomicU32,
 }
 
 /// A local receiver that records each request's `Idempotency-Key` and
@@ -274,16 +269,11 @@ async fn sink(req: HttpRequest, state: web::Data<SinkState>) -> HttpResponse {
         (None, 0) => 200,
         (None, n) => n,
     };
-    let beside = state.in_flight.fetch_add(1, Ordering::Relaxed);
-    state.peak.fetch_max(beside + 1, Ordering::Relaxed);
-    // Counted out however the request ends (a client gone mid-answer too).
-    let _answering = Answering(&state.in_flight);
     state.seen.lock().expect("lock").push(Seen {
         key: header("idempotency-key"),
         delivery: header("x-github-delivery"),
         at: Instant::now(),
         taken: (200..300).contains(&status),
-        beside,
     });
     let slow = state.slow_ms.load(Ordering::Relaxed);
     if slow > 0 {
@@ -296,15 +286,6 @@ async fn sink(req: HttpRequest, state: web::Data<SinkState>) -> HttpResponse {
         response.insert_header(("retry-after", secs.to_string()));
     }
     response.finish()
-}
-
-/// A request being answered, counted out of `in_flight` on drop.
-struct Answering<'a>(&'a AtomicU32);
-
-impl Drop for Answering<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
 }
 
 impl Sink {
@@ -384,11 +365,6 @@ impl Sink {
 
     fn seen(&self) -> Vec<Seen> {
         self.state.seen.lock().expect("lock").clone()
-    }
-
-    /// The most requests it answered at once.
-    fn peak(&self) -> u32 {
-        self.state.peak.load(Ordering::Relaxed)
     }
 
     /// Keys taken (answered 2xx), and how many of them were taken more
@@ -473,10 +449,16 @@ impl Stack {
 /// The source `default` forwarding to `app` as destination `app`, with
 /// `extra` settings (TOML lines) for it.
 fn one_forward(app: &Sink, extra: &str) -> String {
+    forward_source("default", app, extra)
+}
+
+/// The source `source` forwarding to `app` as destination `app`, with
+/// `extra` settings (TOML lines) for it: one `[[sources]]` block.
+fn forward_source(source: &str, app: &Sink, extra: &str) -> String {
     format!(
         r#"
 [[sources]]
-name = "default"
+name = "{source}"
 secrets = ["{SECRET}"]
 [[sources.destinations]]
 name = "app"
