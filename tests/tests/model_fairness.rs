@@ -1,5 +1,6 @@
 //! Model-based test of fair legs against the real Postgres: random
-//! interleavings of claims (and redeliveries) with ingest's hold of a leg
+//! interleavings of claims (one at a time or in a batch, and
+//! redeliveries) with ingest's hold of a leg
 //! its claim finds crowded (or ingest dying right after the claim), takes
 //! presenting any message ever handed out, completions (by the live holder
 //! or a late one), the one-statement path that takes and completes at
@@ -13,11 +14,8 @@
 //! - a take (or the one-statement path) starts a leg only while its
 //!   installation has fewer than its share of other legs in flight, when
 //!   another installation's leg waits for its take or the cap is hard: the
-//!   share; and, without a hard cap, fewer than its round (two shares)
-//!   whoever waits, so a round gone over by a claim and a release at once
-//!   does not take the worker's spare slot;
-//! - a take yields only then: a lone installation is held back only at
-//!   its round;
+//!   share;
+//! - a take yields only then: a lone installation is never held back;
 //! - a claim holds a new leg only when its installation has a share of
 //!   legs queued (not yet taken) and a share running, or two shares
 //!   queued and running together, or legs waiting their turn and a share
@@ -75,14 +73,6 @@ fn installation_of(leg: usize) -> &'static str {
 /// the scheduler, completions, and those on the one-statement path): the
 /// run must reach them all.
 static REACHED: [AtomicUsize; 7] = [const { AtomicUsize::new(0) }; 7];
-thread_local! {
-    /// Takes that yielded at their installation's round with no other
-    /// installation waiting: printed, not required of the random cases (a
-    /// case must go past the round and take three legs in a row for it;
-    /// `a_leg_past_its_installations_round_yields_though_no_other_waits`
-    /// walks that way on purpose).
-    static YIELDED_AT_ROUND: Cell<usize> = const { Cell::new(0) };
-}
 const STARTED: usize = 0;
 const YIELDED: usize = 1;
 const HELD: usize = 2;
@@ -104,16 +94,6 @@ fn reached(path: usize) {
     REACHED[path].fetch_add(1, Ordering::Relaxed);
 }
 
-/// What holds a leg back at its take.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Gate {
-    /// Its installation's share in flight while another's leg waits for
-    /// its take, or a hard cap's.
-    Share,
-    /// Its installation's round in flight (no hard cap), whoever waits.
-    Round,
-}
-
 /// A bug planted in the test's own copy of a transition, for the checks
 /// to catch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -127,9 +107,6 @@ enum Bug {
 
 thread_local! {
     static BUG: Cell<Bug> = const { Cell::new(Bug::None) };
-    /// Whether this thread walks a path on purpose, on a database of its
-    /// own (the random cases may run beside it, in one process).
-    static WALK: Cell<bool> = const { Cell::new(false) };
 }
 
 fn bug() -> Bug {
@@ -142,9 +119,7 @@ fn shared() -> &'static hookinbox_tests::ModelDb {
     static SHARED: OnceLock<hookinbox_tests::ModelDb> = OnceLock::new();
     static IGNORES_THE_SHARE: OnceLock<hookinbox_tests::ModelDb> = OnceLock::new();
     static RELEASES_NOTHING: OnceLock<hookinbox_tests::ModelDb> = OnceLock::new();
-    static WALKED: OnceLock<hookinbox_tests::ModelDb> = OnceLock::new();
     let cell = match bug() {
-        _ if WALK.with(Cell::get) => &WALKED,
         Bug::None => &SHARED,
         Bug::IgnoresTheShare => &IGNORES_THE_SHARE,
         Bug::ReleasesNothing => &RELEASES_NOTHING,
@@ -170,8 +145,8 @@ enum Op {
     Claim { leg: usize, dies: bool },
     /// Deliveries of installation `1` come in one batch of claims
     /// (ingest's group commit), which counts each installation's legs once
-    /// for the batch: a way its round is gone over. Published or held as
-    /// for `Claim`.
+    /// for the batch: a way its hold and round are gone over. Published or
+    /// held as for `Claim`.
     ClaimBatch { legs: Vec<usize> },
     /// A worker takes a leg, presenting the n-th message of it ever handed
     /// out.
@@ -343,16 +318,9 @@ impl Sut {
     /// Whether the share holds `leg` back, judged on `rows` as its take
     /// finds them: its installation has its share of other legs in flight,
     /// and another installation's leg waits for its take or the cap is
-    /// hard; or, without a hard cap, its round (two shares: one worker, no
-    /// pace measured) in flight, alone or not. What a take starting the
-    /// leg must not meet, and what a take that yields must.
+    /// hard. What a take starting the leg must not meet, and what a take
+    /// that yields must.
     fn share_reached(&self, leg: usize, rows: &[Row]) -> bool {
-        self.gate(leg, rows).is_some()
-    }
-
-    /// What holds `leg` back at its take, judged on `rows`: its share
-    /// (another installation waits, or the cap is hard), or its round.
-    fn gate(&self, leg: usize, rows: &[Row]) -> Option<Gate> {
         let mine = installation_of(leg);
         let in_flight = rows
             .iter()
@@ -361,14 +329,7 @@ impl Sut {
         let others_wait = rows
             .iter()
             .any(|r| r.installation != mine && r.waiting_for_take());
-        let cap = self.share.cap as usize;
-        if in_flight >= cap && (self.share.hard || others_wait) {
-            Some(Gate::Share)
-        } else if !self.share.hard && in_flight >= 2 * cap {
-            Some(Gate::Round)
-        } else {
-            None
-        }
+        in_flight >= self.share.cap as usize && (self.share.hard || others_wait)
     }
 
     /// Checked after every step: every leg waiting its turn can be
@@ -460,9 +421,6 @@ impl Sut {
             }
             Taken::Yielded => {
                 reached(YIELDED);
-                if self.gate(leg, &before) == Some(Gate::Round) {
-                    YIELDED_AT_ROUND.with(|n| n.set(n.get() + 1));
-                }
                 assert!(
                     self.share_reached(leg, &before),
                     "leg {leg} of installation {} yielded under its share ({:?}) ({before:?})",
@@ -623,7 +581,7 @@ impl Sut {
     }
 
     /// What ingest does with `leg`'s claimed legs, checked against the
-    /// rows `before` the claim.
+    /// rows `before` the claim (the same for every claim of a batch).
     async fn claimed(
         &mut self,
         leg: usize,
@@ -929,49 +887,7 @@ prop_state_machine! {
 #[test]
 fn fair_legs_keep_their_share_and_none_is_lost() {
     run_every_case();
-    eprintln!(
-        "takes that yielded at their round, no other installation waiting: {}",
-        YIELDED_AT_ROUND.with(Cell::get)
-    );
     hookinbox_tests::assert_reached(&REACHED, &PATHS);
-    shared().drop_database();
-}
-
-/// One batch of claims puts three legs of installation `1` in its queue
-/// with a share of one (a round of two): the batch counts the
-/// installation's legs once. Its first two legs start; the third yields
-/// at its take though no other installation has a leg waiting (it would
-/// take the worker's spare slot), and starts once one of the two ends.
-#[test]
-fn a_leg_past_its_installations_round_yields_though_no_other_waits() {
-    let share = Share {
-        cap: 1,
-        hard: false,
-    };
-    WALK.with(|w| w.set(true));
-    let mut sut = FairnessStateMachine::init_test(&share);
-    shared().runtime.block_on(async {
-        sut.claim(&[0, 1, 2], false).await;
-        let first = |sut: &Sut, leg: usize| sut.messages[leg][0].0;
-        for leg in 0..2 {
-            let token = first(&sut, leg);
-            assert!(sut.take(leg, token).await.is_some(), "leg {leg} started");
-        }
-        let yielded = YIELDED_AT_ROUND.with(Cell::get);
-        let token = first(&sut, 2);
-        assert!(sut.take(2, token).await.is_none(), "the third yielded");
-        assert_eq!(
-            YIELDED_AT_ROUND.with(Cell::get),
-            yielded + 1,
-            "at its round, with no other installation waiting"
-        );
-        let holder = sut.held[0].expect("leg 0 held");
-        assert!(sut.complete(0, holder).await, "leg 0 completed");
-        sut.next_fair(0).await;
-        let released = sut.messages[2].last().expect("leg 2 released").0;
-        assert!(sut.take(2, released).await.is_some(), "leg 2 started");
-        sut.drain().await;
-    });
     shared().drop_database();
 }
 

@@ -252,51 +252,29 @@ macro_rules! installation_processing {
     };
 }
 
-/// How many of the fair leg `$t`'s installation's legs are in flight at
-/// its destination besides `$t` (taken, or published again for a retry:
-/// `processing` with an attempt), the count stopping at the limit `$a$b`,
-/// from the partial index of migration 17.
-macro_rules! installation_in_flight {
-    ($t:literal, $a:literal, $b:literal) => {
-        concat!(
-            "(select count(*) from (select 1 from deliveries f where ",
-            installation_processing!($t),
-            " and f.attempts > 0 and f.ctid <> ",
-            $t,
-            ".ctid limit ",
-            $a,
-            $b,
-            ") r)"
-        )
-    };
-}
-
 /// The fairness gate on a leg `$t` (docs/architecture.md, "Fairness"): its
 /// destination is fair, its installation already has `fair_cap` legs in
 /// flight (taken, or published again for a retry) besides this one, and
 /// another installation's leg is waiting for its take (or the cap is
-/// hard: an explicit `per_key_concurrency`), or it has its round
-/// (`fair_limits!`) in flight besides this one. Such a leg yields: it
-/// waits in Postgres until one of its installation's legs ends, and the
-/// legs of installations under their share go first. Without a hard cap a
-/// lone installation is held back only at its round: the claim keeps its
-/// legs queued and running within it, but a claim and a release that
-/// count the same free place at once both publish, and the leg so gone
-/// over would take the worker's spare slot, which another installation's
-/// leg then waits for (one of the flood's legs' time). Where the pace
-/// sets the round it is past what the workers run, and never binds.
-/// Shared by [`take`], [`take_batch`], the one-statement completions, the
-/// wait and the scheduler's wake. Each part reads one partial index of
-/// migration 17; the round's count (a lookup of the destination's row
-/// first) runs only past the share with no other installation waiting.
+/// hard: an explicit `per_key_concurrency`). Such a leg yields: it waits
+/// in Postgres until one of its installation's legs ends, and the legs of
+/// installations under their share go first. Without a hard cap a lone
+/// installation is never held back. Shared by [`take`], [`take_batch`],
+/// the one-statement completions, the wait and the scheduler's wake.
+/// Each part reads one partial index of migration 17.
 macro_rules! yields {
     ($t:literal) => {
         concat!(
             "(",
             $t,
-            ".fair_key is not null and ",
-            installation_in_flight!($t, $t, ".fair_cap"),
-            " >= ",
+            ".fair_key is not null and (select count(*) from (select 1 from deliveries f \
+             where ",
+            installation_processing!($t),
+            " and f.attempts > 0 and f.ctid <> ",
+            $t,
+            ".ctid limit ",
+            $t,
+            ".fair_cap) r) >= ",
             $t,
             ".fair_cap and (",
             $t,
@@ -314,11 +292,7 @@ macro_rules! yields {
             ".destination and q.fair_key is not null and q.status = 'processing' \
              and q.attempts = 0 and q.fair_key > ",
             $t,
-            ".fair_key) or exists (select 1 from ",
-            fair_limits!($t),
-            " lim where ",
-            installation_in_flight!($t, "lim", ".round"),
-            " >= lim.round)))"
+            ".fair_key)))"
         )
     };
 }
@@ -370,15 +344,15 @@ macro_rules! fair_limits {
             $t,
             ".fair_cap::int8 else greatest(",
             $t,
-            ".fair_cap::int8 * fl.workers, fl.pace) end as hold, case when ",
+            ".fair_cap::int8 * d.workers, d.pace) end as hold, case when ",
             $t,
             ".fair_hard then 2 * ",
             $t,
             ".fair_cap::int8 else 2 * ",
             $t,
-            ".fair_cap::int8 * fl.workers + (case when fl.pace > ",
+            ".fair_cap::int8 * d.workers + (case when d.pace > ",
             $t,
-            ".fair_cap::int8 * fl.workers then fl.pace else 0 end) end as round \
+            ".fair_cap::int8 * d.workers then d.pace else 0 end) end as round \
              from (select greatest(1, coalesce(x.consumers, 1))::int8 as workers, \
                    coalesce(x.fair_rate, 0)::int8 \
                    / (case when coalesce(x.fair_keys, 0) > 1 then 20 else 1 end) as pace \
@@ -386,7 +360,7 @@ macro_rules! fair_limits {
             $t,
             ".source and x.name = ",
             $t,
-            ".destination) fl)"
+            ".destination) d)"
         )
     };
 }

@@ -61,6 +61,10 @@ struct Run {
     slowest: Vec<(f64, f64, f64, usize)>,
     /// The most of A's requests the receiver answered at once.
     a_peak: usize,
+    /// How many of A's requests came while the receiver was answering
+    /// `concurrency` of A's (so A ran on the worker's spare slot), of how
+    /// many of A's came.
+    a_past_concurrency: (usize, usize),
 }
 
 /// Sends A's flood at its rate (in the background) and B's deliveries at
@@ -164,11 +168,18 @@ async fn run(plan: Plan, layout: Layout) -> anyhow::Result<Run> {
     a_at.sort();
     let mut all_at: Vec<Instant> = seen.iter().map(|s| s.at).collect();
     all_at.sort();
-    let a_peak = a_at
+    let a_beside: Vec<usize> = a_at
         .iter()
-        .map(|at| answering(&a_at, *at, answer) + 1)
-        .max()
-        .unwrap_or(0);
+        .map(|at| answering(&a_at, *at, answer))
+        .collect();
+    let a_peak = a_beside.iter().map(|n| n + 1).max().unwrap_or(0);
+    let a_past_concurrency = (
+        a_beside
+            .iter()
+            .filter(|n| **n >= usize::from(plan.concurrency))
+            .count(),
+        a_at.len(),
+    );
     // The slowest five, split at the claim's transaction (Postgres's
     // clock is this machine's).
     let mut by_time: Vec<(&str, Duration)> = first
@@ -216,6 +227,7 @@ async fn run(plan: Plan, layout: Layout) -> anyhow::Result<Run> {
         yielded,
         slowest,
         a_peak,
+        a_past_concurrency,
     })
 }
 
@@ -291,9 +303,12 @@ pub(super) async fn fairness(plan: Plan) -> anyhow::Result<()> {
             })
             .collect();
         println!(
-            "- {name}: {}; most of A's at once {}",
+            "- {name}: {}; most of A's at once {} ({} of A's {} requests came beside {} of A's)",
             parts.join("; "),
-            r.a_peak
+            r.a_peak,
+            r.a_past_concurrency.0,
+            r.a_past_concurrency.1,
+            plan.concurrency
         );
     }
     if runs
