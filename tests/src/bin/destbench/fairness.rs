@@ -33,6 +33,9 @@ pub(super) struct Plan {
     pub(super) concurrency: u16,
     /// Skip the run with fairness off.
     pub(super) skip_off: bool,
+    /// Also run beside A's flood to a destination of its own with
+    /// fairness off there.
+    pub(super) apart_off: bool,
 }
 
 /// Where A's flood goes, beside B's deliveries.
@@ -42,8 +45,9 @@ enum Layout {
     Shared { fairness: bool },
     /// A's source and destination apart from B's: nothing of the
     /// destination is shared, only ingest, the worker, Postgres, RabbitMQ
-    /// and the machine's cores.
-    Apart,
+    /// and the machine's cores; fairness on or off at A's destination (off:
+    /// A's legs wait in its queue, not held in Postgres).
+    Apart { fairness: bool },
 }
 
 /// What one run saw of B, and of A meanwhile.
@@ -58,7 +62,9 @@ struct Run {
     /// send to the claim's transaction (ingest) and from there to the
     /// receipt (the broker, the worker and the request), in ms; and how
     /// many other requests the receiver was answering as it came.
-    slowest: Vec<(f64, f64, f64, usize)>,
+    slowest: Vec<(f64, f64, f64, usize, usize)>,
+    /// The warm-up's deliveries of B, end-to-end, ms, in the order sent.
+    warm: Vec<f64>,
     /// The most of A's requests the receiver answered at once.
     a_peak: usize,
     /// How many of A's requests came while the receiver was answering
@@ -79,12 +85,16 @@ async fn run(plan: Plan, layout: Layout) -> anyhow::Result<Run> {
     };
     let (config, b_source) = match layout {
         Layout::Shared { fairness } => (one_forward(&sink, &shape(fairness)), "default"),
-        Layout::Apart => (
-            one_forward(&sink, &shape(true)) + &forward_source("other", &sink, &shape(true)),
+        Layout::Apart { fairness } => (
+            one_forward(&sink, &shape(fairness)) + &forward_source("other", &sink, &shape(true)),
             "other",
         ),
     };
     let stack = Arc::new(Stack::start(&config, &[]).await?);
+    // Every run starts on a warm stack: a fresh one's first deliveries
+    // open connections and prepare statements, tens of ms that only the
+    // run of B alone would otherwise count (the flood warms the others).
+    let warm_sent = warm_up(&stack, &sink, b_source).await?;
     let flood = tokio::spawn({
         let stack = stack.clone();
         async move {
@@ -112,6 +122,7 @@ async fn run(plan: Plan, layout: Layout) -> anyhow::Result<Run> {
     let period = Duration::from_secs(1) / plan.other_rate.max(1);
     let start = tokio::time::Instant::now();
     let mut sent_at: HashMap<String, Instant> = HashMap::new();
+    let mut order: HashMap<String, usize> = HashMap::new();
     // The wall clock at each send too, beside Postgres's `claimed_at`:
     // derived later from the instant, it drifted by milliseconds.
     let mut sent_wall: HashMap<String, std::time::SystemTime> = HashMap::new();
@@ -129,6 +140,7 @@ async fn run(plan: Plan, layout: Layout) -> anyhow::Result<Run> {
         // A resend that finds the first one claimed is answered 200.
         if status == 202 || status == 200 {
             sent_at.insert(hook.id().to_owned(), sent);
+            order.insert(hook.id().to_owned(), i);
             sent_wall.insert(hook.id().to_owned(), wall);
         }
     }
@@ -156,15 +168,24 @@ async fn run(plan: Plan, layout: Layout) -> anyhow::Result<Run> {
     for (id, at) in &first {
         b.record(at.saturating_duration_since(sent_at[*id]).as_micros() as u64)?;
     }
-    let a_arrived_meanwhile = seen.len() - b_requests;
+    let warm: Vec<f64> = warm_sent
+        .iter()
+        .map(|(id, sent)| {
+            seen.iter()
+                .find(|s| &s.delivery == id)
+                .map_or(f64::NAN, |s| {
+                    s.at.saturating_duration_since(*sent).as_secs_f64() * 1000.0
+                })
+        })
+        .collect();
+    let is_a = |s: &&super::Seen| {
+        !sent_at.contains_key(&s.delivery) && !warm_sent.iter().any(|(id, _)| *id == s.delivery)
+    };
+    let a_arrived_meanwhile = seen.iter().filter(is_a).count();
     // What the receiver was answering at once, from the arrivals alone:
     // each request is answered `slow_ms` after it came.
     let answer = Duration::from_millis(plan.slow_ms);
-    let mut a_at: Vec<Instant> = seen
-        .iter()
-        .filter(|s| !sent_at.contains_key(&s.delivery))
-        .map(|s| s.at)
-        .collect();
+    let mut a_at: Vec<Instant> = seen.iter().filter(is_a).map(|s| s.at).collect();
     a_at.sort();
     let mut all_at: Vec<Instant> = seen.iter().map(|s| s.at).collect();
     all_at.sort();
@@ -206,7 +227,7 @@ async fn run(plan: Plan, layout: Layout) -> anyhow::Result<Run> {
         let to_claim = (claimed - sent) * 1000.0;
         let total = total.as_secs_f64() * 1000.0;
         let beside = answering(&all_at, first[id], answer);
-        slowest.push((total, to_claim, total - to_claim, beside));
+        slowest.push((total, to_claim, total - to_claim, beside, order[id]));
     }
     let yielded = stack
         .count("select count(*) from deliveries where last_error_class = 'fair'")
@@ -226,10 +247,37 @@ async fn run(plan: Plan, layout: Layout) -> anyhow::Result<Run> {
         a_arrived_meanwhile,
         yielded,
         slowest,
+        warm,
         a_peak,
         a_past_concurrency,
     })
 }
+
+/// B's deliveries sent before a run (one every 100 ms, each waited for),
+/// not counted in it: returns each one's id and send instant.
+async fn warm_up(
+    stack: &Stack,
+    sink: &Sink,
+    b_source: &str,
+) -> anyhow::Result<Vec<(String, Instant)>> {
+    let mut sent = Vec::new();
+    for _ in 0..WARM_UP {
+        let hook = about(b_source, "push", "none", "acme/other", 2);
+        let at = Instant::now();
+        stack.send(&hook).await?;
+        let id = hook.id().to_owned();
+        super::wait_for(Duration::from_secs(60), || async {
+            sink.seen().iter().any(|s| s.delivery == id)
+        })
+        .await;
+        sent.push((id, at));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(sent)
+}
+
+/// B's deliveries sent to warm the stack before each run.
+const WARM_UP: usize = 5;
 
 /// How many requests of `arrivals` (sorted) the receiver was still
 /// answering when one came at `at`: those that came within `answer`
@@ -246,7 +294,12 @@ pub(super) async fn fairness(plan: Plan) -> anyhow::Result<()> {
     let shared = Layout::Shared { fairness: true };
     let alone = run(Plan { flood: 0, ..plan }, shared).await?;
     let on = run(plan, shared).await?;
-    let apart = run(plan, Layout::Apart).await?;
+    let apart = run(plan, Layout::Apart { fairness: true }).await?;
+    let apart_off = if plan.apart_off {
+        Some(run(plan, Layout::Apart { fairness: false }).await?)
+    } else {
+        None
+    };
     let off = if plan.skip_off {
         None
     } else {
@@ -265,6 +318,10 @@ pub(super) async fn fairness(plan: Plan) -> anyhow::Result<()> {
         ("B alone", Some(&alone)),
         ("beside A's flood, fairness on", Some(&on)),
         ("beside A's flood to a destination of its own", Some(&apart)),
+        (
+            "beside A's flood to a destination of its own, fairness off there",
+            apart_off.as_ref(),
+        ),
         ("beside A's flood, fairness off", off.as_ref()),
     ];
     let runs: Vec<(&str, &Run)> = runs
@@ -286,29 +343,34 @@ pub(super) async fn fairness(plan: Plan) -> anyhow::Result<()> {
         );
     }
     println!(
-        "\nB's slowest five, ms: end-to-end = send to claim (ingest) + claim to receipt [requests the receiver was answering as it came]; the most of A's the receiver answered at once"
+        "\nB's slowest five, ms: #its place in B's sends, end-to-end = send to claim (ingest) + claim to receipt [requests the receiver was answering as it came]; the most of A's the receiver answered at once; the warm-up's {WARM_UP} of B before the run"
     );
     for (name, r) in &runs {
         let parts: Vec<String> = r
             .slowest
             .iter()
-            .map(|(t, a, b, n)| {
+            .map(|(t, a, b, n, i)| {
                 // A release or a reclaim sets `claimed_at` again: past the
                 // receipt, it no longer tells where the time went.
                 if *a > *t {
-                    format!("{t:.1} (claimed again {a:.1} after the send) [{n}]")
+                    format!("#{i} {t:.1} (claimed again {a:.1} after the send) [{n}]")
                 } else {
-                    format!("{t:.1} = {a:.1} + {b:.1} [{n}]")
+                    format!("#{i} {t:.1} = {a:.1} + {b:.1} [{n}]")
                 }
             })
             .collect();
         println!(
-            "- {name}: {}; most of A's at once {} ({} of A's {} requests came beside {} of A's)",
+            "- {name}: {}; most of A's at once {} ({} of A's {} requests came beside {} of A's); warm-up {}",
             parts.join("; "),
             r.a_peak,
             r.a_past_concurrency.0,
             r.a_past_concurrency.1,
-            plan.concurrency
+            plan.concurrency,
+            r.warm
+                .iter()
+                .map(|w| format!("{w:.1}"))
+                .collect::<Vec<_>>()
+                .join(", ")
         );
     }
     if runs

@@ -128,6 +128,11 @@ enum Scenario {
         /// Skip the run with fairness off (minutes of B behind the flood).
         #[arg(long)]
         skip_off: bool,
+        /// Also run B beside A's flood to a destination of its own with
+        /// fairness off there: the machine's share of B's time without the
+        /// holds and releases of A's legs.
+        #[arg(long)]
+        apart_off: bool,
     },
     /// One source forwarding every delivery to N destinations (one local
     /// receiver): CPU per leg at a fixed rate, then S.
@@ -178,6 +183,7 @@ async fn main() -> anyhow::Result<()> {
             slow_ms,
             concurrency,
             skip_off,
+            apart_off,
         } => {
             fairness::fairness(fairness::Plan {
                 flood,
@@ -187,6 +193,7 @@ async fn main() -> anyhow::Result<()> {
                 slow_ms,
                 concurrency,
                 skip_off,
+                apart_off,
             })
             .await
         }
