@@ -1121,6 +1121,38 @@ pub fn assert_reached(reached: &[std::sync::atomic::AtomicUsize], paths: &[&str]
     );
 }
 
+/// A model-based test's claim of `leg`'s delivery: a `push` whose body's
+/// digest is `[n; 32]`, with one leg to the leg's destination, of the
+/// ordered key `order_key` or fair as `fair` (installation, share, hard).
+pub fn model_claim(
+    leg: &hookinbox::key::LegKey,
+    n: u8,
+    order_key: Option<String>,
+    fair: Option<(String, i32, bool)>,
+) -> hookinbox::deliveries::ClaimRequest {
+    hookinbox::deliveries::ClaimRequest {
+        origin: Default::default(),
+        key: hookinbox::key::DeliveryKey::github(
+            leg.source.clone(),
+            leg.hook_id.clone(),
+            leg.delivery_id.clone(),
+        ),
+        event: "push".into(),
+        action: None,
+        repository: None,
+        body_sha256: [n; 32],
+        guarded: false,
+        pinned: false,
+        legs: vec![hookinbox::deliveries::LegRequest {
+            destination: leg.destination.clone(),
+            filtered: None,
+            order_key,
+            fair,
+            stale_clock: None,
+        }],
+    }
+}
+
 /// An empty JSON body to park, for the model-based tests.
 pub fn parked_json() -> hookinbox::deliveries::ParkedBody<'static> {
     hookinbox::deliveries::ParkedBody {

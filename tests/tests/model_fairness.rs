@@ -45,7 +45,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use hookinbox::deliveries::{
-    self, ClaimRequest, ErrorClass, Failure, LegClaim, LegRequest, Policy, Replayed, Take,
+    self, ClaimRequest, ErrorClass, Failure, LegClaim, Policy, Replayed, Take,
 };
 use hookinbox::key::{
     ClaimToken, DeliveryId, DeliveryKey, DestinationName, HookId, LegKey, SourceName,
@@ -556,28 +556,12 @@ impl Sut {
 
     /// A claim's request for `leg`'s delivery.
     fn request(&self, leg: usize) -> ClaimRequest {
-        let k = &self.keys[leg];
-        ClaimRequest {
-            origin: Default::default(),
-            key: DeliveryKey::github(k.source.clone(), k.hook_id.clone(), k.delivery_id.clone()),
-            event: "push".into(),
-            action: None,
-            repository: None,
-            body_sha256: [leg as u8; 32],
-            guarded: false,
-            pinned: false,
-            legs: vec![LegRequest {
-                destination: DestinationName::parse(DESTINATION).expect("name"),
-                filtered: None,
-                order_key: None,
-                fair: Some((
-                    installation_of(leg).to_owned(),
-                    self.share.cap,
-                    self.share.hard,
-                )),
-                stale_clock: None,
-            }],
-        }
+        let fair = (
+            installation_of(leg).to_owned(),
+            self.share.cap,
+            self.share.hard,
+        );
+        hookinbox_tests::model_claim(&self.keys[leg], leg as u8, None, Some(fair))
     }
 
     /// What ingest does with `leg`'s claimed legs, checked against the

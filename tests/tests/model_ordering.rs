@@ -23,9 +23,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use hookinbox::deliveries::{
-    self, ClaimRequest, ErrorClass, Failure, LegClaim, LegRequest, Policy, Replayed, Take,
-};
+use hookinbox::deliveries::{self, ErrorClass, Failure, LegClaim, Policy, Replayed, Take};
 use hookinbox::key::{
     ClaimToken, DeliveryId, DeliveryKey, DestinationName, HookId, LegKey, SourceName,
 };
@@ -299,27 +297,7 @@ impl Sut {
                 let claim = deliveries::claim(
                     &client,
                     &self.policy,
-                    &ClaimRequest {
-                        origin: Default::default(),
-                        key: DeliveryKey::github(
-                            k.source.clone(),
-                            k.hook_id.clone(),
-                            k.delivery_id.clone(),
-                        ),
-                        event: "push".into(),
-                        action: None,
-                        repository: None,
-                        body_sha256: [leg as u8; 32],
-                        guarded: false,
-                        pinned: false,
-                        legs: vec![LegRequest {
-                            destination: DestinationName::parse(DESTINATION).expect("name"),
-                            filtered: None,
-                            order_key: Some(key_of(leg).to_owned()),
-                            fair: None,
-                            stale_clock: None,
-                        }],
-                    },
+                    &hookinbox_tests::model_claim(k, leg as u8, Some(key_of(leg).to_owned()), None),
                 )
                 .await
                 .expect("claim");
