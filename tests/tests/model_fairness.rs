@@ -550,7 +550,7 @@ impl Sut {
             let deliveries::Claim::Legs(claimed) = claim else {
                 continue;
             };
-            self.claimed(leg, claimed, &before, dies).await;
+            self.claimed(&client, leg, claimed, &before, dies).await;
         }
     }
 
@@ -568,12 +568,12 @@ impl Sut {
     /// rows `before` the claim (the same for every claim of a batch).
     async fn claimed(
         &mut self,
+        client: &deadpool_postgres::Client,
         leg: usize,
         legs: Vec<(DestinationName, LegClaim)>,
         before: &[Row],
         dies: bool,
     ) {
-        let client = shared().pool.get().await.expect("client");
         for (_, claimed) in legs {
             match claimed {
                 LegClaim::Claimed {
@@ -617,7 +617,7 @@ impl Sut {
                     }
                     if held {
                         let parked = deliveries::park_fair(
-                            &client,
+                            client,
                             &self.keys[leg],
                             token,
                             attempts,

@@ -121,11 +121,7 @@ async fn run(plan: Plan, layout: Layout) -> anyhow::Result<Run> {
     }
     let period = Duration::from_secs(1) / plan.other_rate.max(1);
     let start = tokio::time::Instant::now();
-    let mut sent_at: HashMap<String, Instant> = HashMap::new();
-    let mut order: HashMap<String, usize> = HashMap::new();
-    // The wall clock at each send too, beside Postgres's `claimed_at`:
-    // derived later from the instant, it drifted by milliseconds.
-    let mut sent_wall: HashMap<String, std::time::SystemTime> = HashMap::new();
+    let mut sent_at: HashMap<String, Sent> = HashMap::new();
     for i in 0..plan.other {
         tokio::time::sleep_until(start + period * i as u32).await;
         let hook = about(b_source, "push", "none", "acme/other", 2);
@@ -139,9 +135,14 @@ async fn run(plan: Plan, layout: Layout) -> anyhow::Result<Run> {
         };
         // A resend that finds the first one claimed is answered 200.
         if status == 202 || status == 200 {
-            sent_at.insert(hook.id().to_owned(), sent);
-            order.insert(hook.id().to_owned(), i);
-            sent_wall.insert(hook.id().to_owned(), wall);
+            sent_at.insert(
+                hook.id().to_owned(),
+                Sent {
+                    at: sent,
+                    wall,
+                    place: i,
+                },
+            );
         }
     }
     let arrived = |seen: &[super::Seen]| {
@@ -166,7 +167,7 @@ async fn run(plan: Plan, layout: Layout) -> anyhow::Result<Run> {
         }
     }
     for (id, at) in &first {
-        b.record(at.saturating_duration_since(sent_at[*id]).as_micros() as u64)?;
+        b.record(at.saturating_duration_since(sent_at[*id].at).as_micros() as u64)?;
     }
     let warm: Vec<f64> = warm_sent
         .iter()
@@ -178,15 +179,18 @@ async fn run(plan: Plan, layout: Layout) -> anyhow::Result<Run> {
                 })
         })
         .collect();
-    let is_a = |s: &&super::Seen| {
-        !sent_at.contains_key(&s.delivery) && !warm_sent.iter().any(|(id, _)| *id == s.delivery)
-    };
-    let a_arrived_meanwhile = seen.iter().filter(is_a).count();
+    let mut a_at: Vec<Instant> = seen
+        .iter()
+        .filter(|s| {
+            !sent_at.contains_key(&s.delivery) && !warm_sent.iter().any(|(id, _)| *id == s.delivery)
+        })
+        .map(|s| s.at)
+        .collect();
+    a_at.sort();
+    let a_arrived_meanwhile = a_at.len();
     // What the receiver was answering at once, from the arrivals alone:
     // each request is answered `slow_ms` after it came.
     let answer = Duration::from_millis(plan.slow_ms);
-    let mut a_at: Vec<Instant> = seen.iter().filter(is_a).map(|s| s.at).collect();
-    a_at.sort();
     let mut all_at: Vec<Instant> = seen.iter().map(|s| s.at).collect();
     all_at.sort();
     let a_beside: Vec<usize> = a_at
@@ -205,7 +209,7 @@ async fn run(plan: Plan, layout: Layout) -> anyhow::Result<Run> {
     // clock is this machine's).
     let mut by_time: Vec<(&str, Duration)> = first
         .iter()
-        .map(|(id, at)| (*id, at.saturating_duration_since(sent_at[*id])))
+        .map(|(id, at)| (*id, at.saturating_duration_since(sent_at[*id].at)))
         .collect();
     by_time.sort_by_key(|(_, d)| std::cmp::Reverse(*d));
     let mut slowest = Vec::new();
@@ -220,14 +224,15 @@ async fn run(plan: Plan, layout: Layout) -> anyhow::Result<Run> {
             .await
             .map(|r| r.get::<_, f64>(0))
             .unwrap_or(f64::NAN);
-        let sent = sent_wall[id]
+        let sent = sent_at[id]
+            .wall
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs_f64())
             .unwrap_or(f64::NAN);
         let to_claim = (claimed - sent) * 1000.0;
         let total = total.as_secs_f64() * 1000.0;
         let beside = answering(&all_at, first[id], answer);
-        slowest.push((total, to_claim, total - to_claim, beside, order[id]));
+        slowest.push((total, to_claim, total - to_claim, beside, sent_at[id].place));
     }
     let yielded = stack
         .count("select count(*) from deliveries where last_error_class = 'fair'")
@@ -253,7 +258,7 @@ async fn run(plan: Plan, layout: Layout) -> anyhow::Result<Run> {
     })
 }
 
-/// B's deliveries sent before a run (one every 100 ms, each waited for),
+/// B's deliveries sent before a run, each once the one before it arrived,
 /// not counted in it: returns each one's id and send instant.
 async fn warm_up(
     stack: &Stack,
@@ -264,16 +269,30 @@ async fn warm_up(
     for _ in 0..WARM_UP {
         let hook = about(b_source, "push", "none", "acme/other", 2);
         let at = Instant::now();
-        stack.send(&hook).await?;
+        let status = stack.send(&hook).await?;
+        if status != 202 {
+            bail!("a warm-up delivery was answered {status}");
+        }
         let id = hook.id().to_owned();
-        super::wait_for(Duration::from_secs(60), || async {
+        let arrived = super::wait_for(Duration::from_secs(60), || async {
             sink.seen().iter().any(|s| s.delivery == id)
         })
         .await;
+        if !arrived {
+            bail!("a warm-up delivery did not arrive within 60 s");
+        }
         sent.push((id, at));
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     Ok(sent)
+}
+
+/// One of B's sends: when (the instant, and the wall clock beside
+/// Postgres's `claimed_at`: derived later from the instant, it drifted by
+/// milliseconds), and its place among B's sends.
+struct Sent {
+    at: Instant,
+    wall: std::time::SystemTime,
+    place: usize,
 }
 
 /// B's deliveries sent to warm the stack before each run.
