@@ -53,7 +53,9 @@
 # (HOOKINBOX_DB_POOL_SIZE of ingest and of the worker, default 16 each) and
 # the worker's concurrency from WORKER_CONCURRENCY (default 32); --sizes
 # sweeps INGEST_POOLS, WORKER_POOLS and CONCURRENCIES (defaults below; an
-# empty list skips that sweep).
+# empty list skips that sweep). A destbench scenario's stacks take the
+# manifests' pools instead (ingest 4, worker 11) unless INGEST_POOL or
+# WORKER_POOL say otherwise.
 #
 # Settings: STEP (seconds per search step, default 10), HOLD (seconds S
 # must hold for the headline figure, default 600), VERIFY (seconds each

@@ -386,6 +386,13 @@ impl Sink {
     }
 }
 
+/// Ingest's pool in the manifests and the compose file; `INGEST_POOL`
+/// says otherwise.
+const INGEST_POOL: &str = "4";
+/// A worker's pool in the manifests and the compose file; `WORKER_POOL`
+/// says otherwise.
+const WORKER_POOL: &str = "11";
+
 /// A stack on a fresh database: ingest and a worker on `config`.
 struct Stack {
     env: TestEnv,
@@ -406,9 +413,19 @@ impl Stack {
             // The receivers are local: let forward reach loopback.
             ("HOOKINBOX_FORWARD_ALLOW_NETWORKS", "127.0.0.0/8"),
         ];
-        let ingest = env.spawn("hookinbox-ingest", &common);
+        // The pools the manifests and the compose file give each process
+        // (docs/operations.md, "Pool sizes"), not the default's bound:
+        // after each vacuum of `deliveries` every connection a process
+        // has plans its statements again, so the pool's size is part of
+        // what is measured.
+        let ingest_pool = std::env::var("INGEST_POOL").unwrap_or_else(|_| INGEST_POOL.into());
+        let worker_pool = std::env::var("WORKER_POOL").unwrap_or_else(|_| WORKER_POOL.into());
+        let mut ienv: Vec<(&str, &str)> = common.to_vec();
+        ienv.push(("HOOKINBOX_DB_POOL_SIZE", &ingest_pool));
+        let ingest = env.spawn("hookinbox-ingest", &ienv);
         ingest.wait_ready().await;
         let mut wenv: Vec<(&str, &str)> = common.to_vec();
+        wenv.push(("HOOKINBOX_DB_POOL_SIZE", &worker_pool));
         wenv.extend_from_slice(worker_env);
         let worker = env.spawn("hookinbox-worker", &wenv);
         let stack = Self {
