@@ -326,8 +326,9 @@ pub(super) async fn fairness(plan: Plan) -> anyhow::Result<()> {
     };
     let p = |h: &Histogram<u64>, q: f64| Duration::from_micros(h.value_at_quantile(q));
     let base = p(&alone.b, 0.99).as_secs_f64().max(1e-6);
+    let (ingest_pool, worker_pool) = super::pools();
     println!(
-        "A floods {} deliveries at {}/s to a destination answering in {} ms, {} at once; B sends {} at {}/s.\n",
+        "A floods {} deliveries at {}/s to a destination answering in {} ms, {} at once; B sends {} at {}/s. Pools: ingest {ingest_pool}, worker {worker_pool}.\n",
         plan.flood, plan.flood_rate, plan.slow_ms, plan.concurrency, plan.other, plan.other_rate
     );
     println!(

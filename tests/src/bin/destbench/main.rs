@@ -21,6 +21,10 @@
 //!   per leg of each process at a fixed rate, and the highest rate whose
 //!   legs all keep up (S).
 //!
+//! Each stack's processes take the manifests' pools (ingest 4, a worker
+//! 11) unless `INGEST_POOL` or `WORKER_POOL` say otherwise (runs before
+//! that took the default, 16 each); the fairness report names them.
+//!
 //! Traffic only ever goes to 127.0.0.1.
 
 use std::collections::HashMap;
@@ -393,6 +397,21 @@ const INGEST_POOL: &str = "4";
 /// says otherwise.
 const WORKER_POOL: &str = "11";
 
+/// The pools of ingest and of a worker: `INGEST_POOL` and `WORKER_POOL`
+/// when set and not empty, else the manifests'.
+fn pools() -> (String, String) {
+    let pool = |name: &str, default: &str| {
+        std::env::var(name)
+            .ok()
+            .filter(|v| !v.is_empty())
+            .unwrap_or_else(|| default.to_owned())
+    };
+    (
+        pool("INGEST_POOL", INGEST_POOL),
+        pool("WORKER_POOL", WORKER_POOL),
+    )
+}
+
 /// A stack on a fresh database: ingest and a worker on `config`.
 struct Stack {
     env: TestEnv,
@@ -414,12 +433,11 @@ impl Stack {
             ("HOOKINBOX_FORWARD_ALLOW_NETWORKS", "127.0.0.0/8"),
         ];
         // The pools the manifests and the compose file give each process
-        // (docs/operations.md, "Pool sizes"), not the default's bound:
-        // after each vacuum of `deliveries` every connection a process
-        // has plans its statements again, so the pool's size is part of
-        // what is measured.
-        let ingest_pool = std::env::var("INGEST_POOL").unwrap_or_else(|_| INGEST_POOL.into());
-        let worker_pool = std::env::var("WORKER_POOL").unwrap_or_else(|_| WORKER_POOL.into());
+        // (docs/operations.md, "Pool sizes"), not the default (16): after
+        // each vacuum or analyze of `deliveries` every connection a
+        // process has plans its statements again, so the pool's size is
+        // part of what is measured.
+        let (ingest_pool, worker_pool) = pools();
         let mut ienv: Vec<(&str, &str)> = common.to_vec();
         ienv.push(("HOOKINBOX_DB_POOL_SIZE", &ingest_pool));
         let ingest = env.spawn("hookinbox-ingest", &ienv);
