@@ -6,8 +6,8 @@
 #   scripts/bench.sh            full run (about 45–60 minutes)
 #   scripts/bench.sh --smoke    a 10-second load-generator run, no figures
 #   scripts/bench.sh --search   only S, with the settings in the environment
-#   scripts/bench.sh --body-share RATE   the body in the message against
-#                               the body in Postgres, see body_share
+#   scripts/bench.sh --body-share RATE   what each half of a delivery
+#                               costs the broker and Postgres, see body_share
 #   scripts/bench.sh --octokit  ingest against octokit's own receiver
 #                               (B_octokit) under one closed loop, see peer_run
 #   scripts/bench.sh --duplicates   only the duplicate-redelivery search
@@ -330,12 +330,11 @@ peer_run() {
   echo "ingest / B_octokit = $PEER_RATIO"
 }
 
-# The body in the message (the design) against only the key in the
-# message and the body written once in Postgres at the claim
-# (tests/src/bin/bodyshare.rs), at RATE deliveries/s for STEP seconds each:
-# the broker's CPU per delivery to carry, deliver and ack each kind of
-# message, and Postgres's for each design's statements. Prints the table
-# and sets BODY_SHARE (its rows).
+# What each half of a delivery costs (tests/src/bin/bodyshare.rs), at RATE
+# deliveries/s for STEP seconds each: the broker's CPU per delivery to
+# carry, deliver and ack a job's message (its key), and Postgres's for the
+# claim with its body, the read of the body and the completion. Prints the
+# table and sets BODY_SHARE (its row).
 body_share() { # RATE
   local rate="$1" hz; hz=$(getconf CLK_TCK)
   local name="bench_$$_bodyshare"
@@ -343,7 +342,7 @@ body_share() { # RATE
   DATABASE_URL="$base/$name" RUST_LOG=warn "$bin/hookinbox-worker" migrate >/dev/null
   local phase t0 t1 n=$((rate * STEP))
   declare -A us
-  for phase in mq-body mq-key pg-body pg-key; do
+  for phase in mq pg; do
     local of=beam
     [ "${phase#pg}" != "$phase" ] && of=pg
     # shellcheck disable=SC2046
@@ -358,9 +357,8 @@ body_share() { # RATE
     if [ $of = beam ]; then t1=$(ticks $(pgrep -x beam.smp)); else t1=$(postgres_ticks); fi
     us[$phase]=$(( (t1 - t0) * 1000000 / hz / n ))
   done
-  BODY_SHARE="| body in the message (the design) | ${us[mq-body]} | ${us[pg-body]} | $(( us[mq-body] + us[pg-body] )) |
-| only the key in the message, body in Postgres | ${us[mq-key]} | ${us[pg-key]} | $(( us[mq-key] + us[pg-key] )) |"
-  BODY_MQ=${us[mq-body]}; BODY_PG=${us[pg-body]}
+  BODY_SHARE="| the key in the message, the body in Postgres (the design) | ${us[mq]} | ${us[pg]} | $(( us[mq] + us[pg] )) |"
+  BODY_MQ=${us[mq]}; BODY_PG=${us[pg]}
   echo "CPU µs per delivery at $rate/s, $STEP s each (Postgres in batches of 16)"
   echo "| design | RabbitMQ | Postgres | both |"
   echo "|---|---|---|---|"
@@ -533,7 +531,7 @@ echo "== B_octokit: octokit's receiver and ingest, one closed loop"
 peer_run > "$work/peer"
 cat "$work/peer" >&2
 
-echo "== where the body rides"
+echo "== each half of a delivery: the broker's and Postgres's"
 body_share "${COST_BODY_RATE:-2000}" >&2
 
 # CPU per delivery before and after each change of the second design, in
@@ -611,7 +609,7 @@ B_octokit and ingest under one closed loop (tests/src/bin/closedloop.rs):
 
 $(sed 's/^/    /' "$work/peer")
 
-Where the body rides:
+Each half of a delivery, CPU µs per delivery:
 
 | design | RabbitMQ | Postgres | both |
 |---|---|---|---|

@@ -1,8 +1,8 @@
 //! One webhook request, in the design's order (see the crate's docs):
 //! [`read_and_verify`] (steps 1 and 2), [`check_headers`] (step 3),
-//! [`claim`] (step 4, the delivery's legs) and [`publish_or_park`] (step 5,
-//! each leg to its destination's queue). Nothing touches Postgres before
-//! step 4.
+//! [`claim`] (step 4, the delivery's legs and its body, in one statement)
+//! and [`publish_or_park`] (step 5, each leg's key to its destination's
+//! queue). Nothing touches Postgres before step 4.
 
 use std::sync::Arc;
 
@@ -15,12 +15,11 @@ use hookinbox::broker::Publisher;
 use hookinbox::config::{IngestConfig, Source};
 use hookinbox::deliveries::group_commit::ClaimBatcher;
 use hookinbox::deliveries::{
-    self, Claim, ClaimRequest, Claimed, LegClaim, LegRequest, Origin, ParkedBody, Policy, Status,
+    self, Claim, ClaimRequest, Claimed, Encoded, LegClaim, LegRequest, Origin, Policy, Status,
 };
-use hookinbox::job::{Job, JobTrace};
+use hookinbox::job::{Body, Envelope, JobTrace};
 use hookinbox::key::{
-    ClaimToken, DeliveryId, DeliveryKey, DestinationName, EventName, HookId, KeyError, LegKey,
-    SourceName,
+    ClaimToken, DeliveryId, DeliveryKey, DestinationName, EventName, HookId, KeyError, SourceName,
 };
 use hookinbox::payload::{self, ContentType};
 use hookinbox::postgres::DbError;
@@ -238,10 +237,15 @@ async fn handle(
     // The request's span: the trace retries and replays link back to.
     let request = Span::current();
     let traceparent = request.traceparent();
+    let received = Body {
+        content_type: content_type_header(headers),
+        github_headers: github_headers(headers),
+        bytes: body,
+    };
     let Claimed {
         claim: claimed,
         links,
-    } = claim(state, source, &delivery, &body, traceparent)
+    } = claim(state, source, &delivery, &received, traceparent)
         .instrument(telemetry::step("ingest.claim"))
         .await?;
     // A redelivery the reconciler asked GitHub for links to the trace of
@@ -249,7 +253,7 @@ async fn handle(
     for linked in [links.redelivery, links.stored].iter().flatten() {
         request.link_to(linked);
     }
-    publish_or_park(state, headers, delivery, body, claimed)
+    publish_or_park(state, delivery, claimed)
         .instrument(telemetry::step("ingest.publish_or_park"))
         .await
 }
@@ -397,16 +401,19 @@ fn github_tenant(raw: Option<&[u8]>) -> Result<Option<String>, Reject> {
     Ok(Some(String::from_utf8_lossy(raw).into_owned()))
 }
 
-/// Step 4: the claim of the delivery's legs, one statement (batched with
-/// other requests' claims when they arrive together). Each destination's
-/// filters are decided here, once, from the verified payload, and recorded
-/// with the leg. With traces on, the same statement finds the traces the
-/// request links to (a reconciler's ask, a first claim's request).
+/// Step 4: the claim of the delivery's legs and its body, one statement
+/// (batched with other requests' claims when they arrive together). Each
+/// destination's filters are decided here, once, from the verified
+/// payload, and recorded with the leg. The body, compressed here, is
+/// written with the legs: once the claim commits, Postgres can publish
+/// each leg again whatever becomes of its message. With traces on, the
+/// same statement finds the traces the request links to (a reconciler's
+/// ask, a first claim's request).
 async fn claim(
     state: &State,
     source: &Source,
     delivery: &Delivery,
-    body: &[u8],
+    body: &Body,
     traceparent: Option<String>,
 ) -> Result<Claimed, Reject> {
     let legs = source
@@ -436,10 +443,11 @@ async fn claim(
         event: delivery.event.as_str().to_owned(),
         action: delivery.fields.action.clone(),
         repository: delivery.fields.repository.clone(),
-        body_sha256: Sha256::digest(body).into(),
+        body_sha256: Sha256::digest(&body.bytes).into(),
         guarded: source.replay_guard,
         pinned: source.hook_ids.is_some(),
         legs,
+        body: Encoded::of(body),
     };
     let started = std::time::Instant::now();
     let claimed = match &state.batcher {
@@ -478,16 +486,14 @@ async fn claim(
     Ok(claimed)
 }
 
-/// Step 5: publish each leg's job to its destination's queue, every
+/// Step 5: publish each leg's key to its destination's queue, every
 /// confirm in flight at once, and answer only after each is confirmed; a
-/// leg whose publish fails has its body parked in Postgres instead, and the
-/// answer is 202 all the same. A delivery with no leg to publish is
-/// answered from its legs' states.
+/// leg whose publish fails is recorded as due in Postgres instead (the
+/// claim wrote its body), and the answer is 202 all the same. A delivery
+/// with no leg to publish is answered from its legs' states.
 async fn publish_or_park(
     state: &State,
-    headers: &HeaderMap,
     delivery: Delivery,
-    body: Bytes,
     claimed: Claim,
 ) -> Result<Answer, Reject> {
     let legs = match claimed {
@@ -507,18 +513,8 @@ async fn publish_or_park(
             ));
         }
         Claim::Copy { of, legs } => {
-            // The event's claim may still have untaken legs whose ingest
-            // died before publishing: park this copy's body for them, as
-            // for any copy racing a claim (see `answer_without_publish`).
-            park_copies(
-                state,
-                &of,
-                &content_type_header(headers),
-                &github_headers(headers),
-                &body,
-                &legs,
-            )
-            .await?;
+            // The event's claim wrote its body: an untaken leg whose ingest
+            // died before publishing is published again from it.
             let mut answer = json!({"status": "duplicate", "copy_of_hook_id": of.hook_id.as_str()});
             if !legs.is_empty() {
                 answer["state"] = legs_state(&legs).as_str().into();
@@ -526,8 +522,6 @@ async fn publish_or_park(
             return Ok(Answer::new(StatusCode::OK, Outcome::Copy, answer));
         }
     };
-    let content_type = content_type_header(headers);
-    let github_headers = github_headers(headers);
     let mut to_publish: Vec<(DestinationName, ClaimToken, i32, bool)> = Vec::new();
     let mut only_republishes = true;
     let mut filtered = 0;
@@ -550,21 +544,12 @@ async fn publish_or_park(
         }
     }
     if to_publish.is_empty() {
-        return answer_without_publish(
-            state,
-            &delivery.key,
-            &content_type,
-            &github_headers,
-            &body,
-            filtered,
-            &existing,
-        )
-        .await;
+        return Ok(answer_without_publish(filtered, &existing));
     }
     let publishes = to_publish
         .into_iter()
         .map(|(destination, token, attempts, held)| {
-            let job = Job {
+            let job = Envelope {
                 // The worker's span continues this trace.
                 trace: JobTrace {
                     parent: Span::current().traceparent(),
@@ -575,10 +560,7 @@ async fn publish_or_park(
                 action: delivery.fields.action.clone(),
                 token,
                 attempts: Some(attempts),
-                content_type: content_type.clone(),
-                github_headers: github_headers.clone(),
-                // `Bytes` clones share the buffer.
-                body: body.clone(),
+                carried: None,
             };
             async move {
                 if held && hold_leg(state, &job, attempts).await {
@@ -600,9 +582,10 @@ async fn publish_or_park(
     })
 }
 
-/// Publishes one leg's job with a confirm; when the broker fails, parks it.
-/// `Ok(true)` when it was parked, `Err` when it could be neither.
-async fn publish_leg(state: &State, job: Job, attempts_at_claim: i32) -> Result<bool, Reject> {
+/// Publishes one leg's job with a confirm; when the broker fails, records
+/// the leg as due in Postgres. `Ok(true)` when it was so recorded, `Err`
+/// when it could be neither.
+async fn publish_leg(state: &State, job: Envelope, attempts_at_claim: i32) -> Result<bool, Reject> {
     let started = std::time::Instant::now();
     let published = state.publisher.publish(&job).await;
     metrics::histogram!(hookinbox::metrics::PUBLISH_CONFIRM_SECONDS).record(started.elapsed());
@@ -613,7 +596,7 @@ async fn publish_leg(state: &State, job: Job, attempts_at_claim: i32) -> Result<
                 error = %e,
                 delivery_id = %job.key.delivery_id,
                 destination = %job.key.destination,
-                "publish failed; parking"
+                "publish failed; the leg is due in Postgres"
             );
             park(state, &job, attempts_at_claim, &e.to_string()).await
         }
@@ -621,29 +604,20 @@ async fn publish_leg(state: &State, job: Job, attempts_at_claim: i32) -> Result<
 }
 
 /// A leg its claim found crowded (its installation has its share queued
-/// or in flight at a fair destination): held in Postgres, its body parked,
-/// until a release publishes it (see [`deliveries::park_fair`]). `true`
-/// when it was held. `false` when it was not: Postgres failed, or the
-/// hold moved nothing; the caller then publishes it, as it would have
-/// without fairness.
+/// or in flight at a fair destination): held in Postgres until a release
+/// publishes it (see [`deliveries::hold_fair`]): a change of its state, its
+/// body already written by the claim. `true` when it was held. `false`
+/// when it was not: Postgres failed, or the hold moved nothing; the caller
+/// then publishes it, as it would have without fairness.
 ///
-/// Why publish when the hold moved nothing: the leg then has neither a
-/// parked body nor a message, and after a 202 nothing else could carry it
-/// (GitHub does not redeliver what was answered 2xx). If a worker or a
-/// concurrent claim did have it, the extra message is harmless: its take
-/// presents the claim's old token and finds the leg taken or resolved.
-async fn hold_leg(state: &State, job: &Job, attempts_at_claim: i32) -> bool {
+/// Why publish when the hold moved nothing: the leg then has no message,
+/// and although the scheduler would publish it once the reaper marked it
+/// lost, that is minutes away. If a worker or a concurrent claim did have
+/// it, the extra message is harmless: its take presents the claim's old
+/// token and finds the leg taken or resolved.
+async fn hold_leg(state: &State, job: &Envelope, attempts_at_claim: i32) -> bool {
     let held = match state.pool.get().await {
-        Ok(client) => {
-            deliveries::park_fair(
-                &client,
-                &job.key,
-                job.token,
-                attempts_at_claim,
-                ParkedBody::from(job),
-            )
-            .await
-        }
+        Ok(client) => deliveries::hold_fair(&client, &job.key, job.token, attempts_at_claim).await,
         Err(e) => Err(DbError::from(e)),
     };
     match held {
@@ -668,32 +642,24 @@ async fn hold_leg(state: &State, job: &Job, attempts_at_claim: i32) -> bool {
 
 /// No leg to publish: a delivery every destination filtered out (200
 /// `filtered`), or a duplicate, answered from its legs' states. A copy
-/// racing a claim still processing parks its body first (see
-/// [`park_copy`]).
-async fn answer_without_publish(
-    state: &State,
-    key: &DeliveryKey,
-    content_type: &str,
-    github_headers: &[(String, String)],
-    body: &[u8],
-    filtered: usize,
-    existing: &[(DestinationName, Status)],
-) -> Result<Answer, Reject> {
+/// racing a claim still processing needs nothing written: that claim wrote
+/// the body, and its legs are published again from it if their messages
+/// never went out.
+fn answer_without_publish(filtered: usize, existing: &[(DestinationName, Status)]) -> Answer {
     if existing.is_empty() && filtered > 0 {
-        return Ok(Answer::new(
+        return Answer::new(
             StatusCode::OK,
             Outcome::Filtered,
             json!({"status": "filtered"}),
-        ));
+        );
     }
-    park_copies(state, key, content_type, github_headers, body, existing).await?;
     let status = legs_state(existing);
     let code = if status.is_done() {
         StatusCode::OK
     } else {
         StatusCode::ACCEPTED
     };
-    Ok(duplicate(code, status))
+    duplicate(code, status)
 }
 
 fn duplicate(code: StatusCode, status: Status) -> Answer {
@@ -704,29 +670,21 @@ fn duplicate(code: StatusCode, status: Status) -> Answer {
     )
 }
 
-/// The broker failed us: park the body and record the leg as due now
-/// (guarded by the token and the attempts the claim saw, see
-/// [`deliveries::park_due`]), so the scheduler publishes it once the broker
-/// is back. Postgres holds it now, so the answer is still 202; only if
-/// Postgres fails too is it 503. `Ok(true)`: parked; `Ok(false)`: the guard
+/// The broker failed us: record the leg as due now (guarded by the token
+/// and the attempts the claim saw, see [`deliveries::publish_failed`]), so
+/// the scheduler publishes it once the broker is back. Postgres holds its
+/// body since the claim, so the answer is still 202; only if Postgres
+/// fails too is it 503. `Ok(true)`: recorded; `Ok(false)`: the guard
 /// refused because the leg is in flight after all.
 async fn park(
     state: &State,
-    job: &Job,
+    job: &Envelope,
     attempts_at_claim: i32,
     error: &str,
 ) -> Result<bool, Reject> {
     let parked = match state.pool.get().await {
         Ok(client) => {
-            deliveries::park_due(
-                &client,
-                &job.key,
-                job.token,
-                error,
-                attempts_at_claim,
-                ParkedBody::from(job),
-            )
-            .await
+            deliveries::publish_failed(&client, &job.key, job.token, error, attempts_at_claim).await
         }
         Err(e) => Err(DbError::from(e)),
     };
@@ -737,7 +695,7 @@ async fn park(
         // anew. Either way it is in flight.
         Ok(false) => Ok(false),
         Err(e) => {
-            tracing::warn!(error = %e, "could not park the delivery");
+            tracing::warn!(error = %e, "could not record the unpublished leg");
             Err(Reject::unavailable("message broker and database"))
         }
     }
@@ -756,50 +714,4 @@ fn legs_state(legs: &[(DestinationName, Status)]) -> Status {
     } else {
         Status::Completed
     }
-}
-
-/// A copy racing an earlier claim whose publish we cannot see: if that
-/// ingest died before publishing, nothing would carry its processing legs.
-/// Park this copy's body for each, so that once a claim is reaped as lost
-/// the scheduler republishes it; completion deletes it. The 2xx is given
-/// only once the bodies are parked.
-async fn park_copies(
-    state: &State,
-    key: &DeliveryKey,
-    content_type: &str,
-    github_headers: &[(String, String)],
-    body: &[u8],
-    legs: &[(DestinationName, Status)],
-) -> Result<(), Reject> {
-    for (destination, status) in legs {
-        if *status == Status::Processing {
-            let leg = key.clone().leg(destination.clone());
-            park_copy(state, &leg, content_type, github_headers, body).await?;
-        }
-    }
-    Ok(())
-}
-
-/// Parks a racing copy's body for a leg's claim still processing (see
-/// [`deliveries::park_copy`]); 503 if Postgres cannot take it.
-async fn park_copy(
-    state: &State,
-    key: &LegKey,
-    content_type: &str,
-    github_headers: &[(String, String)],
-    body: &[u8],
-) -> Result<(), Reject> {
-    let parked = ParkedBody {
-        content_type,
-        headers: github_headers,
-        body,
-    };
-    let result = match state.pool.get().await {
-        Ok(client) => deliveries::park_copy(&client, key, parked).await,
-        Err(e) => Err(DbError::from(e)),
-    };
-    result.map_err(|e| {
-        tracing::warn!(error = %e, "could not park a duplicate's body");
-        Reject::unavailable("database")
-    })
 }

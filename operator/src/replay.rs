@@ -6,7 +6,7 @@
 use deadpool_postgres::Pool;
 use hookinbox::LegKey;
 use hookinbox::broker::Publisher;
-use hookinbox::deliveries::{self, Parked, Policy, Replayed};
+use hookinbox::deliveries::{self, Policy, Replayed, Republish, Scope};
 use hookinbox::postgres::DbError;
 use hookinbox::postgres::sql::Session;
 
@@ -15,14 +15,15 @@ use hookinbox::postgres::sql::Session;
 pub enum Outcome {
     /// Back to processing under a new token, and its job published.
     Started,
-    /// Not failed (any more): replayed or taken meanwhile, completed, or
-    /// gone. Nothing changed.
+    /// Not a leg its replay takes (any more): in flight (replayed or taken
+    /// meanwhile), completed where only failed legs are replayed, filtered,
+    /// or gone. Nothing changed.
     NotFailed,
     /// hookinbox holds no body of it: only GitHub can bring it back
     /// ([`deliveries::NO_BODY_TO_REPLAY`]). Nothing changed.
     NoBody,
-    /// Its parked body cannot become a job: back among the dead letters,
-    /// with the reason.
+    /// Its row cannot become a job: back among the dead letters, with the
+    /// reason.
     Unreadable(String),
     /// The publish failed: back among the dead letters, with the error.
     PublishFailed(String),
@@ -51,17 +52,22 @@ impl Outcome {
 /// The first half of [`replay_one`]: the compare-and-set, in `tx`.
 pub enum Begun {
     /// Commit, then [`publish`] this job.
-    Publish(Box<Parked>),
+    Publish(Box<Republish>),
     /// Done: nothing to publish.
     Done(Outcome),
 }
 
-/// Replays `key` in `tx`: the compare-and-set decides (a delivery replayed
-/// meanwhile, or no longer failed, is left alone: never started twice); an
-/// unreadable parked body is dead-lettered with its reason in the same
-/// transaction.
-pub async fn begin(tx: &impl Session, policy: &Policy, key: &LegKey) -> Result<Begun, DbError> {
-    Ok(match deliveries::replay(tx, policy, key).await? {
+/// Replays `key` in `tx`, the legs `scope` says: the compare-and-set
+/// decides (a leg replayed meanwhile, or no longer one the scope takes, is
+/// left alone: never started twice); an unreadable row is dead-lettered
+/// with its reason in the same transaction.
+pub async fn begin(
+    tx: &impl Session,
+    policy: &Policy,
+    key: &LegKey,
+    scope: Scope,
+) -> Result<Begun, DbError> {
+    Ok(match deliveries::replay(tx, policy, key, scope).await? {
         Replayed::Started(parked) => Begun::Publish(parked),
         Replayed::NotFailed => Begun::Done(Outcome::NotFailed),
         Replayed::NoBody => Begun::Done(Outcome::NoBody),
@@ -79,14 +85,15 @@ pub async fn begin(tx: &impl Session, policy: &Policy, key: &LegKey) -> Result<B
 pub async fn publish(
     pool: &Pool,
     publisher: &Publisher,
-    parked: &Parked,
+    begun: &Republish,
 ) -> Result<Outcome, DbError> {
-    match publisher.publish(&parked.job).await {
+    let job = &begun.envelope;
+    match publisher.publish(job).await {
         Ok(()) => Ok(Outcome::Started),
         Err(e) => {
             let error = e.to_string();
             let client = pool.get().await?;
-            deliveries::unreplay(&client, &parked.job.key, parked.job.token, &error).await?;
+            deliveries::unreplay(&client, &job.key, job.token, &error).await?;
             Ok(Outcome::PublishFailed(error))
         }
     }
@@ -100,10 +107,11 @@ pub async fn replay_one(
     publisher: &Publisher,
     policy: &Policy,
     key: &LegKey,
+    scope: Scope,
 ) -> Result<Outcome, DbError> {
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
-    let begun = begin(&tx, policy, key).await?;
+    let begun = begin(&tx, policy, key, scope).await?;
     tx.commit().await?;
     match begun {
         Begun::Done(outcome) => Ok(outcome),

@@ -1,7 +1,8 @@
-//! A job: one delivery on its way from ingest to a worker, and what a
-//! handler receives. It knows nothing of the broker that carries it (see
-//! `broker::message`) nor of the table that parks it (see
-//! `deliveries::parked`).
+//! A job: one leg on its way to a worker ([`Envelope`], what its message
+//! carries), and what a handler receives ([`Job`], the envelope with its
+//! delivery's [`Body`]). It knows nothing of the broker that carries the
+//! envelope (see `broker::message`) nor of the table that holds the body
+//! (see `deliveries::bodies`).
 
 use bytes::Bytes;
 
@@ -20,11 +21,13 @@ pub fn is_carried_header(name: &str) -> bool {
     name.starts_with(GITHUB_HEADER_PREFIX) || name == "user-agent"
 }
 
-/// One leg to run: its key (the delivery's and the destination), what
-/// GitHub said about the delivery, the claim token it was published with,
-/// and the raw body as signed.
+/// What a job's message carries (`broker::message`): the leg's key, what
+/// GitHub said about the delivery, the claim token and attempts it was
+/// published with, and its place in a trace. Never its body: Postgres holds
+/// that (`deliveries::bodies`), and the worker's take returns it with the
+/// row, so a message the broker loses is published again from Postgres.
 #[derive(Clone, Debug)]
-pub struct Job {
+pub struct Envelope {
     /// The leg's key; it derefs to the delivery's.
     pub key: LegKey,
     /// `X-GitHub-Event`.
@@ -38,6 +41,46 @@ pub struct Job {
     /// complete such a job in one statement, guarded by this count (see
     /// the worker's runtime).
     pub attempts: Option<i32>,
+    /// Where the job sits in a trace; empty when traces are off.
+    pub trace: JobTrace,
+    /// The body a message published before bodies lived in Postgres
+    /// carries as its payload: the worker uses it only when Postgres holds
+    /// no body of the delivery. `None` on every message published now.
+    pub carried: Option<Body>,
+}
+
+/// A delivery's body as it was received: what a handler sends on or
+/// stores.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Body {
+    /// The original `Content-Type`.
+    pub content_type: String,
+    /// The original `X-GitHub-*` request headers and `User-Agent`
+    /// (lower-case names; see [`is_carried_header`]).
+    pub github_headers: Vec<(String, String)>,
+    /// The raw body, as signed.
+    pub bytes: Bytes,
+}
+
+/// One leg to run, as a handler receives it: its key (the delivery's and
+/// the destination), what GitHub said about the delivery, the claim token
+/// it was published with, and the raw body as signed.
+#[derive(Clone, Debug)]
+pub struct Job {
+    /// The leg's key; it derefs to the delivery's.
+    pub key: LegKey,
+    /// `X-GitHub-Event`.
+    pub event: EventName,
+    /// The payload's `action`, when it has one.
+    pub action: Option<String>,
+    /// The claim token the job was published with.
+    pub token: ClaimToken,
+    /// Takes the delivery had when the job was published, when its message
+    /// says.
+    pub attempts: Option<i32>,
+    /// Operator replays of this leg so far: 0 for a leg running for the
+    /// first time (or retried); `forward` sends it as `X-Hookinbox-Replay`.
+    pub replays: i32,
     /// The original `Content-Type`.
     pub content_type: String,
     /// The original `X-GitHub-*` request headers and `User-Agent`
@@ -47,6 +90,47 @@ pub struct Job {
     pub body: Bytes,
     /// Where the job sits in a trace; empty when traces are off.
     pub trace: JobTrace,
+}
+
+impl Job {
+    /// The job of `envelope` with its delivery's `body`, replayed `replays`
+    /// times.
+    pub fn new(envelope: Envelope, body: Body, replays: i32) -> Self {
+        Self {
+            key: envelope.key,
+            event: envelope.event,
+            action: envelope.action,
+            token: envelope.token,
+            attempts: envelope.attempts,
+            replays,
+            content_type: body.content_type,
+            github_headers: body.github_headers,
+            body: body.bytes,
+            trace: envelope.trace,
+        }
+    }
+
+    /// Its message: everything but the body.
+    pub fn envelope(&self) -> Envelope {
+        Envelope {
+            key: self.key.clone(),
+            event: self.event.clone(),
+            action: self.action.clone(),
+            token: self.token,
+            attempts: self.attempts,
+            trace: self.trace.clone(),
+            carried: None,
+        }
+    }
+
+    /// Its body.
+    pub fn body(&self) -> Body {
+        Body {
+            content_type: self.content_type.clone(),
+            github_headers: self.github_headers.clone(),
+            bytes: self.body.clone(),
+        }
+    }
 }
 
 /// A job's place in a trace, as W3C `traceparent` values.

@@ -15,7 +15,9 @@
 //!   `EventName`, `SourceName`, `ClaimToken`) and their validation.
 //! - [`signature`]: `X-Hub-Signature-256` parsing and constant-time checks.
 //! - [`payload`]: the JSON and form body shapes, and the `action` field.
-//! - [`job`]: `Job`, one delivery on its way to a worker.
+//! - [`job`]: `Envelope`, one leg on its way to a worker (its key, never
+//!   its body), and `Job`, what a handler receives (the envelope with its
+//!   `Body`).
 //! - [`egress`]: which addresses a `forward` destination may connect to.
 //!
 //! The state machine and the adapters:
@@ -47,9 +49,12 @@
 //! - Signature before claim: ingest touches Postgres only after
 //!   [`signature::Secrets::verify`] accepted the raw body
 //!   (`hookinbox_ingest`'s `receive`).
+//! - Body before 202: the claim writes the delivery's body in its own
+//!   statement ([`deliveries::claim`]), so whatever happens to its
+//!   messages, Postgres can publish each leg again.
 //! - Confirm before 202: ingest answers `accepted` only after the broker
-//!   confirmed the job ([`broker::Publisher::publish`]), or after the body
-//!   is parked in Postgres ([`deliveries::park_due`]).
+//!   confirmed the job ([`broker::Publisher::publish`]), or after the leg
+//!   is recorded as due in Postgres ([`deliveries::publish_failed`]).
 //! - Fence before effect: a database effect runs in a transaction that
 //!   first locks the row under the worker's token ([`deliveries::fence`]),
 //!   or is written by the completing statement itself, only for a row its
@@ -74,7 +79,7 @@ pub mod shutdown;
 pub mod signature;
 pub mod telemetry;
 
-pub use job::{Job, JobTrace};
+pub use job::{Body, Envelope, Job, JobTrace};
 pub use key::{
     ClaimToken, DeliveryId, DeliveryKey, DestinationName, EventName, HookId, LegKey, SourceName,
 };

@@ -255,6 +255,12 @@ pub fn take_batch_rows(rows: usize) {
     metrics::histogram!(BATCH_ROWS, "statement" => "take").record(rows as f64);
 }
 
+/// Records the size of a batch of body reads (the one-statement path's) in
+/// [`BATCH_ROWS`].
+pub fn read_batch_rows(rows: usize) {
+    metrics::histogram!(BATCH_ROWS, "statement" => "read").record(rows as f64);
+}
+
 /// Records the size of a completion batch in [`BATCH_ROWS`].
 pub fn complete_batch_rows(rows: usize) {
     metrics::histogram!(BATCH_ROWS, "statement" => "complete").record(rows as f64);

@@ -489,21 +489,25 @@ pub async fn seed(env: &TestEnv, rows: &[Seed]) {
         if failed {
             env.db
                 .execute(
-                    "insert into parked_bodies (provider, source, hook_id, delivery_id, content_type, headers, body)
-                     values ('github', $1, $2, $3, 'application/json',
-                             jsonb_build_array(jsonb_build_array('x-github-event', $4::text),
-                                               jsonb_build_array('x-github-delivery', $3::text)),
-                             convert_to($5, 'UTF8'))",
+                    "insert into bodies (provider, source, hook_id, delivery_id, received_at,
+                                         content_type, headers, size, encoding, body)
+                     select 'github', $1, $2, $3, d.created_at, 'application/json',
+                            jsonb_build_array(jsonb_build_array('x-github-event', $4::text),
+                                              jsonb_build_array('x-github-delivery', $3::text)),
+                            length(convert_to($5, 'UTF8')), 'identity', convert_to($5, 'UTF8')
+                     from deliveries d
+                     where d.source = $1 and d.hook_id = $2 and d.delivery_id = $3
+                     limit 1",
                     &[&r.source, &r.hook_id, &r.id, &r.event, &r.body],
                 )
                 .await
-                .expect("seed parked body");
+                .expect("seed its body");
         }
     }
 }
 
 /// `n` dead letters `bulk-1` … `bulk-n` of source `default`, each with a
-/// parked JSON body, in one statement each.
+/// JSON body kept, in one statement each.
 pub async fn seed_dead_letters(env: &TestEnv, n: i64) {
     env.db
         .batch_execute(&format!(
@@ -514,10 +518,13 @@ pub async fn seed_dead_letters(env: &TestEnv, n: i64) {
                  'failed', false, gen_random_uuid(), 1, now() - make_interval(secs => g),
                  now(), now(), 'permanent', 'seeded', now()
              from generate_series(1, {n}) g;
-             insert into parked_bodies (provider, source, hook_id, delivery_id, content_type, headers, body)
-             select 'github', 'default', '1', 'bulk-' || g, 'application/json', '[]'::jsonb,
+             insert into bodies (provider, source, hook_id, delivery_id, received_at, content_type,
+                                 headers, size, encoding, body)
+             select provider, source, hook_id, delivery_id, created_at, 'application/json',
+                 '[]'::jsonb, length(convert_to('{{\"n\":' || g || '}}', 'UTF8')), 'identity',
                  convert_to('{{\"n\":' || g || '}}', 'UTF8')
-             from generate_series(1, {n}) g;"
+             from generate_series(1, {n}) g
+             join deliveries on source = 'default' and hook_id = '1' and delivery_id = 'bulk-' || g;"
         ))
         .await
         .expect("seed dead letters");

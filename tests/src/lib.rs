@@ -12,8 +12,10 @@ pub mod fixtures;
 pub mod github;
 pub mod handlers;
 pub mod octokit;
+pub mod old_messages;
 pub mod otlp;
 pub mod private_pg;
+pub mod private_rabbit;
 pub mod proxy;
 pub mod receiver;
 pub mod tls_receiver;
@@ -87,7 +89,17 @@ pub fn claim_request(
         guarded: false,
         pinned: false,
         legs,
+        body: json_body(&hook.body),
     }
+}
+
+/// A JSON body as a claim writes it.
+pub fn json_body(body: &[u8]) -> hookinbox::deliveries::Encoded {
+    hookinbox::deliveries::Encoded::of(&hookinbox::Body {
+        content_type: "application/json".to_owned(),
+        github_headers: Vec::new(),
+        bytes: bytes::Bytes::copy_from_slice(body),
+    })
 }
 
 /// The token of a claim that claimed its delivery's one leg.
@@ -556,13 +568,19 @@ impl TestEnv {
         assert_eq!(self.work_depth().await, 0);
     }
 
-    /// Claims `hook` as an ingest that died between the claim and the
-    /// publish leaves it: a processing claim whose lease is already over,
-    /// no job, and no body anywhere but at GitHub (awaiting redelivery).
+    /// Claims `hook` as an ingest of the version before the claim wrote
+    /// bodies left it when it died between the claim and the publish: a
+    /// processing claim whose lease is already over, no job, and no body
+    /// anywhere but at GitHub (awaiting redelivery). A claim now writes its
+    /// body ([`TestEnv::claim_expired`] leaves one so).
     pub async fn claim_unpublished(&self, hook: &Hook) {
         let pool = self.pool(1);
         let client = pool.get().await.expect("client");
         self.claim_expired(&client, hook, store_leg()).await;
+        client
+            .execute("delete from bodies where delivery_id = $1", &[&hook.id()])
+            .await
+            .expect("forget the body");
     }
 
     /// Claims `hook`'s one leg `leg` with a lease that is already over
@@ -1150,15 +1168,7 @@ pub fn model_claim(
             fair,
             stale_clock: None,
         }],
-    }
-}
-
-/// An empty JSON body to park, for the model-based tests.
-pub fn parked_json() -> hookinbox::deliveries::ParkedBody<'static> {
-    hookinbox::deliveries::ParkedBody {
-        content_type: "application/json",
-        headers: &[],
-        body: b"{}",
+        body: json_body(b"{}"),
     }
 }
 

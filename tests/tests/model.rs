@@ -27,8 +27,8 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use hookinbox::deliveries::{
-    self, ClaimRequest, ErrorClass, Failure, LegClaim, LegRequest, ParkedBody, Policy, Status,
-    StoredEvent, Take, Taking,
+    self, ClaimRequest, ErrorClass, Failure, LegClaim, LegRequest, Policy, Status, StoredEvent,
+    Take, Taking,
 };
 use hookinbox::key::{
     ClaimToken, DeliveryId, DeliveryKey, DestinationName, HookId, LegKey, SourceName,
@@ -190,14 +190,6 @@ struct Sut {
 }
 
 const BODY: &[u8] = b"{\"action\":\"opened\"}";
-
-fn parked() -> ParkedBody<'static> {
-    ParkedBody {
-        content_type: "application/json",
-        headers: &[],
-        body: BODY,
-    }
-}
 
 impl Sut {
     async fn snapshot(&self, leg: usize) -> Option<Snapshot> {
@@ -386,6 +378,7 @@ impl Sut {
                                 stale_clock: None,
                             })
                             .collect(),
+                        body: hookinbox_tests::json_body(BODY),
                     },
                 )
                 .await
@@ -453,7 +446,6 @@ impl Sut {
                     &self.legs[leg],
                     presented,
                     MAX_ATTEMPTS,
-                    parked(),
                 )
                 .await
                 .expect("take");
@@ -492,7 +484,6 @@ impl Sut {
                             &item.key,
                             item.presented,
                             MAX_ATTEMPTS,
-                            parked(),
                         )
                         .await
                         .expect("take"),
@@ -600,7 +591,7 @@ impl Sut {
                         |b| b.token == token && b.status == Status::Processing,
                         async {
                             let client = shared().pool.get().await.expect("client");
-                            deliveries::fail(&client, &key, token, &failure, parked())
+                            deliveries::fail(&client, &key, token, &failure)
                                 .await
                                 .expect("fail");
                         },
@@ -646,28 +637,33 @@ impl Sut {
                     .expect("schedule")
                 {
                     let parked = job.expect("a readable parked row");
-                    assert_eq!(parked.job.attempts, Some(parked.attempts));
+                    assert_eq!(parked.envelope.attempts, Some(parked.attempts));
                     for leg in 0..2 {
-                        if parked.job.key == self.legs[leg] {
+                        if parked.envelope.key == self.legs[leg] {
                             assert!(
                                 !(leg == 1 && self.gated),
                                 "the scheduler started a leg whose destination is not closed"
                             );
                             self.model[leg]
                                 .tokens
-                                .push((parked.job.token, parked.attempts));
+                                .push((parked.envelope.token, parked.attempts));
                         }
                     }
                 }
             }
             Op::Replay { leg } => {
-                match deliveries::replay(&client, &self.policy, &self.legs[leg])
-                    .await
-                    .expect("replay")
+                match deliveries::replay(
+                    &client,
+                    &self.policy,
+                    &self.legs[leg],
+                    deliveries::Scope::Failed,
+                )
+                .await
+                .expect("replay")
                 {
                     deliveries::Replayed::Started(parked) => {
-                        assert_eq!(parked.job.attempts, Some(0), "a replay starts over");
-                        self.model[leg].tokens.push((parked.job.token, 0))
+                        assert_eq!(parked.envelope.attempts, Some(0), "a replay starts over");
+                        self.model[leg].tokens.push((parked.envelope.token, 0))
                     }
                     deliveries::Replayed::Unreadable(row) => {
                         panic!("a readable parked row: {}", row.reason)
@@ -681,6 +677,7 @@ impl Sut {
                     completed: Duration::from_secs(30 * 86400),
                     failed: Duration::from_secs(28 * 86400),
                     events: Some(Duration::from_secs(30 * 86400)),
+                    bodies: Duration::from_secs(7 * 86_400),
                 };
                 deliveries::sweep(&client, &retention, 500)
                     .await

@@ -271,8 +271,6 @@ struct Sut {
     policy: Policy,
 }
 
-use hookinbox_tests::parked_json as parked;
-
 impl Sut {
     fn leg_of(&self, key: &LegKey) -> usize {
         self.keys
@@ -287,10 +285,10 @@ impl Sut {
         client
             .query(
                 "select d.delivery_id, d.fair_key, d.status, d.attempts, d.last_error_class, \
-                        exists (select 1 from parked_bodies p \
-                                where p.provider = d.provider and p.source = d.source \
-                                  and p.hook_id = d.hook_id and p.delivery_id = d.delivery_id \
-                                  and p.destination = d.destination) \
+                        exists (select 1 from bodies b \
+                                where b.provider = d.provider and b.source = d.source \
+                                  and b.hook_id = d.hook_id and b.delivery_id = d.delivery_id \
+                                  and b.received_at = d.created_at) \
                  from deliveries d where d.source = $1 and d.destination = $2",
                 &[&self.source.as_str(), &DESTINATION],
             )
@@ -392,7 +390,6 @@ impl Sut {
                 &self.keys[leg],
                 presented,
                 MAX_ATTEMPTS,
-                parked(),
             )
             .await
             .expect("take")
@@ -498,13 +495,13 @@ impl Sut {
             .expect("next fair");
         if let Some(Ok(parked)) = next {
             reached(RELEASED);
-            let next = self.leg_of(&parked.job.key);
+            let next = self.leg_of(&parked.envelope.key);
             assert_eq!(
                 installation_of(next),
                 installation_of(leg),
                 "leg {leg}'s end released leg {next} of another installation"
             );
-            self.published(next, parked.job.token, parked.attempts);
+            self.published(next, parked.envelope.token, parked.attempts);
         }
     }
 
@@ -525,12 +522,12 @@ impl Sut {
             .await
             .expect("schedule");
         for parked in due.into_iter().flatten() {
-            if parked.job.key.source == self.source {
-                let leg = self.leg_of(&parked.job.key);
+            if parked.envelope.key.source == self.source {
+                let leg = self.leg_of(&parked.envelope.key);
                 if waiting.contains(&leg) {
                     reached(WOKEN);
                 }
-                self.published(leg, parked.job.token, parked.attempts);
+                self.published(leg, parked.envelope.token, parked.attempts);
             }
         }
     }
@@ -616,15 +613,10 @@ impl Sut {
                         continue;
                     }
                     if held {
-                        let parked = deliveries::park_fair(
-                            client,
-                            &self.keys[leg],
-                            token,
-                            attempts,
-                            parked(),
-                        )
-                        .await
-                        .expect("park fair");
+                        let parked =
+                            deliveries::hold_fair(client, &self.keys[leg], token, attempts)
+                                .await
+                                .expect("hold fair");
                         assert!(parked, "leg {leg}'s hold found it moved on");
                         reached(HELD);
                     } else {
@@ -671,7 +663,7 @@ impl Sut {
                     message: "model".into(),
                     retry_in: Some(Duration::ZERO),
                 };
-                let failed = deliveries::fail(&client, &self.keys[leg], token, &failure, parked())
+                let failed = deliveries::fail(&client, &self.keys[leg], token, &failure)
                     .await
                     .expect("fail");
                 if failed.is_some() {
@@ -699,12 +691,16 @@ impl Sut {
                     .expect("reap");
             }
             Op::Replay { leg } => {
-                if let Replayed::Started(parked) =
-                    deliveries::replay(&client, &self.policy, &self.keys[leg])
-                        .await
-                        .expect("replay")
+                if let Replayed::Started(parked) = deliveries::replay(
+                    &client,
+                    &self.policy,
+                    &self.keys[leg],
+                    deliveries::Scope::Failed,
+                )
+                .await
+                .expect("replay")
                 {
-                    self.published(leg, parked.job.token, parked.attempts);
+                    self.published(leg, parked.envelope.token, parked.attempts);
                 }
             }
             Op::Fused { leg, token } => {

@@ -155,8 +155,6 @@ struct Sut {
     policy: Policy,
 }
 
-use hookinbox_tests::parked_json as parked;
-
 impl Sut {
     fn leg_of(&self, key: &LegKey) -> usize {
         self.keys
@@ -268,7 +266,6 @@ impl Sut {
             &self.keys[leg],
             presented,
             MAX_ATTEMPTS,
-            parked(),
         )
         .await
         .expect("take");
@@ -357,7 +354,7 @@ impl Sut {
                     message: "model".into(),
                     retry_in: (!permanent).then_some(Duration::ZERO),
                 };
-                deliveries::fail(&client, &self.keys[leg], token, &failure, parked())
+                deliveries::fail(&client, &self.keys[leg], token, &failure)
                     .await
                     .expect("fail");
                 self.held[leg] = None;
@@ -381,9 +378,9 @@ impl Sut {
                     .await
                     .expect("schedule");
                 for parked in due.into_iter().flatten() {
-                    if parked.job.key.source == self.source {
-                        let leg = self.leg_of(&parked.job.key);
-                        self.tokens[leg].push(parked.job.token);
+                    if parked.envelope.key.source == self.source {
+                        let leg = self.leg_of(&parked.envelope.key);
+                        self.tokens[leg].push(parked.envelope.token);
                     }
                 }
             }
@@ -392,9 +389,9 @@ impl Sut {
                     .await
                     .expect("next of key");
                 if let Some(Ok(parked)) = next {
-                    let next = self.leg_of(&parked.job.key);
+                    let next = self.leg_of(&parked.envelope.key);
                     assert_eq!(key_of(next), key_of(leg), "another key's leg");
-                    self.tokens[next].push(parked.job.token);
+                    self.tokens[next].push(parked.envelope.token);
                 }
             }
             Op::Reap => {
@@ -403,12 +400,16 @@ impl Sut {
                     .expect("reap");
             }
             Op::Replay { leg } => {
-                if let Replayed::Started(parked) =
-                    deliveries::replay(&client, &self.policy, &self.keys[leg])
-                        .await
-                        .expect("replay")
+                if let Replayed::Started(parked) = deliveries::replay(
+                    &client,
+                    &self.policy,
+                    &self.keys[leg],
+                    deliveries::Scope::Failed,
+                )
+                .await
+                .expect("replay")
                 {
-                    self.tokens[leg].push(parked.job.token);
+                    self.tokens[leg].push(parked.envelope.token);
                 }
             }
             Op::Skip | Op::Retry => {

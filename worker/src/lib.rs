@@ -50,8 +50,8 @@ mod runtime;
 pub use cli::Cli;
 pub use context::RuntimeError;
 pub use handlers::{
-    Answer, Completion, Effect, Forward, GITHUB_SIGNATURE_HEADER, Handler, HandlerError, Registry,
-    Router, RouterError, SIGNATURE_HEADER, Store, classify, from_config, github_rate_limit,
-    retry_after,
+    Answer, Completion, Effect, Forward, GITHUB_SIGNATURE_HEADER, Handler, HandlerError,
+    REPLAY_HEADER, Registry, Router, RouterError, SIGNATURE_HEADER, Store, classify, from_config,
+    github_rate_limit, retry_after,
 };
 pub use runtime::{DrainReport, JobOutcome, Worker};

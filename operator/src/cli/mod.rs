@@ -11,7 +11,7 @@ use std::io::Write;
 use std::time::Duration;
 
 use hookinbox::config::WorkerConfig;
-use hookinbox::deliveries::{self, Filter, Order, State};
+use hookinbox::deliveries::{self, Filter, State};
 use hookinbox::postgres::DbError;
 use serde_json::json;
 
@@ -19,6 +19,7 @@ use crate::OperatorError;
 use crate::jobs::Kind;
 
 mod args;
+mod deliveries_cmd;
 mod destinations_cmd;
 mod job;
 mod jobs_cmd;
@@ -31,7 +32,7 @@ pub use args::{
 };
 pub use destinations_cmd::{DestinationsArgs, DestinationsCommand, parse_target};
 pub use jobs_cmd::JobsCommand;
-use print::{print_fields, print_rows};
+use print::print_rows;
 
 /// Why an operator command failed (exit code 2).
 #[derive(Debug, thiserror::Error)]
@@ -115,8 +116,9 @@ pub enum DeliveriesCommand {
         after_help = "Examples:\n  hookinbox-worker deliveries list --status failed --since 2h\n  hookinbox-worker deliveries list --event push --limit 20 --json\n  hookinbox-worker deliveries list --repository octo-org/octo-repo --action opened\n  hookinbox-worker deliveries list --status awaiting_redelivery"
     )]
     List(ListArgs),
-    /// Show every delivery with this X-GitHub-Delivery id. Exits 1 when
-    /// none has it.
+    /// Show every delivery with this X-GitHub-Delivery id: each leg, then
+    /// the request headers and the raw body kept of it (until
+    /// HOOKINBOX_RETENTION_BODIES). Exits 1 when none has it.
     #[command(
         after_help = "Example:\n  hookinbox-worker deliveries show 72d3162e-cc78-11e3-81ab-4c9367dc0958"
     )]
@@ -128,6 +130,39 @@ pub enum DeliveriesCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Replay a delivery, a completed one too, from the body Postgres keeps
+    /// of it: each of its legs that is completed or failed (or the one
+    /// --destination names) goes back to processing under a new token,
+    /// attempts back to 0, replays + 1, and is published again. A forward
+    /// destination receives it with the same Idempotency-Key and
+    /// X-Hookinbox-Replay: N. Runs as a job in the foreground (audited,
+    /// shown by the console and `jobs list`); each leg left alone is named
+    /// with why. Exits 0 when a leg was (or, with --dry-run, would be)
+    /// replayed, 1 when none was, 2 on a usage error or when a replay could
+    /// not be published.
+    #[command(
+        after_help = "Examples:\n  hookinbox-worker deliveries replay 72d3162e-cc78-11e3-81ab-4c9367dc0958 --dry-run\n  hookinbox-worker deliveries replay 72d3162e-cc78-11e3-81ab-4c9367dc0958 --destination ci --as alice"
+    )]
+    Replay {
+        /// The X-GitHub-Delivery id.
+        #[arg(value_parser = parse_delivery_id)]
+        id: String,
+        /// The source it came to (needed when several have this id).
+        #[arg(long)]
+        source: Option<String>,
+        /// Only its leg to this destination.
+        #[arg(long)]
+        destination: Option<String>,
+        /// Show what would be replayed; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        /// Who replays.
+        #[command(flatten)]
+        actor: ActorArgs,
+    },
 }
 
 /// `dlq …`
@@ -138,7 +173,7 @@ pub enum DlqCommand {
         after_help = "Examples:\n  hookinbox-worker dlq list\n  hookinbox-worker dlq list --error-class permanent --since 1d --json\n  hookinbox-worker dlq list --repository octo-org/octo-repo --event issues --action opened"
     )]
     List(ListArgs),
-    /// Replay dead letters from their parked bodies: attempts back to 0,
+    /// Replay dead letters from their bodies kept in Postgres: attempts back to 0,
     /// replays + 1. Atomic and idempotent: replaying one twice starts one job.
     /// Runs as a bulk job in the foreground (audited, shown by the console
     /// and `jobs list`); Ctrl-C cancels it.
@@ -173,8 +208,8 @@ pub enum DlqCommand {
         #[command(flatten)]
         actor: ActorArgs,
     },
-    /// Delete dead letters older than a duration, with their parked bodies;
-    /// the filters narrow them. Runs as a bulk job in the foreground
+    /// Delete dead letters older than a duration (their bodies go with
+    /// HOOKINBOX_RETENTION_BODIES); the filters narrow them. Runs as a bulk job in the foreground
     /// (audited); Ctrl-C cancels it. Exits 1 when none matches.
     #[command(
         after_help = "Examples:\n  hookinbox-worker dlq purge --older-than 14d\n  hookinbox-worker dlq purge --older-than 2d --repository octo-org/octo-repo --error-class permanent --dry-run"
@@ -234,22 +269,26 @@ pub async fn run(
             list_rows(&pool, &list, false, out).await
         }
         OpsCommand::Deliveries(DeliveriesCommand::Show { id, json }) => {
-            let client = pool.get().await.map_err(DbError::from)?;
-            let filter = Filter {
-                ids: Some(vec![id.clone()]),
-                limit: i64::MAX,
-                order: Order::RecentlyActive,
-                ..Filter::default()
+            deliveries_cmd::show(&pool, &id, json, out).await
+        }
+        OpsCommand::Deliveries(DeliveriesCommand::Replay {
+            id,
+            source,
+            destination,
+            dry_run,
+            json,
+            actor,
+        }) => {
+            let who = actor.identity()?;
+            let replay = deliveries_cmd::Replay {
+                id: &id,
+                source: source.as_deref(),
+                destination: destination.as_deref(),
+                dry_run,
+                json,
+                who: &who,
             };
-            let rows = deliveries::list(&client, &filter).await?;
-            if json {
-                print_rows(out, &rows, true)?;
-            } else if rows.is_empty() {
-                writeln!(out, "no delivery has the X-GitHub-Delivery id '{id}'")?;
-            } else {
-                print_fields(out, &rows)?;
-            }
-            Ok(Found::from_count(rows.len()))
+            deliveries_cmd::replay(&pool, config, replay, out).await
         }
         OpsCommand::Dlq(DlqCommand::List(list)) => list_rows(&pool, &list, true, out).await,
         OpsCommand::Dlq(DlqCommand::Replay {

@@ -111,6 +111,10 @@ struct BulkBody {
     #[serde(default)]
     dry_run: bool,
     per_second: Option<f64>,
+    /// A replay of completed deliveries too (`replay_any`), not only of
+    /// failed ones.
+    #[serde(default)]
+    completed: bool,
 }
 
 /// How many a dry run shows.
@@ -126,6 +130,13 @@ async fn bulk(
     let body = body::read(&req, payload, JSON_LIMIT, state.body_timeout).await?;
     let body: BulkBody = serde_json::from_slice(&body)
         .map_err(|e| AdminError::field("body", format!("not the JSON this call takes ({e})")))?;
+    let kind = match (kind, body.completed) {
+        (Kind::Replay, true) => Kind::ReplayAny,
+        (Kind::Purge, true) => {
+            return Err(AdminError::field("completed", "a purge takes dead letters only").into());
+        }
+        (kind, _) => kind,
+    };
     let (filter, target) = match (&body.filter, &body.ids) {
         (Some(f), None) => {
             let checked = params::from_json(f)?;

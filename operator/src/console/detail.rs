@@ -85,8 +85,9 @@ impl Attempt {
 pub struct Leg {
     /// The row.
     pub delivery: Delivery,
-    /// Whether a body is parked for it.
-    pub parked: bool,
+    /// Whether its delivery's body is kept, so that a replay can publish
+    /// it (the same for every leg of a delivery).
+    pub body_kept: bool,
     /// Its attempts, newest first (at most [`ATTEMPTS_SHOWN`]).
     pub attempts: Vec<Attempt>,
 }
@@ -94,8 +95,8 @@ pub struct Leg {
 /// A payload, shown.
 #[derive(Clone, Debug)]
 pub struct Payload {
-    /// `event` (the stored event) or `parked` (the raw body kept for a
-    /// retry or a replay).
+    /// `received` (the raw body as received, kept for retries and replays)
+    /// or `event` (the stored event, once the body is past its retention).
     pub origin: &'static str,
     /// The payload as JSON, when it parses.
     pub json: Option<Value>,
@@ -111,8 +112,8 @@ pub struct Detail {
     pub delivery: Delivery,
     /// Every leg, by destination.
     pub legs: Vec<Leg>,
-    /// The original `X-GitHub-*` headers kept with a parked body, without
-    /// any signature-like header.
+    /// The carried request headers (`X-GitHub-*`, `User-Agent`) kept with
+    /// the body, without any signature-like header.
     pub headers: Vec<(String, String)>,
     /// Its steps, oldest first.
     pub timeline: Vec<Step>,
@@ -123,11 +124,12 @@ pub struct Detail {
 }
 
 impl Detail {
-    /// Whether a replay has something to do: a failed leg with a body.
+    /// Whether a replay of its failed legs has something to do: a failed
+    /// leg with a body.
     pub fn replayable(&self) -> bool {
         self.legs
             .iter()
-            .any(|l| l.delivery.status == Status::Failed && l.parked)
+            .any(|l| l.delivery.status == Status::Failed && l.body_kept)
     }
 
     /// Whether a purge may have something to do: a leg failed for good.
@@ -141,7 +143,7 @@ impl Detail {
     pub fn failed_without_body(&self) -> bool {
         self.legs
             .iter()
-            .any(|l| l.delivery.status == Status::Failed && !l.parked)
+            .any(|l| l.delivery.status == Status::Failed && !l.body_kept)
     }
 }
 
@@ -198,9 +200,9 @@ fn timeline(d: &Delivery, lineage: &[Lineage]) -> Vec<Step> {
         steps.push(Step {
             at: l.at,
             what: match (l.kind, l.result.as_str()) {
-                (Kind::Replay, "replayed") => "replayed",
+                (Kind::Replay | Kind::ReplayAny, "replayed") => "replayed",
                 (Kind::Purge, "purged") => "purged",
-                (Kind::Replay, "failed") => "replay failed",
+                (Kind::Replay | Kind::ReplayAny, "failed") => "replay failed",
                 (Kind::Purge, "failed") => "purge failed",
                 _ => "job skipped it",
             },
@@ -263,7 +265,7 @@ fn timeline(d: &Delivery, lineage: &[Lineage]) -> Vec<Step> {
 fn show(stored: StoredPayload) -> Payload {
     let origin = match stored.origin {
         PayloadOrigin::Event => "event",
-        PayloadOrigin::Parked => "parked",
+        PayloadOrigin::Received => "received",
     };
     let json = stored.json.or_else(|| {
         let raw = stored.raw.as_deref()?;
@@ -340,26 +342,13 @@ pub async fn load(
         }
         timeline_steps.extend(steps);
         lineage.extend(leg_lineage);
-        let leg_stored = deliveries::stored_payload(client, &row.key).await?;
-        let parked = leg_stored
-            .as_ref()
-            .is_some_and(|s| s.origin == PayloadOrigin::Parked);
-        // The payload shown: the first leg's that keeps one, its parked
-        // body (with its headers) before the stored event.
-        let better = match (&stored, &leg_stored) {
-            (None, Some(_)) => true,
-            (
-                Some(StoredPayload {
-                    origin: PayloadOrigin::Event,
-                    ..
-                }),
-                Some(_),
-            ) => parked,
-            _ => false,
-        };
-        if better {
-            stored = leg_stored;
+        // One body per delivery: read once, through its first leg.
+        if i == 0 {
+            stored = deliveries::stored_payload(client, &row.key).await?;
         }
+        let body_kept = stored
+            .as_ref()
+            .is_some_and(|s| s.origin == PayloadOrigin::Received);
         let attempts = deliveries::leg_attempts(client, &row.key, ATTEMPTS_SHOWN)
             .await?
             .into_iter()
@@ -367,7 +356,7 @@ pub async fn load(
             .collect();
         legs.push(Leg {
             delivery: row,
-            parked,
+            body_kept,
             attempts,
         });
     }
@@ -432,7 +421,7 @@ fn leg_json(l: &Leg) -> Value {
         "error_class": d.last_error_class.map(ErrorClass::as_str),
         "error": d.last_error,
         "filter_reason": d.filter_reason,
-        "parked": l.parked,
+        "body_kept": l.body_kept,
         "attempt_log": l.attempts.iter().map(attempt_json).collect::<Vec<_>>(),
     })
 }

@@ -134,23 +134,38 @@ async fn act_on_one(
     payload: web::Payload,
     kind: Kind,
 ) -> Page {
-    let (session, fields, _) = changing_form(&req, &state, payload, &["hook_id"]).await?;
+    let (session, fields, _) =
+        changing_form(&req, &state, payload, &["hook_id", "destination"]).await?;
     require_operator(&session.identity)?;
     let (source, id) = path.into_inner();
     params::delivery_path(&source, &id)?;
     let hook = params::hook_id("hook_id", fields.get("hook_id").map_or("", String::as_str))?;
+    // One leg (a replay of it, completed or failed), or every leg the
+    // kind applies to.
+    let destination = match fields.get("destination").filter(|d| !d.is_empty()) {
+        Some(d) => Some(params::destination("destination", d)?),
+        None => None,
+    };
+    let kind = match (kind, &destination) {
+        (Kind::Replay, Some(_)) => Kind::ReplayAny,
+        (kind, _) => kind,
+    };
     let filter = Filter {
         source: Some(source.clone()),
         ids: Some(vec![id.clone()]),
         hook_id: Some(hook.clone()),
+        destination: destination.clone(),
         states: kind.states().to_vec(),
         // Each leg of the delivery that the job applies to: one per
         // destination of its source.
         limit: 1000,
         ..Filter::default()
     };
-    let target =
+    let mut target =
         serde_json::json!({"delivery": {"source": source, "hook_id": hook, "delivery_id": id}});
+    if let Some(d) = &destination {
+        target["delivery"]["destination"] = d.as_str().into();
+    }
     jobs::start(
         &state,
         &session.identity,
@@ -161,13 +176,14 @@ async fn act_on_one(
     )
     .await?;
     let back = match kind {
-        Kind::Replay => views::delivery_href(&source, &hook, &id),
+        Kind::Replay | Kind::ReplayAny => views::delivery_href(&source, &hook, &id),
         Kind::Purge => "/deliveries?status=dead".to_owned(),
     };
     Ok(see_other(&back))
 }
 
-/// `POST /deliveries/{source}/{delivery_id}/replay`.
+/// `POST /deliveries/{source}/{delivery_id}/replay`: the delivery's
+/// failed legs, or (with `destination`) that one leg, completed or failed.
 pub(crate) async fn replay_one(
     req: HttpRequest,
     state: web::Data<State>,
@@ -190,8 +206,9 @@ pub(crate) async fn purge_one(
 fn kind_of(extra: &BTreeMap<String, String>) -> Result<Kind, AdminError> {
     match extra.get("kind").map(String::as_str) {
         None | Some("replay") => Ok(Kind::Replay),
+        Some("replay_any") => Ok(Kind::ReplayAny),
         Some("purge") => Ok(Kind::Purge),
-        Some(_) => Err(AdminError::field("kind", "replay or purge")),
+        Some(_) => Err(AdminError::field("kind", "replay, replay_any or purge")),
     }
 }
 

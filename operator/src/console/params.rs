@@ -141,6 +141,19 @@ pub fn hook_id(field: &str, value: &str) -> Result<String, AdminError> {
     Ok(value.to_owned())
 }
 
+/// A destination's name, by the rules of its configuration (`a-z`, `0-9`,
+/// `-`, `_`, 1 to 64 characters).
+pub fn destination(field: &str, value: &str) -> Result<String, AdminError> {
+    hookinbox::DestinationName::parse(value)
+        .map(|d| d.as_str().to_owned())
+        .map_err(|_| {
+            AdminError::field(
+                field,
+                "a destination name: 1 to 64 characters of a-z, 0-9, '-' and '_'",
+            )
+        })
+}
+
 /// A whole number from 0 up (a job's or a session's id, a cursor).
 pub fn id(field: &str, value: &str) -> Result<i64, AdminError> {
     value

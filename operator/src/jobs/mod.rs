@@ -71,7 +71,7 @@ pub fn summary(job: &Job) -> String {
 /// A job as JSON: the API's answer and the CLI's `jobs list --json`.
 pub fn to_json(job: &Job, items: &[Item]) -> serde_json::Value {
     let key_field = match job.kind {
-        Kind::Replay => "replay_of",
+        Kind::Replay | Kind::ReplayAny => "replay_of",
         Kind::Purge => "delivery",
     };
     serde_json::json!({

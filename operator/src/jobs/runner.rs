@@ -15,7 +15,7 @@ use deadpool_postgres::Pool;
 use hookinbox::LegKey;
 use hookinbox::broker::Publisher;
 use hookinbox::config::WorkerConfig;
-use hookinbox::deliveries::{self, Parked};
+use hookinbox::deliveries::{self, Republish};
 use hookinbox::postgres::DbError;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
@@ -102,7 +102,7 @@ async fn take(runner: &Runner) -> Result<Option<(i64, Kind, f64)>, DbError> {
 /// What one item came to.
 enum Step {
     /// Done; a replay's job to publish, if any.
-    Did(Option<Box<Parked>>, i32),
+    Did(Option<Box<Republish>>, i32),
     /// No item left: the job is finished.
     Finished,
     /// The job was cancelled or taken over.
@@ -146,16 +146,18 @@ async fn step(runner: &Runner, id: i64, kind: Kind) -> Result<Step, JobError> {
             .await?;
             None
         }
-        Kind::Replay => match replay::begin(&tx, &runner.config.common.policy(), &key).await? {
-            Begun::Done(outcome) => {
-                store::done(&tx, id, position, outcome.result(), outcome.error()).await?;
-                None
+        Kind::Replay | Kind::ReplayAny => {
+            match replay::begin(&tx, &runner.config.common.policy(), &key, kind.scope()).await? {
+                Begun::Done(outcome) => {
+                    store::done(&tx, id, position, outcome.result(), outcome.error()).await?;
+                    None
+                }
+                Begun::Publish(parked) => {
+                    store::done(&tx, id, position, "replayed", None).await?;
+                    Some(parked)
+                }
             }
-            Begun::Publish(parked) => {
-                store::done(&tx, id, position, "replayed", None).await?;
-                Some(parked)
-            }
-        },
+        }
     };
     tx.commit().await?;
     Ok(Step::Did(published, position))

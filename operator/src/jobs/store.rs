@@ -3,7 +3,7 @@
 
 use chrono::{DateTime, Utc};
 use hookinbox::LegKey;
-use hookinbox::deliveries::State;
+use hookinbox::deliveries::{Scope, State};
 use hookinbox::postgres::DbError;
 use hookinbox::postgres::sql::{self, Session};
 use uuid::Uuid;
@@ -11,8 +11,12 @@ use uuid::Uuid;
 /// What a job does to each item.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
-    /// Replays a failed delivery from its parked body.
+    /// Replays a failed leg (retrying or dead) from its delivery's body.
     Replay,
+    /// Replays any leg that is not in flight and not filtered, completed
+    /// ones too, from its delivery's body (`deliveries replay`, the
+    /// console's delivery page).
+    ReplayAny,
     /// Deletes a dead letter.
     Purge,
 }
@@ -22,25 +26,46 @@ impl Kind {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Replay => "replay",
+            Self::ReplayAny => "replay_any",
             Self::Purge => "purge",
         }
     }
 
     /// The states of the deliveries it acts on: a replay takes failed
     /// ones (retrying or dead) and those awaiting a redelivery (whose item
-    /// then says that only GitHub has the body), a purge dead letters.
+    /// then says that only GitHub has the body), a replay of any leg
+    /// completed ones too, a purge dead letters.
     pub fn states(self) -> &'static [State] {
         match self {
             Self::Replay => &[State::Retrying, State::Dead, State::AwaitingRedelivery],
+            Self::ReplayAny => &[
+                State::Completed,
+                State::Retrying,
+                State::Dead,
+                State::AwaitingRedelivery,
+            ],
             Self::Purge => &[State::Dead],
         }
     }
 
+    /// Which legs a replay of this kind may start.
+    pub fn scope(self) -> Scope {
+        match self {
+            Self::ReplayAny => Scope::Ended,
+            Self::Replay | Self::Purge => Scope::Failed,
+        }
+    }
+
+    /// Whether it replays (rather than purges).
+    pub fn replays(self) -> bool {
+        self != Self::Purge
+    }
+
     fn parse(s: &str) -> Self {
-        if s == "purge" {
-            Self::Purge
-        } else {
-            Self::Replay
+        match s {
+            "purge" => Self::Purge,
+            "replay_any" => Self::ReplayAny,
+            _ => Self::Replay,
         }
     }
 }

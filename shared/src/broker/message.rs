@@ -1,6 +1,14 @@
-//! The job as an AMQP message: the raw body is the payload, byte for
-//! byte; everything else rides in headers. A dead-letter copy carries the
-//! same plus why and when it failed.
+//! The job as an AMQP message: its envelope (the leg's key, event, action,
+//! token, attempts and trace) rides in headers, and the payload is empty.
+//! The body is in Postgres (`deliveries::bodies`), and the worker's take
+//! returns it: the broker carries a key, so that a message it loses can be
+//! published again from Postgres. A dead-letter copy carries the same plus
+//! why and when it failed.
+//!
+//! A message published before bodies lived in Postgres carries the raw
+//! body as its payload, its `Content-Type` and its `X-GitHub-*` headers:
+//! [`decode`] keeps them as the envelope's `carried` body, which the
+//! worker uses only when Postgres holds none.
 
 use bytes::Bytes;
 use lapin::BasicProperties;
@@ -8,7 +16,7 @@ use lapin::types::{AMQPValue, FieldTable, ShortString};
 
 use super::long_string;
 use crate::deliveries::DeadLetter;
-use crate::job::{Job, JobTrace, is_carried_header};
+use crate::job::{Body, Envelope, JobTrace, is_carried_header};
 use crate::key::{ClaimToken, EventName, LegKey};
 
 const H_PROVIDER: &str = "hookinbox-provider";
@@ -40,7 +48,7 @@ const MAX_TRACEPARENT: usize = 128;
 pub struct MalformedJob(&'static str);
 
 /// The properties a job is published with.
-pub(super) fn properties(job: &Job) -> BasicProperties {
+pub(super) fn properties(job: &Envelope) -> BasicProperties {
     let mut headers = FieldTable::default();
     headers.insert(H_PROVIDER.into(), long_string(&job.key.provider));
     headers.insert(H_SOURCE.into(), long_string(job.key.source.as_str()));
@@ -63,9 +71,6 @@ pub(super) fn properties(job: &Job) -> BasicProperties {
     if let Some(attempts) = job.attempts {
         headers.insert(H_ATTEMPTS.into(), AMQPValue::LongInt(attempts));
     }
-    for (name, value) in &job.github_headers {
-        headers.insert(ShortString::from(name.clone()), long_string(value));
-    }
     if let Some(parent) = &job.trace.parent {
         headers.insert(H_TRACEPARENT.into(), long_string(parent));
     }
@@ -75,13 +80,12 @@ pub(super) fn properties(job: &Job) -> BasicProperties {
     BasicProperties::default()
         // 2 = persistent: written to disk, survives a broker restart.
         .with_delivery_mode(2)
-        .with_content_type(ShortString::from(job.content_type.clone()))
         .with_message_id(ShortString::from(job.key.delivery_id.as_str().to_owned()))
         .with_headers(headers)
 }
 
-/// Reads a job back from a consumed message.
-pub fn decode(properties: &BasicProperties, data: Vec<u8>) -> Result<Job, MalformedJob> {
+/// Reads a job's envelope back from a consumed message.
+pub fn decode(properties: &BasicProperties, data: Vec<u8>) -> Result<Envelope, MalformedJob> {
     let headers = properties
         .headers()
         .as_ref()
@@ -125,17 +129,6 @@ pub fn decode(properties: &BasicProperties, data: Vec<u8>) -> Result<Job, Malfor
         Some(AMQPValue::LongInt(n)) => Some(*n),
         _ => None,
     };
-    let github_headers = headers
-        .inner()
-        .iter()
-        .filter(|(name, _)| is_carried_header(name.as_str()))
-        .filter_map(|(name, value)| match value {
-            AMQPValue::LongString(s) => std::str::from_utf8(s.as_bytes())
-                .ok()
-                .map(|v| (name.as_str().to_owned(), v.to_owned())),
-            _ => None,
-        })
-        .collect();
     // A trace context that is not text of a sane length is dropped: the
     // job runs all the same, in a trace of its own.
     let trace_header = |name: &'static str| text(name).ok().filter(|v| v.len() <= MAX_TRACEPARENT);
@@ -143,27 +136,40 @@ pub fn decode(properties: &BasicProperties, data: Vec<u8>) -> Result<Job, Malfor
         parent: trace_header(H_TRACEPARENT),
         origin: trace_header(H_TRACE_ORIGIN),
     };
-    let content_type = properties
-        .content_type()
-        .as_ref()
-        .map(|c| c.as_str().to_owned())
-        .unwrap_or_else(|| "application/json".to_owned());
-    Ok(Job {
+    // A payload: a message from before bodies lived in Postgres.
+    let carried = (!data.is_empty()).then(|| Body {
+        content_type: properties
+            .content_type()
+            .as_ref()
+            .map(|c| c.as_str().to_owned())
+            .unwrap_or_else(|| "application/json".to_owned()),
+        github_headers: headers
+            .inner()
+            .iter()
+            .filter(|(name, _)| is_carried_header(name.as_str()))
+            .filter_map(|(name, value)| match value {
+                AMQPValue::LongString(s) => std::str::from_utf8(s.as_bytes())
+                    .ok()
+                    .map(|v| (name.as_str().to_owned(), v.to_owned())),
+                _ => None,
+            })
+            .collect(),
+        bytes: Bytes::from(data),
+    });
+    Ok(Envelope {
         key,
         event,
         action,
         token,
         attempts,
-        content_type,
-        github_headers,
-        body: Bytes::from(data),
         trace,
+        carried,
     })
 }
 
 /// The properties of a job's dead-letter copy: the job's, plus the class,
 /// the attempts, the first and last failure and the idempotency key.
-pub(super) fn dead_letter_properties(job: &Job, dead: &DeadLetter) -> BasicProperties {
+pub(super) fn dead_letter_properties(job: &Envelope, dead: &DeadLetter) -> BasicProperties {
     let properties = properties(job);
     let mut headers = properties.headers().clone().unwrap_or_default();
     headers.insert(

@@ -14,7 +14,7 @@ use tokio::sync::Mutex;
 
 use super::{BrokerError, DEAD_ROUTING_KEY, Topology, close_within, connect, message};
 use crate::deliveries::DeadLetter;
-use crate::job::Job;
+use crate::job::Envelope;
 use crate::key::{DestinationName, SourceName};
 
 /// A publisher with confirms over one lazily (re)connected channel.
@@ -218,11 +218,12 @@ impl Publisher {
         result
     }
 
-    /// Publishes a job to its destination's queue and waits for its
-    /// confirm. Only `Ok` means the broker holds the job; every other
-    /// outcome (nack, return, timeout, closed channel) is a failed
-    /// publish. The queue is declared first if this channel has not yet.
-    pub async fn publish(&self, job: &Job) -> Result<(), BrokerError> {
+    /// Publishes a job (its envelope: the leg's key, never its body) to its
+    /// destination's queue and waits for its confirm. Only `Ok` means the
+    /// broker holds the job; every other outcome (nack, return, timeout,
+    /// closed channel) is a failed publish. The queue is declared first if
+    /// this channel has not yet.
+    pub async fn publish(&self, job: &Envelope) -> Result<(), BrokerError> {
         let (source, destination) = (&job.key.source, &job.key.destination);
         if !destination.is_legacy() {
             self.ensure_leg_queue(source, destination).await?;
@@ -230,7 +231,7 @@ impl Publisher {
         self.publish_raw(
             &self.topology.work_exchange(),
             &Topology::leg_routing_key(source, destination),
-            &job.body,
+            &[],
             message::properties(job),
         )
         .await
@@ -242,11 +243,11 @@ impl Publisher {
     /// until the breaker closes, so a probe queued behind them would never
     /// be consumed. Every worker consumes the shared queue and runs the
     /// probe in its destination's lane. Confirmed like [`Publisher::publish`].
-    pub async fn publish_probe(&self, job: &Job) -> Result<(), BrokerError> {
+    pub async fn publish_probe(&self, job: &Envelope) -> Result<(), BrokerError> {
         self.publish_raw(
             &self.topology.work_exchange(),
             &Topology::leg_routing_key(&job.key.source, &DestinationName::legacy()),
-            &job.body,
+            &[],
             message::properties(job),
         )
         .await
@@ -292,17 +293,17 @@ impl Publisher {
 
     /// Publishes a dead-letter copy of a failed job, with headers for the
     /// key, the event, the error class, the attempts and the first and last
-    /// failure. Postgres stays the record; the copy feeds tools and alerts,
-    /// and a second copy of the same key is harmless.
+    /// failure. Postgres stays the record, body included; the copy feeds
+    /// tools and alerts, and a second copy of the same key is harmless.
     pub async fn publish_dead_letter(
         &self,
-        job: &Job,
+        job: &Envelope,
         dead: &DeadLetter,
     ) -> Result<(), BrokerError> {
         self.publish_raw(
             &self.topology.dead_letter_exchange(),
             DEAD_ROUTING_KEY,
-            &job.body,
+            &[],
             message::dead_letter_properties(job, dead),
         )
         .await

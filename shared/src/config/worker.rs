@@ -326,6 +326,19 @@ pub struct WorkerArgs {
     )]
     pub retention_failed: String,
 
+    /// How long each delivery's body (as received, with its headers) is
+    /// kept after its first claim, for replays and the operators' views
+    /// (e.g. `7d`). The bodies of deliveries with a leg not yet ended
+    /// (processing, retrying, waiting, or a dead letter) are kept whatever
+    /// their age. Bodies go a whole day at a time: up to a day longer.
+    #[arg(
+        long,
+        env = "HOOKINBOX_RETENTION_BODIES",
+        value_name = "HOOKINBOX_RETENTION_BODIES",
+        default_value = "7d"
+    )]
+    pub retention_bodies: String,
+
     /// Accept a completed retention under 7 days (redeliveries of older
     /// deliveries would then run again).
     #[arg(long, env = "HOOKINBOX_ALLOW_SHORT_RETENTION",
@@ -628,6 +641,7 @@ impl WorkerArgs {
             completed: retention_completed,
             failed: retention_failed,
             events: events_retention(self.events_retention_days, retention_completed)?,
+            bodies: parse_duration("HOOKINBOX_RETENTION_BODIES", &self.retention_bodies)?,
         };
         if from_file && !github.is_empty() {
             return Err(invalid(

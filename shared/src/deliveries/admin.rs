@@ -1,24 +1,29 @@
 //! What operators read and do: a delivery by its `X-GitHub-Delivery` id,
-//! its stored payload, and replay of failed deliveries (and its undo when
-//! the publish fails). One delivery by key is `delivery`; lists and counts
-//! are in `filter`.
+//! its stored payload, and replay (of failed legs, or of any leg that has
+//! ended, from its delivery's body), and its undo when the publish fails.
+//! One delivery by key is `delivery`; lists and counts are in `filter`.
 
 use crate::postgres::sql::Session;
 
+use super::bodies::{self, Kept};
 use super::delivery::Delivery;
 use super::filter::{Filter, list};
-use super::parked::{Parked, Unreadable, headers_from_json};
-use super::row::parked;
+use super::row::{Republish, Unreadable, republish};
 use super::{Policy, execute, query_opt, redact, secs};
 use crate::key::{ClaimToken, LegKey};
 use crate::postgres::DbError;
 use crate::postgres::sql;
 
-/// A leg of an ordered key keeps its place, so the retry of a halted key
-/// runs its halting leg first; a leg an operator skipped takes a new place
-/// at the back of its key (the key went on without it), under the key's
-/// advisory lock as a claim's place is (see `claim`), and holds the key
-/// again.
+/// `$7`: whether a completed leg may be replayed too (`Scope::Ended`), or
+/// failed ones only (`Scope::Failed`). Either way its delivery's body must
+/// be kept.
+///
+/// A failed leg of an ordered key keeps its place, so the retry of a
+/// halted key runs its halting leg first; a leg an operator skipped, and a
+/// completed leg, take a new place at the back of its key (the key went on
+/// without it), under the key's advisory lock as a claim's place is (see
+/// `claim`): a skipped leg holds the key again, a completed one runs after
+/// what its key has now.
 const REPLAY: &str = concat!(
     "
 with skipped as (
@@ -26,7 +31,9 @@ with skipped as (
     where ",
     key!("x"),
     "
-      and x.status = 'failed' and x.order_key is not null and x.order_skipped_at is not null
+      and x.order_key is not null
+      and ((x.status = 'failed' and x.order_skipped_at is not null)
+           or (x.status = 'completed' and $7))
 ), place as (
     select nextval('deliveries_order_seq') as seq
     from (select count(*) from (
@@ -41,6 +48,7 @@ set ",
     to_processing!("$6"),
     ",
     attempts = 0, replays = d.replays + 1, dead_lettered_at = null, deferred_since = null,
+    completed_at = null,
     -- A replay is an operator's request to run the leg: `skip_stale` does
     -- not skip it.
     stale_clock = null,
@@ -49,50 +57,62 @@ set ",
     -- (its publish failed) skips it again.
     order_skipped_by = case when d.order_skipped_at is not null then d.order_skipped_by end,
     order_skipped_at = null
-from parked_bodies p
 where ",
     key!("d"),
     "
-  and d.status = 'failed'
-  and p.provider = d.provider and p.source = d.source
-  and p.hook_id = d.hook_id and p.delivery_id = d.delivery_id
-  and p.destination = d.destination
+  and (d.status = 'failed' or (d.status = 'completed' and $7))
+  and ",
+    body_exists!("d"),
+    "
 returning d.provider, d.source, d.hook_id, d.delivery_id, d.destination, d.event, d.action,
-          d.claim_token, d.attempts, p.content_type, p.headers, p.body, d.traceparent"
+          d.claim_token, d.attempts, d.traceparent"
 );
+
+/// Which legs a replay may start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// Failed legs only (retrying or dead): `dlq replay`, and the
+    /// console's replay of dead letters.
+    Failed,
+    /// Any leg that is not in flight and not filtered: completed ones too
+    /// (`deliveries replay`, the console's delivery page).
+    Ended,
+}
 
 /// What an operator replay of one delivery came to.
 #[derive(Clone, Debug)]
 pub enum Replayed {
     /// Back to `processing` under a new token: publish this job.
-    Started(Box<Parked>),
-    /// Its parked body cannot become a job; dead-letter it with the reason
+    Started(Box<Republish>),
+    /// Its row cannot become a job; dead-letter it with the reason
     /// ([`super::dead_letter_unreadable`]).
     Unreadable(Unreadable),
-    /// Nothing changed: hookinbox holds no body of this delivery (see
-    /// [`super::Held::AwaitingRedelivery`]), so only a redelivery from
-    /// GitHub can bring it back. [`NO_BODY_TO_REPLAY`] says so to operators.
+    /// Nothing changed: hookinbox holds no body of this delivery (a leg
+    /// claimed before the claim wrote bodies, see
+    /// [`super::Held::AwaitingRedelivery`], or one whose body retention
+    /// dropped), so only a redelivery from GitHub can bring it back.
+    /// [`NO_BODY_TO_REPLAY`] says so to operators.
     NoBody,
-    /// Nothing changed: the delivery is not failed (any more): replayed or
-    /// taken meanwhile, completed, or gone.
+    /// Nothing changed: the leg is not one the scope replays (any more):
+    /// in flight (replayed or taken meanwhile), completed where only
+    /// failed legs are replayed, filtered, or gone.
     NotFailed,
 }
 
-/// Why a delivery with no parked body is not replayed, and what brings it
+/// Why a delivery with no body kept is not replayed, and what brings it
 /// back; the CLI and the console say the same.
-pub const NO_BODY_TO_REPLAY: &str = "No body to replay: ingest claimed this delivery but \
-     never published it, so only GitHub has its body. Ask GitHub to redeliver it: run \
-     `hookinbox-worker reconcile` (the reconciler asks GitHub to redeliver every claim \
+pub const NO_BODY_TO_REPLAY: &str = "No body to replay: hookinbox keeps no body of this \
+     delivery (it is past HOOKINBOX_RETENTION_BODIES, or the delivery was claimed before bodies \
+     were kept and its message was lost), so only GitHub has its body. Ask GitHub to redeliver \
+     it: run `hookinbox-worker reconcile` (the reconciler asks GitHub to redeliver every claim \
      awaiting redelivery), or press Redeliver on it in the webhook's Recent Deliveries on GitHub";
 
 const REPLAY_REFUSED: &str = concat!(
     "
-select not exists (
-           select 1 from parked_bodies p
-           where p.provider = d.provider and p.source = d.source
-             and p.hook_id = d.hook_id and p.delivery_id = d.delivery_id
-             and p.destination = d.destination)
-       and (d.status = 'failed' or ",
+select not ",
+    body_exists!("d"),
+    "
+       and (d.status = 'failed' or (d.status = 'completed' and $6) or ",
     awaiting_redelivery!("d"),
     ")
 from deliveries d
@@ -100,25 +120,28 @@ where ",
     key!("d")
 );
 
-/// Operator replay of a failed delivery: back to `processing` under a new
-/// token with `attempts = 0` and `replays + 1`, in one compare-and-set on
-/// `status = 'failed'` with a parked body. Replaying the same delivery
-/// twice starts one job: the second finds it processing and changes
-/// nothing ([`Replayed::NotFailed`]). When the compare-and-set changes
-/// nothing, a read that follows says why: no body to replay
-/// ([`Replayed::NoBody`]), or not failed.
+/// Operator replay of a leg: back to `processing` under a new token with
+/// `attempts = 0` and `replays + 1`, in one compare-and-set on its status
+/// (failed, or with [`Scope::Ended`] completed too) and on its delivery's
+/// body being kept. Replaying the same leg twice starts one job: the
+/// second finds it processing and changes nothing
+/// ([`Replayed::NotFailed`]). When the compare-and-set changes nothing, a
+/// read that follows says why: no body to replay ([`Replayed::NoBody`]),
+/// or not replayable.
 pub async fn replay(
     client: &impl Session,
     policy: &Policy,
     key: &LegKey,
+    scope: Scope,
 ) -> Result<Replayed, DbError> {
-    if let Some(row) = query_opt(client, REPLAY, key, &[&secs(policy.lease)]).await? {
-        return Ok(match parked(&row) {
+    let ended = scope == Scope::Ended;
+    if let Some(row) = query_opt(client, REPLAY, key, &[&secs(policy.lease), &ended]).await? {
+        return Ok(match republish(&row) {
             Ok(job) => Replayed::Started(Box::new(job)),
             Err(unreadable) => Replayed::Unreadable(unreadable),
         });
     }
-    let no_body = query_opt(client, REPLAY_REFUSED, key, &[])
+    let no_body = query_opt(client, REPLAY_REFUSED, key, &[&ended])
         .await?
         .is_some_and(|row| row.get::<_, bool>(0));
     Ok(if no_body {
@@ -178,10 +201,12 @@ pub async fn find(
 /// Where a stored payload was found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PayloadOrigin {
-    /// `github_events`: the `store` handler's effect of a completed delivery.
+    /// `bodies`: the raw body as received, with its headers: what a replay
+    /// publishes.
+    Received,
+    /// `github_events`: the `store` handler's effect, once the body is past
+    /// its retention.
     Event,
-    /// `parked_bodies`: the raw body of a delivery that failed (or waits).
-    Parked,
 }
 
 /// A delivery's payload, as operators see it.
@@ -189,22 +214,18 @@ pub enum PayloadOrigin {
 pub struct StoredPayload {
     /// Where it was found.
     pub origin: PayloadOrigin,
-    /// The original `Content-Type` (parked bodies only).
+    /// The original `Content-Type` (`Received` only).
     pub content_type: Option<String>,
-    /// The original `X-GitHub-*` headers (parked bodies only).
+    /// The carried request headers (`Received` only).
     pub headers: Vec<(String, String)>,
     /// The stored event as JSON (`Event`).
     pub json: Option<serde_json::Value>,
-    /// The raw body as signed (`Parked`).
+    /// The raw body as signed (`Received`); `None` for one that cannot be
+    /// decoded (the reason is in `unreadable`).
     pub raw: Option<Vec<u8>>,
+    /// Why a kept body cannot be read, if it cannot.
+    pub unreadable: Option<String>,
 }
-
-const PARKED_PAYLOAD: &str = concat!(
-    "
-select content_type, headers, body from parked_bodies
-where ",
-    key!()
-);
 
 /// `github_events` holds one row per claim of a delivery (one `store`
 /// destination a source at most): addressed by the delivery's four parts,
@@ -219,21 +240,31 @@ order by received_at
 limit 1"
 );
 
-/// The payload stored for a delivery: its parked body if it has one (what a
-/// replay would publish), else its `github_events` row; `None` when neither
-/// is kept (a forwarded delivery once completed, or one in flight).
+/// The payload kept of a delivery: its body as received, with its headers,
+/// while `HOOKINBOX_RETENTION_BODIES` keeps it (what a replay would
+/// publish); else its `github_events` row; `None` when neither is kept.
 pub async fn stored_payload(
     client: &impl Session,
     key: &LegKey,
 ) -> Result<Option<StoredPayload>, DbError> {
-    if let Some(row) = query_opt(client, PARKED_PAYLOAD, key, &[]).await? {
-        let headers: serde_json::Value = row.get(1);
-        return Ok(Some(StoredPayload {
-            origin: PayloadOrigin::Parked,
-            content_type: Some(row.get(0)),
-            headers: headers_from_json(&headers),
-            json: None,
-            raw: Some(row.get(2)),
+    if let Some(Kept { body, .. }) = bodies::read(client, &key.delivery).await? {
+        return Ok(Some(match body {
+            Ok(body) => StoredPayload {
+                origin: PayloadOrigin::Received,
+                content_type: Some(body.content_type),
+                headers: body.github_headers,
+                json: None,
+                raw: Some(body.bytes.to_vec()),
+                unreadable: None,
+            },
+            Err(e) => StoredPayload {
+                origin: PayloadOrigin::Received,
+                content_type: None,
+                headers: Vec::new(),
+                json: None,
+                raw: None,
+                unreadable: Some(e.to_string()),
+            },
         }));
     }
     let d = &key.delivery;
@@ -249,5 +280,6 @@ pub async fn stored_payload(
         headers: Vec::new(),
         json: Some(row.get(0)),
         raw: None,
+        unreadable: None,
     }))
 }

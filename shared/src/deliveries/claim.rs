@@ -1,6 +1,11 @@
-//! Ingest's transitions: the claim of a delivery's legs (one request, or a
-//! batch of them by group commit), and what ingest records when it cannot
-//! publish a leg.
+//! Ingest's transitions: the claim of a delivery's legs and its body (one
+//! request, or a batch of them by group commit), and what ingest records
+//! when it cannot publish a leg, or holds one for its installation's turn.
+//!
+//! The claim writes the delivery's body (`bodies`) in the same statement
+//! as its legs: once a claim has committed, Postgres can publish each of
+//! its legs again, whatever happens to their messages. Ingest publishes
+//! only the legs' keys.
 //!
 //! A delivery's legs are decided once, at its first claim: one per
 //! destination of its source, `processing` where the destination's
@@ -15,9 +20,9 @@ use std::collections::{BTreeMap, HashMap};
 use crate::postgres::sql::{self, Session};
 use chrono::{DateTime, Utc};
 
-use super::parked::ParkedBody;
+use super::bodies::Encoded;
 use super::row::status_of;
-use super::{Param, Policy, Status, execute, query_one, redact, secs};
+use super::{Policy, Status, redact, secs};
 use crate::key::{ClaimToken, DeliveryKey, DestinationName, LegKey};
 use crate::postgres::DbError;
 
@@ -44,6 +49,10 @@ pub struct ClaimRequest {
     pub legs: Vec<LegRequest>,
     /// What the new legs keep of the request beyond its key.
     pub origin: Origin,
+    /// The body as received, compressed, with its `Content-Type` and
+    /// carried headers: written once, with a new delivery's legs (or with
+    /// a reclaimed delivery that has none kept).
+    pub body: Encoded,
 }
 
 /// What a new delivery's legs keep of the request that brought it, beyond
@@ -91,7 +100,7 @@ pub enum LegClaim {
         attempts: i32,
         /// A new leg of a fair destination whose installation already has
         /// its hold queued there: hold it in Postgres
-        /// ([`park_fair`]) instead of publishing it, and the release after
+        /// ([`hold_fair`]) instead of publishing it, and the release after
         /// one of that installation's legs ends publishes it.
         held: bool,
     },
@@ -148,7 +157,9 @@ const COPIED_EVENT: &str = "HB200";
 /// filter's reason, and `$18`, `$20`–`$23` its order key, installation,
 /// share, whether it is a hard cap, and the payload's time `skip_stale`
 /// compares), `$14` the lease in seconds, `$15` the attempts
-/// allowed a leg that records none, `$19` each delivery's arrival.
+/// allowed a leg that records none, `$19` each delivery's arrival, and
+/// `$24`–`$28` each delivery's body (content type, headers, size,
+/// encoding, bytes).
 ///
 /// - `reclaimed` takes over, under new tokens, the existing legs of each
 ///   delivery that may be taken over, with the same body: of a configured
@@ -164,6 +175,12 @@ const COPIED_EVENT: &str = "HB200";
 ///   (migration 14), by a partial index that holds only those: ingest's
 ///   span links to it. Returned with each leg taken, beside the
 ///   `traceparent` a reclaimed leg kept from its first claim.
+/// - `stored` writes the body of each delivery it inserted legs of, once
+///   per delivery, with `received_at` its legs' `created_at` (the same
+///   `now()`): the record every later publish, take and replay reads. A
+///   reclaimed delivery that has no body kept (claimed before bodies were
+///   written, and lost) gets this one; one that has, conflicts and keeps
+///   its own (the same bytes: the claim compares the body's hash).
 /// - `guard` records each new delivery's body for the replay guard, once
 ///   per delivery, and the final select raises (rolling everything back)
 ///   `HB409` when the body was recorded before under another delivery id
@@ -179,9 +196,11 @@ const CLAIM: &str = concat!(
 with input as (
     select * from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
                          $7::bytea[], $8::bool[], $9::bool[], $10::text[], $16::text[],
-                         $17::text[], $19::int8[]) with ordinality
+                         $17::text[], $19::int8[], $24::text[], $25::jsonb[], $26::int4[],
+                         $27::text[], $28::bytea[]) with ordinality
         as i(provider, source, hook_id, delivery_id, event, action, body_sha256, guarded,
-             pinned, repository, traceparent, github_tenant, arrival, ix)
+             pinned, repository, traceparent, github_tenant, arrival, content_type,
+             headers, size, encoding, body, ix)
 ), legs as (
     select i.provider, i.source, i.hook_id, i.delivery_id, l.destination, l.filter_reason,
            i.event, i.action, i.body_sha256, i.repository, i.traceparent,
@@ -253,7 +272,8 @@ with input as (
     reclaimable!("d", "$15"),
     "
     returning d.provider, d.source, d.hook_id, d.delivery_id, d.destination, d.claim_token,
-              d.attempts, d.status, false as inserted, d.traceparent as stored_traceparent
+              d.attempts, d.status, false as inserted, d.traceparent as stored_traceparent,
+              d.created_at
 ), inserted as (
     insert into deliveries as d
         (provider, source, hook_id, delivery_id, destination, event, action, body_sha256,
@@ -278,7 +298,23 @@ with input as (
     order by l.provider, l.source, l.hook_id, l.delivery_id, l.destination
     on conflict do nothing
     returning d.provider, d.source, d.hook_id, d.delivery_id, d.destination, d.claim_token,
-              d.attempts, d.status, true as inserted, null::text as stored_traceparent
+              d.attempts, d.status, true as inserted, null::text as stored_traceparent,
+              d.created_at
+), stored as (
+    -- Why here: a claim that commits has its body committed with it, so
+    -- that nothing answered 202 depends on a message the broker holds.
+    insert into bodies
+        (provider, source, hook_id, delivery_id, received_at, content_type, headers, size,
+         encoding, body)
+    select i.provider, i.source, i.hook_id, i.delivery_id, c.created_at, i.content_type,
+           i.headers, i.size, i.encoding, i.body
+    from (select distinct provider, source, hook_id, delivery_id, created_at
+          from (select provider, source, hook_id, delivery_id, created_at from inserted
+                union all
+                select provider, source, hook_id, delivery_id, created_at from reclaimed) x) c
+    join input i using (provider, source, hook_id, delivery_id)
+    order by i.provider, i.source, i.hook_id, i.delivery_id
+    on conflict do nothing
 ), crowding as materialized (
     -- Once per installation and destination of the batch, not per leg:
     -- the counts walk index entries that legs gone by left behind.
@@ -672,6 +708,12 @@ async fn claim_firsts(
         .map(|&i| &requests[i].body_sha256[..])
         .collect();
     let guarded: Vec<bool> = order.iter().map(|&i| requests[i].guarded).collect();
+    let content_types = pick(&|r| Some(r.body.content_type.as_str()));
+    let headers: Vec<&serde_json::Value> =
+        order.iter().map(|&i| &requests[i].body.headers).collect();
+    let sizes: Vec<i32> = order.iter().map(|&i| requests[i].body.size).collect();
+    let encodings = pick(&|r| Some(r.body.encoding));
+    let bodies: Vec<&[u8]> = order.iter().map(|&i| &requests[i].body.bytes[..]).collect();
     // Where each request arrived in the batch: the order of its ordered
     // legs' places.
     let arrival: Vec<i64> = order.iter().map(|&i| i as i64).collect();
@@ -724,6 +766,11 @@ async fn claim_firsts(
             &leg_fair_cap,
             &leg_fair_hard,
             &leg_stale_clock,
+            &content_types,
+            &headers,
+            &sizes,
+            &encodings,
+            &bodies,
         ],
     )
     .await?;
@@ -838,154 +885,81 @@ async fn claim_firsts(
     Ok(answers)
 }
 
-const PARK_DUE: &str = concat!(
+const PUBLISH_FAILED: &str = concat!(
     "
-with moved as (
-    update deliveries
-    set status = 'failed', retryable = true, next_attempt_at = now(),
-        failed_at = now(), first_failed_at = coalesce(first_failed_at, now()),
-        last_error_class = 'publish', last_error = $7
-    where ",
+update deliveries
+set status = 'failed', retryable = true, next_attempt_at = now(),
+    failed_at = now(), first_failed_at = coalesce(first_failed_at, now()),
+    last_error_class = 'publish', last_error = $7
+where ",
     key!(),
     " and claim_token = $6 and attempts = $8
-      and (status || '' = 'processing'
-           or (status || '' = 'failed' and last_error_class = 'lost'))
-    returning provider, source, hook_id, delivery_id, destination
-), ",
-    park_moved!(9, 10, 11),
-    "
-select count(*) from moved"
+  and (status || '' = 'processing'
+       or (status || '' = 'failed' and last_error_class = 'lost'))"
 );
 
-/// After ingest's publish of a leg failed: parks the body and records the
-/// leg as failed, retryable, due now, so that the scheduler publishes it
-/// once the broker is back. One statement, so the row never says "due"
-/// without a body to publish. Guarded by the claim's own token *and*
-/// `attempts` as the claim saw it (0 for a new claim; a reclaimed retry
-/// keeps its count): if a worker took the job after all (the confirm was
-/// lost, not the message), this changes nothing and never undoes the take.
+/// After ingest's publish of a leg failed: records the leg as failed,
+/// retryable, due now, so that the scheduler publishes it once the broker
+/// is back. A state change only: the claim wrote the body. Guarded by the
+/// claim's own token *and* `attempts` as the claim saw it (0 for a new
+/// claim; a reclaimed retry keeps its count): if a worker took the job
+/// after all (the confirm was lost, not the message), this changes nothing
+/// and never undoes the take.
 ///
 /// The claim may also have been reaped `lost` meanwhile (a publish that
 /// failed only after the lease and the reaper's grace ran out): the row
-/// still holds this claim's token and attempts, so no one took it, and
-/// nothing but this body can finish it (ingest answers 202, so GitHub will
-/// never redeliver). It is parked the same way; a take since would have
-/// installed a new token and bumped `attempts`, and the guard refuses.
-/// Returns whether it parked.
-pub async fn park_due(
+/// still holds this claim's token and attempts, so no one took it, and it
+/// is recorded the same way; a take since would have installed a new token
+/// and bumped `attempts`, and the guard refuses. Returns whether it
+/// recorded it.
+pub async fn publish_failed(
     client: &impl Session,
     key: &LegKey,
     token: ClaimToken,
     error: &str,
     attempts_at_claim: i32,
-    parked: ParkedBody<'_>,
 ) -> Result<bool, DbError> {
     let error = redact(error);
-    park_leg(
+    let n = super::execute(
         client,
-        PARK_DUE,
+        PUBLISH_FAILED,
         key,
         &[&token.0, &error, &attempts_at_claim],
-        parked,
     )
-    .await
+    .await?;
+    Ok(n == 1)
 }
 
-/// Runs a statement that moves a leg and parks its body (`PARK_DUE`,
-/// `PARK_FAIR`): the leg's key, then `guard`'s parameters, then the body's
-/// three. Returns whether it moved the leg.
-async fn park_leg(
-    client: &impl Session,
-    statement: &str,
-    key: &LegKey,
-    guard: &[Param<'_>],
-    parked: ParkedBody<'_>,
-) -> Result<bool, DbError> {
-    let headers = parked.headers_json();
-    let mut rest: Vec<Param<'_>> = guard.to_vec();
-    rest.extend([&parked.content_type as Param<'_>, &headers, &parked.body]);
-    let row = query_one(client, statement, key, &rest).await?;
-    Ok(row.get::<_, i64>(0) == 1)
-}
-
-const PARK_FAIR: &str = concat!(
+const HOLD_FAIR: &str = concat!(
     "
-with moved as (
-    update deliveries
-    set status = 'failed', retryable = true, next_attempt_at = null, failed_at = now(),
-        last_error_class = 'fair',
-        last_error = 'waiting: its installation has its share of legs queued'
-    where ",
+update deliveries
+set status = 'failed', retryable = true, next_attempt_at = null, failed_at = now(),
+    last_error_class = 'fair',
+    last_error = 'waiting: its installation has its share of legs queued'
+where ",
     key!(),
     " and claim_token = $6 and attempts = $7
-      and (status || '' = 'processing'
-           or (status || '' = 'failed' and last_error_class = 'lost'))
-      and fair_key is not null
-    returning provider, source, hook_id, delivery_id, destination
-), ",
-    park_moved!(8, 9, 10),
-    "
-select count(*) from moved"
+  and (status || '' = 'processing'
+       or (status || '' = 'failed' and last_error_class = 'lost'))
+  and fair_key is not null"
 );
 
-/// Holds a leg its claim found crowded ([`LegClaim::Claimed`] `held`): parks
-/// its body and makes it wait its installation's turn, failed and
-/// retryable with class `fair`, not due, no attempt spent, instead of
-/// being published. The leg is released (moved to `processing` and
-/// published) by the worker after one of its installation's legs ends
-/// (`next_fair`) or by the scheduler's pass (`wake_fair`). One statement,
-/// so the row never waits without a body; guarded like [`park_due`] by the
-/// claim's token and attempts, and like it holds a claim the reaper turned
-/// `lost` meanwhile (nothing but this body can finish it). Returns whether
-/// it held the leg; `false` when the leg moved on (a worker or a
-/// concurrent claim has it).
-pub async fn park_fair(
+/// Holds a leg its claim found crowded ([`LegClaim::Claimed`] `held`): it
+/// waits its installation's turn, failed and retryable with class `fair`,
+/// not due, no attempt spent, instead of being published. A state change
+/// only: the claim wrote the body. The leg is released (moved to
+/// `processing` and published) by the worker after one of its
+/// installation's legs ends (`next_fair`) or by the scheduler's pass
+/// (`wake_fair`). Guarded like [`publish_failed`] by the claim's token and
+/// attempts, and like it holds a claim the reaper turned `lost` meanwhile.
+/// Returns whether it held the leg; `false` when the leg moved on (a
+/// worker or a concurrent claim has it).
+pub async fn hold_fair(
     client: &impl Session,
     key: &LegKey,
     token: ClaimToken,
     attempts_at_claim: i32,
-    parked: ParkedBody<'_>,
 ) -> Result<bool, DbError> {
-    park_leg(
-        client,
-        PARK_FAIR,
-        key,
-        &[&token.0, &attempts_at_claim],
-        parked,
-    )
-    .await
-}
-
-const PARK_COPY: &str = concat!(
-    "
-insert into parked_bodies
-    (provider, source, hook_id, delivery_id, destination, content_type, headers, body)
-select provider, source, hook_id, delivery_id, destination, $6, $7, $8
-from deliveries
-where ",
-    key!(),
-    "
-  and status = 'processing'
-on conflict (provider, source, hook_id, delivery_id, destination) do nothing"
-);
-
-/// Parks the body of a copy that raced a leg's claim still processing. The
-/// claim may belong to an ingest that died before publishing: then the
-/// reaper turns it `lost`, and the scheduler republishes this body. If the
-/// claim's job runs normally, completion deletes the body. One statement;
-/// a no-op when a body is parked already or the row moved on.
-pub async fn park_copy(
-    client: &impl Session,
-    key: &LegKey,
-    parked: ParkedBody<'_>,
-) -> Result<(), DbError> {
-    let headers = parked.headers_json();
-    execute(
-        client,
-        PARK_COPY,
-        key,
-        &[&parked.content_type, &headers, &parked.body],
-    )
-    .await?;
-    Ok(())
+    let n = super::execute(client, HOLD_FAIR, key, &[&token.0, &attempts_at_claim]).await?;
+    Ok(n == 1)
 }

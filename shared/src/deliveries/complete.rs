@@ -19,7 +19,6 @@ use crate::postgres::sql::{self, Session};
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::parked::ParkedBody;
 use super::row::{KeyColumns, KeyTuple, key_tuple};
 use super::{Failed, Failure, execute, query_opt, redact, secs};
 use crate::key::{ClaimToken, LegKey};
@@ -83,17 +82,12 @@ with done as (
     yields!("deliveries"),
     "))
     returning provider, source, hook_id, delivery_id, destination, created_at
-), unparked as (
-    delete from parked_bodies p using done d
-    where p.provider = d.provider and p.source = d.source
-      and p.hook_id = d.hook_id and p.delivery_id = d.delivery_id
-      and p.destination = d.destination
 )
 select created_at from done"
 );
 
-/// Marks the delivery completed and deletes its parked body. Run it in the
-/// transaction of a database effect, so the effect and the completion
+/// Marks the delivery completed. Run it in the transaction of a database
+/// effect, so the effect and the completion
 /// commit together or not at all.
 /// Guarded by the token alone, not by `lease_until > now()`: a holder whose
 /// lease lapsed but whom nobody replaced may still finish. With `take:
@@ -131,11 +125,6 @@ with done as (
                     and c.stale_clock is not null and c.status = 'completed'
                     and c.stale_clock > d.stale_clock)
     returning d.provider, d.source, d.hook_id, d.delivery_id, d.destination
-), unparked as (
-    delete from parked_bodies p using done d
-    where p.provider = d.provider and p.source = d.source
-      and p.hook_id = d.hook_id and p.delivery_id = d.delivery_id
-      and p.destination = d.destination
 )
 select count(*) from done"
 );
@@ -257,11 +246,6 @@ with input as (
     from effects"
             ),
             "
-), unparked as (
-    delete from parked_bodies p using done d
-    where p.provider = d.provider and p.source = d.source
-      and p.hook_id = d.hook_id and p.delivery_id = d.delivery_id
-      and p.destination = d.destination
 )",
             $($log)*,
             "
@@ -359,28 +343,22 @@ pub async fn complete_batch(
 
 const FAIL: &str = concat!(
     "
-with moved as (
-    update deliveries
-    set status = 'failed', retryable = $7,
-        next_attempt_at = case when $7 then now() + make_interval(secs => $8) end,
-        failed_at = now(), first_failed_at = coalesce(first_failed_at, now()),
-        last_error_class = $9, last_error = $10,
-        attempts = greatest(attempts - (case when $9 = 'held' then 1 else 0 end), 0)
-    where ",
+update deliveries
+set status = 'failed', retryable = $7,
+    next_attempt_at = case when $7 then now() + make_interval(secs => $8) end,
+    failed_at = now(), first_failed_at = coalesce(first_failed_at, now()),
+    last_error_class = $9, last_error = $10,
+    attempts = greatest(attempts - (case when $9 = 'held' then 1 else 0 end), 0)
+where ",
     key!(),
     " and ",
     held_by!("$6"),
     "
-    returning provider, source, hook_id, delivery_id, destination, attempts, first_failed_at,
-              failed_at
-), ",
-    park_moved!(11, 12, 13),
-    "
-select attempts, first_failed_at, failed_at from moved"
+returning attempts, first_failed_at, failed_at"
 );
 
-/// Records a failed attempt and parks the body, in one statement, guarded
-/// by the holder's token. Returns `None` when fenced (someone else holds
+/// Records a failed attempt, in one statement, guarded by the holder's
+/// token: a change of state only (the claim wrote the body). Returns `None` when fenced (someone else holds
 /// the leg now). A failure of class `held` (the destination itself is
 /// wrong or down) gives its attempt back: the leg waits for its
 /// destination without being spent.
@@ -389,11 +367,9 @@ pub async fn fail(
     key: &LegKey,
     token: ClaimToken,
     failure: &Failure,
-    parked: ParkedBody<'_>,
 ) -> Result<Option<Failed>, DbError> {
     let retryable = failure.retry_in.is_some();
     let delay = failure.retry_in.map(secs).unwrap_or(0.0);
-    let headers = parked.headers_json();
     let row = query_opt(
         client,
         FAIL,
@@ -404,9 +380,6 @@ pub async fn fail(
             &delay,
             &failure.class.as_str(),
             &redact(&failure.message),
-            &parked.content_type,
-            &headers,
-            &parked.body,
         ],
     )
     .await?;
@@ -419,40 +392,35 @@ pub async fn fail(
 
 const DEFER: &str = concat!(
     "
-with moved as (
-    update deliveries
-    set status = 'failed', retryable = t.in_time,
-        next_attempt_at = case when t.in_time then now() + make_interval(secs => t.delay) end,
-        failed_at = now(), first_failed_at = coalesce(first_failed_at, now()),
-        deferred_since = coalesce(deferred_since, now()),
-        last_error_class = case when t.in_time then 'deferred' else 'deferred_too_long' end,
-        last_error = case when t.in_time then $9 else $13 end,
-        attempts = case when t.in_time then greatest(attempts - 1, 0) else attempts end
+update deliveries
+set status = 'failed', retryable = t.in_time,
+    next_attempt_at = case when t.in_time then now() + make_interval(secs => t.delay) end,
+    failed_at = now(), first_failed_at = coalesce(first_failed_at, now()),
+    deferred_since = coalesce(deferred_since, now()),
+    last_error_class = case when t.in_time then 'deferred' else 'deferred_too_long' end,
+    last_error = case when t.in_time then $9 else $10 end,
+    attempts = case when t.in_time then greatest(attempts - 1, 0) else attempts end
+from (
+    select delay,
+           coalesce(deferred_since, now()) + make_interval(secs => $8)
+           >= now() + make_interval(secs => delay) as in_time
     from (
-        select delay,
-               coalesce(deferred_since, now()) + make_interval(secs => $8)
-               >= now() + make_interval(secs => delay) as in_time
-        from (
-            select x.deferred_since,
-                   greatest($7, $14,
-                            extract(epoch from now() - coalesce(x.deferred_since, now()))::float8
-                            * $15) as delay
-            from deliveries x
-            where ",
+        select x.deferred_since,
+               greatest($7, $11,
+                        extract(epoch from now() - coalesce(x.deferred_since, now()))::float8
+                        * $12) as delay
+        from deliveries x
+        where ",
     key!("x"),
     "
-        ) y
-    ) t
-    where ",
+    ) y
+) t
+where ",
     key!(),
     " and ",
     held_by!("$6"),
     "
-    returning provider, source, hook_id, delivery_id, destination, t.in_time
-), ",
-    park_moved!(10, 11, 12),
-    "
-select in_time from moved"
+returning t.in_time"
 );
 
 /// How a deferral was recorded.
@@ -477,8 +445,8 @@ pub const DEFER_GROWTH: f64 = 0.1;
 /// Records a handler's "not now, try in `until`": the leg is failed and
 /// retryable, due after `until` (at least [`DEFER_AT_LEAST`], and at least
 /// [`DEFER_GROWTH`] of the time since its first deferral), class
-/// `deferred`, its attempt given back (a deferral is not an attempt), its
-/// body parked; all in one statement guarded by the holder's token. Deferrals are bounded by `horizon` from
+/// `deferred`, its attempt given back (a deferral is not an attempt); all
+/// in one statement guarded by the holder's token. Deferrals are bounded by `horizon` from
 /// the leg's first one (`deferred_since`): one that would fall later fails
 /// the leg for good instead ([`Deferral::TooLong`]). Returns `None` when
 /// fenced.
@@ -489,9 +457,7 @@ pub async fn defer(
     until: Duration,
     horizon: Duration,
     message: &str,
-    parked: ParkedBody<'_>,
 ) -> Result<Option<Deferral>, DbError> {
-    let headers = parked.headers_json();
     let too_long = format!(
         "{message}: past its retry horizon ({} s from its first deferral)",
         horizon.as_secs()
@@ -505,9 +471,6 @@ pub async fn defer(
             &secs(until),
             &secs(horizon),
             &redact(message),
-            &parked.content_type,
-            &headers,
-            &parked.body,
             &redact(&too_long),
             &secs(DEFER_AT_LEAST),
             &DEFER_GROWTH,

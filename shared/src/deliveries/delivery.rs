@@ -60,7 +60,7 @@ pub struct Delivery {
     /// The takes its destination allows, as its last take recorded.
     pub max_attempts: Option<i32>,
     /// Whether, when it was read, only a redelivery from GitHub could
-    /// finish it (`awaiting_redelivery!`: no body parked, and reaped
+    /// finish it (`awaiting_redelivery!`: no body kept, and reaped
     /// `lost` or an untaken claim whose lease ran out). `State::of` reads
     /// it.
     pub awaiting_redelivery: bool,

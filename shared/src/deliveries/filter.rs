@@ -455,7 +455,7 @@ pub async fn count(client: &impl Session, filter: &Filter) -> Result<i64, DbErro
 }
 
 /// Deletes the dead letters matching `filter` (its limit and order aside),
-/// with their parked bodies, in one statement; returns how many. Only dead
+/// in one statement; returns how many (their bodies go with retention). Only dead
 /// letters are deleted, whatever the filter says of the state; the CLI's
 /// `dlq purge` counts with the same filter for its dry run.
 pub async fn purge_dead(client: &impl Session, filter: &Filter) -> Result<u64, DbError> {

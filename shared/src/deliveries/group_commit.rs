@@ -1,8 +1,9 @@
-//! The three group commits of the state machine: ingest batches its claims
+//! The group commits of the state machine: ingest batches its claims
 //! ([`claims`], [`super::claim_batch`]) and the worker its takes
-//! ([`takes`], [`super::take_batch`]) and completions ([`completions`],
-//! [`super::complete_batch`]). The mechanism is
-//! [`crate::postgres::Batcher`].
+//! ([`takes`], [`super::take_batch`]), its reads of bodies for the
+//! one-statement path ([`fetches`], [`super::bodies::fetch_batch`]) and
+//! its completions ([`completions`], [`super::complete_batch`]). The
+//! mechanism is [`crate::postgres::Batcher`].
 //!
 //! One row must not fail its neighbours. A batched statement is one
 //! statement: a row Postgres refuses (a payload `jsonb` cannot hold, say)
@@ -78,6 +79,22 @@ pub fn takes(pool: Pool, policy: Policy, shape: BatchShape) -> TakeBatcher {
                 Err(e) if e.refusal().is_some() => Ok(vec![None; items.len()]),
                 other => other,
             }
+        }
+    })
+}
+
+/// The one-statement path's reads of bodies, `HOOKINBOX_TAKE_BATCH` per
+/// statement: each leg's delivery's body and the leg's replays, `None`
+/// where the leg or its body is not there.
+pub type FetchBatcher = Batcher<crate::key::LegKey, Option<super::bodies::Fetched>>;
+
+/// Starts the body-read collector.
+pub fn fetches(pool: Pool, shape: BatchShape) -> FetchBatcher {
+    Batcher::start(shape, move |legs: Vec<crate::key::LegKey>| {
+        let pool = pool.clone();
+        async move {
+            let client = pool.get().await?;
+            super::bodies::fetch_batch(&client, &legs).await
         }
     })
 }

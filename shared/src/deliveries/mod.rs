@@ -4,7 +4,7 @@
 //!
 //! | file | caller | transitions |
 //! |---|---|---|
-//! | [`claim`](self::claim) | ingest | `claim`, `claim_batch` (a delivery's legs; `_linked`: with the traces its request links to), `park_due`, `park_fair`, `park_copy` |
+//! | [`claim`](self::claim) | ingest | `claim`, `claim_batch` (a delivery's legs and its body; `_linked`: with the traces its request links to), `publish_failed`, `hold_fair` |
 //! | [`take`](self::take) | worker | `take` (and the hold of a gated leg), `take_batch`, `renew`, `fence`, `release_lease` |
 //! | [`complete`](self::complete) | worker | `complete`, `complete_batch`, `complete_stale`, `store_event`, `fail`, `mark_dead_lettered` |
 //! | [`schedule`](self::schedule) | scheduler, reaper, worker | `wake_ordered`, `next_of_key`, `wake_fair`, `next_fair`, `schedule_due`, `probe_due`, `reschedule`, `exhaust_due`, `needing_copy`, `dead_letter_unreadable`, `reap` |
@@ -18,9 +18,10 @@
 //! | [`ordering`](self::ordering) | operators, the sampler | `halted`, `skip` and `retry` (an ordered key's halting leg), `halted_counts` |
 //! | [`overview`](self::overview) | operators, the sampler | `overview`: the console's counts and ages; `gauges`: the state gauges |
 //!
-//! `parked` holds the parked-body form of a job, `row` reads rows back into
-//! nouns, and `group_commit` starts the collectors that batch claims, takes
-//! and completions. Each batched statement sits beside the single one it
+//! [`bodies`] holds the record of each delivery's body (written by the
+//! claim, read by the take, dropped by retention once every leg ended),
+//! `row` reads rows back into nouns, and `group_commit` starts the
+//! collectors that batch claims, body reads, takes and completions. Each batched statement sits beside the single one it
 //! must agree with, and the guards they share are named once below.
 //!
 //! ```text
@@ -441,29 +442,6 @@ macro_rules! installation_running {
     };
 }
 
-/// Inserts the parked body of the rows a CTE named `moved` returned, from
-/// the statement's parameters `$a`, `$b`, `$c` (content type, headers,
-/// body); numbered at compile time, after the statement's own parameters.
-macro_rules! park_moved {
-    ($a:literal, $b:literal, $c:literal) => {
-        concat!(
-            "parked as (
-    insert into parked_bodies
-        (provider, source, hook_id, delivery_id, destination, content_type, headers, body)
-    select provider, source, hook_id, delivery_id, destination, $",
-            $a,
-            ", $",
-            $b,
-            ", $",
-            $c,
-            "
-    from moved
-    on conflict (provider, source, hook_id, delivery_id, destination) do nothing
-)"
-        )
-    };
-}
-
 /// The columns `delivery::delivery` reads, in its order, from the table
 /// `deliveries` (unaliased).
 macro_rules! delivery_columns {
@@ -480,22 +458,23 @@ macro_rules! delivery_columns {
     };
 }
 
-/// Whether the row `$t` has its body parked (`parked_bodies`, by key):
-/// what the scheduler and a replay publish from.
-macro_rules! parked_body_exists {
+/// Whether the leg `$t`'s delivery has its body in `bodies` (by the
+/// delivery's key and `received_at`, the leg's `created_at`: one
+/// partition): what the scheduler publishes and a replay starts from.
+macro_rules! body_exists {
     ($t:literal) => {
         concat!(
-            "exists (select 1 from parked_bodies p where p.provider = ",
+            "exists (select 1 from bodies b where b.provider = ",
             $t,
-            ".provider and p.source = ",
+            ".provider and b.source = ",
             $t,
-            ".source and p.hook_id = ",
+            ".source and b.hook_id = ",
             $t,
-            ".hook_id and p.delivery_id = ",
+            ".hook_id and b.delivery_id = ",
             $t,
-            ".delivery_id and p.destination = ",
+            ".delivery_id and b.received_at = ",
             $t,
-            ".destination)"
+            ".created_at)"
         )
     };
 }
@@ -520,15 +499,17 @@ macro_rules! waits_for_its_destination {
 }
 
 /// A row hookinbox cannot finish on its own, so that only a redelivery from
-/// GitHub can: no body parked, and either reaped `lost` or an untaken claim
-/// whose lease expired (its ingest died between the claim and the publish)
-/// and whose destination takes legs (see [`waits_for_its_destination!`]).
-/// A boolean expression over the alias `$t`.
+/// GitHub can: its delivery has no body in Postgres (a leg claimed before
+/// the claim wrote bodies, whose message is gone), and it is either reaped
+/// `lost` or an untaken claim whose lease expired and whose destination
+/// takes legs (see [`waits_for_its_destination!`]). A claim writes its
+/// body in its own statement, so no leg claimed since is ever in this
+/// state. A boolean expression over the alias `$t`.
 macro_rules! awaiting_redelivery {
     ($t:literal) => {
         concat!(
             "(not ",
-            parked_body_exists!($t),
+            body_exists!($t),
             " and ((",
             $t,
             ".status = 'failed' and ",
@@ -547,10 +528,10 @@ macro_rules! awaiting_redelivery {
 }
 
 /// A retry the scheduler can publish now: failed, retryable, due, with its
-/// body parked (`schedule_due` takes exactly these, through its join on
-/// `parked_bodies`). A claim reaped `lost` is one when its body is parked;
-/// without one it is [`awaiting_redelivery!`] instead, and never a due
-/// retry. A boolean expression over the alias `$t`.
+/// delivery's body kept (`schedule_due` takes exactly these). A claim
+/// reaped `lost` is one (its message is gone: the scheduler publishes it
+/// again); without a body it is [`awaiting_redelivery!`] instead, and
+/// never a due retry. A boolean expression over the alias `$t`.
 macro_rules! due_retry {
     ($t:literal) => {
         concat!(
@@ -561,7 +542,7 @@ macro_rules! due_retry {
             ".retryable and ",
             $t,
             ".next_attempt_at <= now() and ",
-            parked_body_exists!($t),
+            body_exists!($t),
             ")"
         )
     };
@@ -635,6 +616,7 @@ macro_rules! from_stored_name {
 }
 
 mod admin;
+pub mod bodies;
 mod claim;
 mod complete;
 mod delivery;
@@ -643,7 +625,6 @@ mod filter;
 pub mod group_commit;
 mod ordering;
 mod overview;
-mod parked;
 pub mod partitions;
 mod reconcile;
 mod retention;
@@ -653,12 +634,13 @@ mod state;
 mod take;
 
 pub use admin::{
-    NO_BODY_TO_REPLAY, PayloadOrigin, Replayed, StoredPayload, find, replay, stored_payload,
+    NO_BODY_TO_REPLAY, PayloadOrigin, Replayed, Scope, StoredPayload, find, replay, stored_payload,
     unreplay,
 };
+pub use bodies::{Encoded, Stored, Undecodable};
 pub use claim::{
     Claim, ClaimLinks, ClaimRequest, Claimed, LegClaim, LegRequest, Origin, claim, claim_batch,
-    claim_batch_linked, claim_linked, park_copy, park_due, park_fair,
+    claim_batch_linked, claim_linked, hold_fair, publish_failed,
 };
 pub use complete::{
     Completing, Deferral, StoredEvent, complete, complete_batch, complete_stale, defer, fail,
@@ -679,9 +661,9 @@ pub use overview::GAUGES as GAUGES_STATEMENT;
 #[doc(hidden)]
 pub use overview::STATEMENTS as OVERVIEW_STATEMENTS;
 pub use overview::{EXACT_COMPLETED_UP_TO, Gauges, Overview, SourceCounts, gauges, overview};
-pub use parked::{Parked, ParkedBody, Unreadable};
 pub use reconcile::{Held, ReconcilerState, held, reconciler_states};
 pub use retention::{Retention, Swept, purge, sweep};
+pub use row::{Republish, Unreadable};
 pub use schedule::{
     dead_letter_unreadable, exhaust_due, needing_copy, next_fair, next_of_key, probe_due, reap,
     reschedule, schedule_due, wake_fair, wake_ordered,

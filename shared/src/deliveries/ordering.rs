@@ -174,17 +174,17 @@ where d.provider = h.provider and d.source = h.source and d.hook_id = h.hook_id
   and d.delivery_id = h.delivery_id and d.destination = h.destination
   and h.status = 'failed' and not h.retryable
   and d.status = 'failed' and not d.retryable and d.order_skipped_at is null
-  and exists (select 1 from parked_bodies p
-              where p.provider = d.provider and p.source = d.source and p.hook_id = d.hook_id
-                and p.delivery_id = d.delivery_id and p.destination = d.destination)
+  and ",
+    body_exists!("d"),
+    "
 returning d.provider, d.source, d.hook_id, d.delivery_id, d.destination"
 );
 
 /// An operator's retry of the leg that halts `key`, in its place: due now
 /// with a fresh count of attempts (a replay, counted in `replays`), so the
-/// scheduler publishes it from its parked body and the key's later legs
-/// wait for it as before. One compare-and-set. Returns the leg, or `None`
-/// when the key is not halted or its leg has no parked body.
+/// scheduler publishes it again and the key's later legs wait for it as
+/// before. One compare-and-set. Returns the leg, or `None` when the key is
+/// not halted or its leg's delivery has no body kept.
 pub async fn retry(
     client: &impl Session,
     source: &SourceName,

@@ -52,12 +52,12 @@ pub struct Overview {
     /// Seconds since the oldest processing claim was made (`claimed_at`).
     pub oldest_processing_secs: Option<f64>,
     /// Seconds the oldest due retry (one the scheduler can publish: its
-    /// body is parked) has been waiting past its time. A claim reaped
-    /// `lost` counts here only with a parked body; without one it waits
+    /// delivery's body is kept) has been waiting past its time. A claim
+    /// reaped `lost` counts here only with a body; without one it waits
     /// for a redelivery, and only [`Overview::oldest_lost_secs`] ages it.
     pub oldest_due_secs: Option<f64>,
     /// Seconds since the oldest delivery reaped as `lost` failed, with a
-    /// parked body or not.
+    /// body kept or not.
     pub oldest_lost_secs: Option<f64>,
     /// Dead letters by error class, most first.
     pub dead_by_class: Vec<(String, i64)>,

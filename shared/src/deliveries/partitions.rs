@@ -1,4 +1,5 @@
-//! Day partitions of the append-only tables (migration 0022): the sweep
+//! Day partitions of the append-only tables (migrations 0022 and 0023: the
+//! stored events, the attempt log and the bodies): the sweep
 //! creates each table's partitions a week ahead and drops the days wholly
 //! past their retention, so that retention costs a `drop table` per day
 //! instead of a delete per row, and leaves no dead rows behind.
@@ -35,6 +36,9 @@ pub struct DayPartitioned {
     pub table: &'static str,
     /// Its `timestamptz` partition key.
     pub column: &'static str,
+    /// The storage parameters each day's partition is made with (the
+    /// `with (…)` of its `create`), if any.
+    pub options: Option<&'static str>,
 }
 
 /// The `store` handler's events, by `received_at` (the delivery's first
@@ -42,12 +46,14 @@ pub struct DayPartitioned {
 pub const GITHUB_EVENTS: DayPartitioned = DayPartitioned {
     table: "github_events",
     column: "received_at",
+    options: None,
 };
 
 /// The attempt log, by `at`.
 pub const DESTINATION_ATTEMPTS: DayPartitioned = DayPartitioned {
     table: "destination_attempts",
     column: "at",
+    options: None,
 };
 
 /// What [`DayPartitioned::ensure`] or [`DayPartitioned::drop_expired`]
@@ -168,11 +174,14 @@ impl DayPartitioned {
             }
             let ddl = format!(
                 "create table if not exists {} partition of {} \
-                 for values from ('{} 00:00:00+00') to ('{} 00:00:00+00')",
+                 for values from ('{} 00:00:00+00') to ('{} 00:00:00+00'){}",
                 self.partition(day),
                 self.table,
                 day.format("%Y-%m-%d"),
                 next.format("%Y-%m-%d"),
+                self.options
+                    .map(|o| format!(" with ({o})"))
+                    .unwrap_or_default(),
             );
             match run_ddl(client, &ddl).await {
                 Ok(()) => created.count += 1,
@@ -247,6 +256,35 @@ impl DayPartitioned {
         Ok(dropped)
     }
 
+    /// The day partitions whose rows are all older than `keep` before
+    /// `now`, oldest first, by day and name.
+    pub async fn expired_days(
+        &self,
+        client: &impl Session,
+        now: DateTime<Utc>,
+        keep: Duration,
+    ) -> Result<Vec<(NaiveDate, String)>, DbError> {
+        let Some(cutoff) = chrono::Duration::from_std(keep)
+            .ok()
+            .and_then(|keep| now.checked_sub_signed(keep))
+        else {
+            return Ok(Vec::new());
+        };
+        Ok(self
+            .partitions(client)
+            .await?
+            .into_iter()
+            .filter_map(|(name, kind)| match kind {
+                Partition::Day(day) => day
+                    .succ_opt()
+                    .and_then(|end| end.and_hms_opt(0, 0, 0))
+                    .filter(|end| end.and_utc() <= cutoff)
+                    .map(|_| (day, name)),
+                _ => None,
+            })
+            .collect())
+    }
+
     /// Deletes, `batch` rows at a time, the rows older than `keep` from the
     /// partitions that are not days (the DEFAULT partition, the rows from
     /// before the migration). Returns how many.
@@ -291,7 +329,7 @@ where i.inhparent = $1::text::regclass";
 
 /// Whether `e` is [`LOCK_TIMEOUT`] running out: a long transaction holds
 /// the table. Logged, and left to the next sweep.
-fn waited_too_long(e: &tokio_postgres::Error) -> bool {
+pub(super) fn waited_too_long(e: &tokio_postgres::Error) -> bool {
     let timed_out = e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE);
     if timed_out {
         tracing::warn!(
@@ -307,7 +345,7 @@ fn waited_too_long(e: &tokio_postgres::Error) -> bool {
 ///
 /// A connection, not a transaction: the statement's own transaction would
 /// end the caller's.
-async fn run_ddl(client: &Client, ddl: &str) -> Result<(), tokio_postgres::Error> {
+pub(super) async fn run_ddl(client: &Client, ddl: &str) -> Result<(), tokio_postgres::Error> {
     let done = client
         .batch_execute(&format!(
             "begin; set local lock_timeout = '{LOCK_TIMEOUT}'; {ddl}; commit"

@@ -22,9 +22,9 @@ pub enum Held {
     /// In flight, retrying, or dead-lettered with its body: hookinbox
     /// finishes it (or an operator replays it) without GitHub.
     Durable(Status),
-    /// A claim with no body parked and no job: its ingest died between the
-    /// claim and the publish (reaped `lost`, or untaken with its lease
-    /// expired). Only a redelivery from GitHub can finish it.
+    /// A claim with no body kept and no job (a leg claimed before the claim
+    /// wrote bodies, reaped `lost` or untaken with its lease expired).
+    /// Only a redelivery from GitHub can finish it.
     AwaitingRedelivery,
 }
 

@@ -60,6 +60,10 @@ pub struct Retention {
     pub failed: Duration,
     /// The `store` handler's `github_events`; `None` keeps them.
     pub events: Option<Duration>,
+    /// The deliveries' bodies, from their first claim; a delivery with a
+    /// leg not yet ended keeps its body whatever its age (see
+    /// [`super::bodies::retire`]).
+    pub bodies: Duration,
 }
 
 /// What one sweep deleted.
@@ -85,6 +89,10 @@ pub struct Swept {
     pub partitions: u64,
     /// Day partitions created ahead.
     pub created: u64,
+    /// Bodies past their retention: the days dropped whole (after the
+    /// bodies of deliveries with a leg not yet ended moved out of them),
+    /// and the bodies deleted by rows from the DEFAULT partition.
+    pub bodies: super::bodies::Retired,
 }
 
 impl Swept {
@@ -98,11 +106,13 @@ impl Swept {
             + self.events
             + self.attempts
             + self.partitions
+            + self.bodies.days
+            + self.bodies.deleted
     }
 }
 
 /// Retention: deletes completed and failed rows older than their
-/// retention, with their parked bodies (cascade), the replay guard's
+/// retention, the replay guard's
 /// bodies older than the completed retention, stored events older than
 /// theirs and logged attempts older than the longer of the two, in batches
 /// of `batch` so that no statement holds many locks or a long transaction.
@@ -175,6 +185,8 @@ pub async fn sweep(
     swept.attempts = partitions::DESTINATION_ATTEMPTS
         .sweep_rows(client, attempts_kept, batch)
         .await?;
+    // Last: the rows swept above no longer hold a body back.
+    swept.bodies = super::bodies::retire(client, now, retention.bodies, batch).await?;
     Ok(swept)
 }
 
@@ -187,7 +199,7 @@ where ",
     " and status || '' = 'failed' and not retryable"
 );
 
-/// Deletes one dead letter (and its parked body), by key; the console's
+/// Deletes one dead letter, by key; the console's
 /// bulk purge runs it item by item. Returns false when the delivery is no
 /// longer a dead letter (replayed meanwhile) or is gone.
 pub async fn purge(client: &impl Session, key: &LegKey) -> Result<bool, DbError> {

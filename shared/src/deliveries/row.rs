@@ -3,9 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use super::parked::{Parked, Unreadable, headers_from_json};
 use super::{ErrorClass, Param, Status};
-use crate::job::Job;
+use crate::job::Envelope;
 use crate::key::{ClaimToken, EventName, LegKey};
 use crate::postgres::DbError;
 
@@ -112,11 +111,36 @@ pub(super) fn key_from_parts(parts: &[String; 5]) -> Result<LegKey, DbError> {
         .map_err(|e| DbError::BadRow(e.part()))
 }
 
-/// A row of the parked statements (`…, event, action, claim_token,
-/// attempts, content_type, headers, body`, and `traceparent` where the
-/// statement returns it) as the job to publish, or as
-/// [`Unreadable`] when its key or event no longer parses.
-pub(super) fn parked(row: &tokio_postgres::Row) -> Result<Parked, Unreadable> {
+/// A leg moved back to `processing` (by the scheduler, a release, a probe
+/// or a replay), or found dead without its broker copy: the job to
+/// publish, a key and no body (the worker's take reads the body).
+#[derive(Clone, Debug)]
+pub struct Republish {
+    /// The job, carrying the row's current token.
+    pub envelope: Envelope,
+    /// Takes so far.
+    pub attempts: i32,
+}
+
+/// A row that cannot become a job: a key part or the event no longer
+/// parses (the row was edited by hand). It is dead-lettered with the reason
+/// ([`super::dead_letter_unreadable`]) rather than skipped or retried
+/// forever.
+#[derive(Clone, Debug)]
+pub struct Unreadable {
+    /// The leg's five key parts, as stored.
+    pub parts: Box<[String; 5]>,
+    /// The token the row carries now.
+    pub token: ClaimToken,
+    /// What does not parse.
+    pub reason: String,
+}
+
+/// A row of the statements that publish a leg again (`…, event, action,
+/// claim_token, attempts`, and `traceparent` where the statement returns
+/// it) as the job to publish, or as [`Unreadable`] when its key or event no
+/// longer parses.
+pub(super) fn republish(row: &tokio_postgres::Row) -> Result<Republish, Unreadable> {
     let parts = key_parts(row);
     let token = ClaimToken(row.get("claim_token"));
     let unreadable = |reason: String| Unreadable {
@@ -128,25 +152,21 @@ pub(super) fn parked(row: &tokio_postgres::Row) -> Result<Parked, Unreadable> {
     let event: &str = row.get("event");
     let event = EventName::parse(event.as_bytes())
         .map_err(|_| unreadable(DbError::BadRow("event").to_string()))?;
-    let headers: serde_json::Value = row.get("headers");
-    let body: Vec<u8> = row.get("body");
     let attempts: i32 = row.get("attempts");
-    Ok(Parked {
-        job: Job {
+    Ok(Republish {
+        envelope: Envelope {
             key,
             event,
             action: row.get("action"),
             token,
             attempts: Some(attempts),
-            content_type: row.get("content_type"),
-            github_headers: headers_from_json(&headers),
-            body: body.into(),
             // The statements that publish again return the row's first
             // trace; the worker's span links to it.
             trace: crate::job::JobTrace {
                 parent: None,
                 origin: row.try_get("traceparent").ok().flatten(),
             },
+            carried: None,
         },
         attempts,
     })

@@ -1,14 +1,18 @@
 //! The scheduler's and the reaper's transitions: due retries back to
 //! `processing`, exhausted ones dead-lettered, dead letters still missing
-//! their broker copy, unreadable parked rows dead-lettered, and abandoned
-//! claims marked `lost`.
+//! their broker copy, unreadable rows dead-lettered, and abandoned claims
+//! marked `lost` (whose messages the scheduler then publishes again, from
+//! the body the claim wrote).
+//!
+//! Every statement that moves a leg back to `processing` returns its key,
+//! event, action, new token, attempts and first trace: the job to publish
+//! ([`Republish`]), never a body. The worker's take reads the body.
 
 use std::time::Duration;
 
 use crate::postgres::sql::{self, Session};
 
-use super::parked::{Parked, Unreadable};
-use super::row::parked;
+use super::row::{Republish, Unreadable, republish};
 use super::{Policy, execute, redact, secs};
 use crate::key::{ClaimToken, LegKey};
 use crate::postgres::DbError;
@@ -21,9 +25,11 @@ const SCHEDULE: &str = concat!(
 with due as (
     select d.provider, d.source, d.hook_id, d.delivery_id, d.destination
     from deliveries d
-    join parked_bodies p using (provider, source, hook_id, delivery_id, destination)
     where d.status = 'failed' and d.retryable and d.next_attempt_at <= now()
       and d.attempts < coalesce(d.max_attempts, $1)
+      and ",
+    body_exists!("d"),
+    "
       and not exists (select 1 from destinations x
                       where x.source = d.source and x.name = d.destination
                         and x.state <> 'closed')
@@ -35,15 +41,12 @@ update deliveries d
 set ",
     to_processing!("$3"),
     "
-from due, parked_bodies p
+from due
 where d.provider = due.provider and d.source = due.source
   and d.hook_id = due.hook_id and d.delivery_id = due.delivery_id
   and d.destination = due.destination
-  and p.provider = d.provider and p.source = d.source
-  and p.hook_id = d.hook_id and p.delivery_id = d.delivery_id
-  and p.destination = d.destination
 returning d.provider, d.source, d.hook_id, d.delivery_id, d.destination, d.event, d.action,
-          d.claim_token, d.attempts, p.content_type, p.headers, p.body, d.traceparent"
+          d.claim_token, d.attempts, d.traceparent"
 );
 
 /// The breaker's probe, fleet-wide at most one per destination per
@@ -64,9 +67,11 @@ with due as (
     from due cross join lateral (
         select d.provider, d.source, d.hook_id, d.delivery_id, d.destination
         from deliveries d
-        join parked_bodies p using (provider, source, hook_id, delivery_id, destination)
         where d.source = due.source and d.destination = due.name
           and d.status = 'failed' and d.retryable
+          and ",
+    body_exists!("d"),
+    "
           -- A deferred leg goes no earlier than the time it asked for.
           and not (d.last_error_class = 'deferred' and d.next_attempt_at > now())
           -- A leg behind an open leg of its ordered key is not the one to
@@ -97,9 +102,8 @@ with due as (
     where x.source = m.source and x.name = m.destination
 )
 select m.provider, m.source, m.hook_id, m.delivery_id, m.destination, m.event, m.action,
-       m.claim_token, m.attempts, p.content_type, p.headers, p.body, m.traceparent
-from moved m
-join parked_bodies p using (provider, source, hook_id, delivery_id, destination)"
+       m.claim_token, m.attempts, m.traceparent
+from moved m"
 );
 
 /// The wake of ordered keys (docs/architecture.md, "Ordered legs"): each
@@ -147,8 +151,7 @@ pub async fn wake_ordered(client: &impl Session) -> Result<u64, DbError> {
 /// The end of [`NEXT_OF_KEY`] and [`NEXT_FAIR`]: the leg a CTE named
 /// `head` found (at most one row, its `ctid` as `row_id`), still waiting
 /// with class `$class`, moved to `processing` under a new token (lease
-/// `$6` seconds) while its destination is closed, and returned with its
-/// parked body to publish.
+/// `$6` seconds) while its destination is closed, and returned to publish.
 macro_rules! release_head {
     ($class:literal) => {
         concat!(
@@ -172,10 +175,7 @@ macro_rules! release_head {
     returning d.provider, d.source, d.hook_id, d.delivery_id, d.destination, d.event,
               d.action, d.claim_token, d.attempts, d.traceparent
 )
-select m.provider, m.source, m.hook_id, m.delivery_id, m.destination, m.event, m.action,
-       m.claim_token, m.attempts, p.content_type, p.headers, p.body, m.traceparent
-from moved m
-join parked_bodies p using (provider, source, hook_id, delivery_id, destination)"
+select * from moved"
         )
     };
 }
@@ -183,7 +183,7 @@ join parked_bodies p using (provider, source, hook_id, delivery_id, destination)
 /// The next leg of the key of the ordered leg `$1`–`$5`, which just
 /// completed: its key's first open leg, if it waited behind the key, moved
 /// to `processing` under a new token (its destination closed), with its
-/// parked body to publish. One statement on that key's legs alone.
+/// key to publish. One statement on that key's legs alone.
 const NEXT_OF_KEY: &str = concat!(
     "
 with done as (
@@ -213,7 +213,7 @@ pub async fn next_of_key(
     client: &impl Session,
     policy: &Policy,
     key: &LegKey,
-) -> Result<Option<Result<Parked, Unreadable>>, DbError> {
+) -> Result<Option<Result<Republish, Unreadable>>, DbError> {
     release(client, policy, key, NEXT_OF_KEY).await
 }
 
@@ -287,7 +287,7 @@ pub async fn wake_fair(client: &impl Session) -> Result<Vec<(String, String)>, D
 /// The next leg of the installation of the fair leg `$1`–`$5`, which just
 /// ended, unless the installation still has its hold queued
 /// (`crowded!`): its oldest leg waiting for its turn, moved to `processing` under
-/// a new token (its destination closed), with its parked body to publish.
+/// a new token (its destination closed), to publish.
 /// One statement on that installation's waiting legs alone.
 const NEXT_FAIR: &str = concat!(
     "
@@ -330,7 +330,7 @@ pub async fn next_fair(
     client: &impl Session,
     policy: &Policy,
     key: &LegKey,
-) -> Result<Option<Result<Parked, Unreadable>>, DbError> {
+) -> Result<Option<Result<Republish, Unreadable>>, DbError> {
     release(client, policy, key, NEXT_FAIR).await
 }
 
@@ -340,9 +340,9 @@ async fn release(
     policy: &Policy,
     key: &LegKey,
     statement: &str,
-) -> Result<Option<Result<Parked, Unreadable>>, DbError> {
+) -> Result<Option<Result<Republish, Unreadable>>, DbError> {
     let row = super::query_opt(client, statement, key, &[&secs(policy.lease)]).await?;
-    Ok(row.as_ref().map(parked))
+    Ok(row.as_ref().map(republish))
 }
 
 /// Picks the probes that are due (see [`PROBE`]); the caller publishes
@@ -350,30 +350,30 @@ async fn release(
 pub async fn probe_due(
     client: &impl Session,
     policy: &Policy,
-) -> Result<Vec<Result<Parked, Unreadable>>, DbError> {
+) -> Result<Vec<Result<Republish, Unreadable>>, DbError> {
     let rows = sql::query(client, PROBE, &[&secs(policy.lease)]).await?;
-    Ok(rows.iter().map(parked).collect())
+    Ok(rows.iter().map(republish).collect())
 }
 
 /// The retry scheduler's pick: moves up to `limit` due retries back to
 /// `processing` under new tokens, in one compare-and-set. `skip locked`
 /// lets every worker run the scheduler without two picking one row, and
 /// `next_attempt_at <= now()` (the database clock) means a retry is never
-/// early. The caller publishes each from its parked body, puts it back
+/// early. The caller publishes each (its key: the take reads the body), puts it back
 /// with [`reschedule`] if the publish fails, and dead-letters a row that
 /// cannot become a job with [`dead_letter_unreadable`].
 pub async fn schedule_due(
     client: &impl Session,
     policy: &Policy,
     limit: i64,
-) -> Result<Vec<Result<Parked, Unreadable>>, DbError> {
+) -> Result<Vec<Result<Republish, Unreadable>>, DbError> {
     let rows = sql::query(
         client,
         SCHEDULE,
         &[&policy.max_attempts, &limit, &secs(policy.lease)],
     )
     .await?;
-    Ok(rows.iter().map(parked).collect())
+    Ok(rows.iter().map(republish).collect())
 }
 
 const RESCHEDULE: &str = concat!(
@@ -433,9 +433,8 @@ pub async fn exhaust_due(
 
 const NEEDING_COPY: &str = "
 select d.provider, d.source, d.hook_id, d.delivery_id, d.destination, d.event, d.action,
-       d.claim_token, d.attempts, p.content_type, p.headers, p.body
+       d.claim_token, d.attempts
 from deliveries d
-join parked_bodies p using (provider, source, hook_id, delivery_id, destination)
 where d.status = 'failed' and not d.retryable and d.dead_lettered_at is null
   and d.failed_at < now() - make_interval(secs => $1)
 order by d.failed_at
@@ -450,9 +449,9 @@ pub async fn needing_copy(
     client: &impl Session,
     grace: Duration,
     limit: i64,
-) -> Result<Vec<Result<Parked, Unreadable>>, DbError> {
+) -> Result<Vec<Result<Republish, Unreadable>>, DbError> {
     let rows = sql::query(client, NEEDING_COPY, &[&secs(grace), &limit]).await?;
-    Ok(rows.iter().map(parked).collect())
+    Ok(rows.iter().map(republish).collect())
 }
 
 /// Addressed by the key as stored (its parts may not parse), fenced by the
@@ -468,20 +467,17 @@ where ",
     " and claim_token = $6"
 );
 
-/// Dead-letters a parked row that cannot become a job (see
-/// [`Unreadable`]): failed for good, class `permanent`, with the reason. No
-/// broker copy can be built from it, so it is marked as copied; operators
-/// find it with `dlq list` and Postgres keeps its parked body. Returns
+/// Dead-letters a row that cannot become a job (see [`Unreadable`]):
+/// failed for good, class `permanent`, with the reason. No broker copy can
+/// be built from it, so it is marked as copied; operators find it with
+/// `dlq list` and Postgres keeps its body. Returns
 /// whether the row was still the one read.
 pub async fn dead_letter_unreadable(
     client: &impl Session,
     row: &Unreadable,
 ) -> Result<bool, DbError> {
     let [provider, source, hook_id, delivery_id, destination] = &*row.parts;
-    let message = redact(&format!(
-        "the parked row cannot be read as a job: {}",
-        row.reason
-    ));
+    let message = redact(&format!("the row cannot be read as a job: {}", row.reason));
     let n = sql::execute(
         client,
         DEAD_LETTER_UNREADABLE,
@@ -518,12 +514,13 @@ where ctid in (
 );
 
 /// The reaper: claims whose lease expired more than `after` ago (ingest may
-/// have died between the claim and the publish, the message was lost, or
-/// every worker was down) become failed, retryable, class `lost`, due now,
-/// keeping their token. Any message of the delivery still in the queue
-/// takes it (the token may be a dead worker's, which no message carries);
-/// otherwise the next redelivery (or, with a parked body, the scheduler)
-/// takes it at once. An untaken leg of a destination that takes no legs
+/// have died between the claim and the publish, the broker lost the
+/// message, or every worker was down) become failed, retryable, class
+/// `lost`, due now, keeping their token. Any message of the delivery still
+/// in the queue takes it (the token may be a dead worker's, which no
+/// message carries); otherwise the scheduler publishes it again from the
+/// body the claim wrote, whatever GitHub's log says (a leg without a body,
+/// claimed before bodies were written, waits for a redelivery instead). An untaken leg of a destination that takes no legs
 /// now is left alone: its message waits in the destination's queue (see
 /// `waits_for_its_destination!`).
 pub async fn reap(client: &impl Session, after: Duration, limit: i64) -> Result<u64, DbError> {

@@ -16,7 +16,7 @@ use super::{Status, UnknownName};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum State {
     /// Claimed or taken, not yet settled, and held by hookinbox (its job
-    /// is queued or running, or its body is parked).
+    /// is queued or running, and its body is kept).
     Processing,
     /// The effect happened.
     Completed,
@@ -25,8 +25,9 @@ pub enum State {
     /// Failed for good: a dead letter, until an operator replays or purges
     /// it.
     Dead,
-    /// A claim hookinbox cannot finish on its own (no body parked, no job):
-    /// only a redelivery from GitHub can. The reconciler asks for one.
+    /// A claim hookinbox cannot finish on its own (no body kept, no job: a
+    /// leg claimed before the claim wrote bodies): only a redelivery from
+    /// GitHub can. The reconciler asks for one.
     AwaitingRedelivery,
     /// Its destination's filters did not take it.
     Filtered,

@@ -10,14 +10,14 @@ use crate::postgres::sql::{self, Session};
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::parked::ParkedBody;
+use super::bodies::Stored;
 use super::row::{KeyColumns, KeyTuple, firsts_by_key, key_tuple, status_of};
 use super::{Policy, Status, execute, params, query_opt, secs};
 use crate::key::{ClaimToken, LegKey};
 use crate::postgres::DbError;
 
 /// What a worker's take decided.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Take {
     /// The worker holds the delivery under `token` and may run the effect.
     Taken {
@@ -35,10 +35,15 @@ pub enum Take {
         /// How long it waited behind an earlier leg of its key, when it
         /// did (by the database clock).
         waited: Option<Duration>,
+        /// Operator replays of the leg so far.
+        replays: i32,
+        /// Its delivery's body, read with the row; `None` when Postgres
+        /// holds none (a leg claimed before the claim wrote bodies: its
+        /// message may carry it).
+        body: Option<Stored>,
     },
     /// Attempts were exhausted: the delivery is now failed, class `poison`,
-    /// its body parked, and it must be dead-lettered without running the
-    /// effect.
+    /// and it must be dead-lettered without running the effect.
     Poisoned {
         /// How many takes it had.
         attempts: i32,
@@ -50,13 +55,13 @@ pub enum Take {
     },
     /// Its destination is not taking legs (breaker open, paused or
     /// disabled): the leg is now held, failed and retryable with class
-    /// `held`, its body parked and its attempts kept. Ack it; the scheduler
-    /// publishes it once the destination is closed again.
+    /// `held`, its attempts kept. Ack it; the scheduler publishes it once
+    /// the destination is closed again.
     Held,
     /// An earlier leg of its ordered key is still open: the leg now waits,
-    /// failed and retryable with class `ordered`, not due, its body parked
-    /// and its attempts kept. Ack it; the scheduler makes it due once it
-    /// is its key's first open leg.
+    /// failed and retryable with class `ordered`, not due, its attempts
+    /// kept. Ack it; the scheduler makes it due once it is its key's first
+    /// open leg.
     Waiting,
     /// Nothing to do for this message: the delivery is completed, failed,
     /// or no longer exists. Ack it.
@@ -111,6 +116,24 @@ macro_rules! waited {
     };
 }
 
+/// The body of the leg a CTE named `taken` returned (its delivery's key
+/// and `created_at`), beside the take's own columns: one partition of
+/// `bodies`, found at run time.
+macro_rules! with_body {
+    ($columns:literal) => {
+        concat!(
+            "
+select ",
+            $columns,
+            ", b.content_type, b.headers, b.size, b.encoding, b.body
+from taken t
+left join bodies b
+  on b.provider = t.provider and b.source = t.source and b.hook_id = t.hook_id
+ and b.delivery_id = t.delivery_id and b.received_at = t.created_at"
+        )
+    };
+}
+
 const TAKE: &str = concat!(
     "
 with prev as (
@@ -119,7 +142,7 @@ with prev as (
     key!(),
     "
     for update
-)
+), taken as (
 update deliveries d
 set status = 'processing', retryable = false, next_attempt_at = null,
     claim_token = $7, lease_until = now() + make_interval(secs => $8),
@@ -141,64 +164,57 @@ where ",
   and not ",
     yields!("d"),
     "
-returning d.attempts, prev.claim_token <> $6 and d.last_error_class is distinct from 'lost',
+returning d.provider, d.source, d.hook_id, d.delivery_id, d.attempts,
+          prev.claim_token <> $6 and d.last_error_class is distinct from 'lost' as takeover,
           d.created_at, ",
     is_probe!("d", "$6"),
-    ", ",
+    " as probe, ",
     waited!("d"),
-    "
-"
+    " as waited, d.replays
+)",
+    with_body!("t.attempts, t.takeover, t.created_at, t.probe, t.waited, t.replays")
 );
 
 const POISON: &str = concat!(
     "
-with moved as (
-    update deliveries
-    set status = 'failed', retryable = false, failed_at = now(),
-        first_failed_at = coalesce(first_failed_at, now()),
-        last_error_class = 'poison',
-        last_error = 'attempts exhausted: the job crashed or hung its worker on every attempt'
-    where ",
+update deliveries
+set status = 'failed', retryable = false, failed_at = now(),
+    first_failed_at = coalesce(first_failed_at, now()),
+    last_error_class = 'poison',
+    last_error = 'attempts exhausted: the job crashed or hung its worker on every attempt'
+where ",
     key!(),
     "
-      and attempts >= $7
-      and ",
+  and attempts >= $7
+  and ",
     takeable!("$6"),
     "
-    returning provider, source, hook_id, delivery_id, destination, attempts
-), ",
-    park_moved!(8, 9, 10),
-    "
-select attempts from moved"
+returning attempts"
 );
 
 /// A leg the gate turned away, while it is ours to take: held, no attempt
 /// spent, due now (the scheduler publishes it once its destination is
-/// closed again), its body parked, in one statement.
+/// closed again), in one statement: a change of state, the body stays
+/// where the claim wrote it.
 const HOLD: &str = concat!(
     "
-with moved as (
-    update deliveries d
-    set status = 'failed', retryable = true, next_attempt_at = now(),
-        failed_at = now(), first_failed_at = coalesce(first_failed_at, now()),
-        last_error_class = 'held',
-        last_error = 'held: its destination is ' || (
-            select x.state from destinations x
-            where x.source = d.source and x.name = d.destination)
-    where ",
+update deliveries d
+set status = 'failed', retryable = true, next_attempt_at = now(),
+    failed_at = now(), first_failed_at = coalesce(first_failed_at, now()),
+    last_error_class = 'held',
+    last_error = 'held: its destination is ' || (
+        select x.state from destinations x
+        where x.source = d.source and x.name = d.destination)
+where ",
     key!("d"),
     "
-      and ",
+  and ",
     takeable!("d", "$6"),
     "
-      and ",
+  and ",
     gated!("d", "$6"),
     "
-    returning provider, source, hook_id, delivery_id, destination
-), ",
-    park_moved!(7, 8, 9),
-    "
-select 1 from moved"
+returning 1"
 );
 
 /// A leg behind an open leg of its key, or one that yields its
@@ -206,37 +222,33 @@ select 1 from moved"
 /// waits, failed and retryable with class `ordered` (or `fair`), not due
 /// (`next_attempt_at` null: the scheduler's wake makes it due when it is
 /// its key's first open leg, or its installation's turn), no attempt
-/// spent, its body parked, in one statement.
+/// spent, in one statement: a change of state, the body stays where the
+/// claim wrote it.
 const WAIT: &str = concat!(
     "
-with moved as (
-    update deliveries d
-    set status = 'failed', retryable = true, next_attempt_at = null,
-        -- A fair leg that yields again keeps the start of its first wait:
-        -- its installation's releases go oldest first, so it is not sent
-        -- to the back each time a fresh leg took the turn it was given.
-        failed_at = case when d.order_key is null and d.last_error_class = 'fair'
-                         then coalesce(d.failed_at, now()) else now() end,
-        last_error_class = case when d.order_key is not null then 'ordered' else 'fair' end,
-        last_error = case when d.order_key is not null
-                          then 'waiting for an earlier leg of its key'
-                          else 'waiting: its installation has its share of legs in flight' end
-    where ",
+update deliveries d
+set status = 'failed', retryable = true, next_attempt_at = null,
+    -- A fair leg that yields again keeps the start of its first wait:
+    -- its installation's releases go oldest first, so it is not sent
+    -- to the back each time a fresh leg took the turn it was given.
+    failed_at = case when d.order_key is null and d.last_error_class = 'fair'
+                     then coalesce(d.failed_at, now()) else now() end,
+    last_error_class = case when d.order_key is not null then 'ordered' else 'fair' end,
+    last_error = case when d.order_key is not null
+                      then 'waiting for an earlier leg of its key'
+                      else 'waiting: its installation has its share of legs in flight' end
+where ",
     key!("d"),
     "
-      and ",
+  and ",
     takeable!("d", "$6"),
     "
-      and (",
+  and (",
     behind!("d"),
     " or ",
     yields!("d"),
     ")
-    returning provider, source, hook_id, delivery_id, destination
-), ",
-    park_moved!(7, 8, 9),
-    "
-select 1 from moved"
+returning 1"
 );
 
 const TAKE_STATE: &str = concat!(
@@ -265,9 +277,7 @@ pub async fn take(
     key: &LegKey,
     presented: ClaimToken,
     max_attempts: i32,
-    parked: ParkedBody<'_>,
 ) -> Result<Take, DbError> {
-    let headers = parked.headers_json();
     loop {
         let token = ClaimToken::new();
         let lease = secs(policy.lease);
@@ -285,23 +295,12 @@ pub async fn take(
                 created_at: row.get(2),
                 probe: row.get(3),
                 waited: seconds(row.get(4)),
+                replays: row.get(5),
+                body: Stored::from_row(&row),
             });
         }
-        if let Some(row) = sql::query_opt(
-            client,
-            POISON,
-            &params(
-                key,
-                &[
-                    &presented.0,
-                    &max_attempts,
-                    &parked.content_type,
-                    &headers,
-                    &parked.body,
-                ],
-            ),
-        )
-        .await?
+        if let Some(row) =
+            sql::query_opt(client, POISON, &params(key, &[&presented.0, &max_attempts])).await?
         {
             return Ok(Take::Poisoned {
                 attempts: row.get(0),
@@ -310,29 +309,15 @@ pub async fn take(
         // Order before the breaker: a leg behind its key waits for its
         // key whatever its destination's state; only a key's first leg is
         // held, and it is the one the scheduler brings back.
-        if sql::query_opt(
-            client,
-            WAIT,
-            &params(
-                key,
-                &[&presented.0, &parked.content_type, &headers, &parked.body],
-            ),
-        )
-        .await?
-        .is_some()
+        if sql::query_opt(client, WAIT, &params(key, &[&presented.0]))
+            .await?
+            .is_some()
         {
             return Ok(Take::Waiting);
         }
-        if sql::query_opt(
-            client,
-            HOLD,
-            &params(
-                key,
-                &[&presented.0, &parked.content_type, &headers, &parked.body],
-            ),
-        )
-        .await?
-        .is_some()
+        if sql::query_opt(client, HOLD, &params(key, &[&presented.0]))
+            .await?
+            .is_some()
         {
             return Ok(Take::Held);
         }
@@ -381,7 +366,7 @@ with input as (
     from deliveries d join input i using (provider, source, hook_id, delivery_id, destination)
     order by d.provider, d.source, d.hook_id, d.delivery_id, d.destination
     for update of d
-)
+), taken as (
 update deliveries d
 set status = 'processing', retryable = false, next_attempt_at = null,
     claim_token = i.token, lease_until = now() + make_interval(secs => $9),
@@ -403,13 +388,18 @@ where d.provider = i.provider and d.source = i.source and d.hook_id = i.hook_id
     yields!("d"),
     "
 returning d.provider, d.source, d.hook_id, d.delivery_id, d.destination, d.attempts,
-          p.prev_token <> i.presented and d.last_error_class is distinct from 'lost',
+          p.prev_token <> i.presented and d.last_error_class is distinct from 'lost'
+              as takeover,
           d.created_at, ",
     is_probe!("d", "i.presented"),
-    ", ",
+    " as probe, ",
     waited!("d"),
-    "
-"
+    " as waited, d.replays
+)",
+    with_body!(
+        "t.provider, t.source, t.hook_id, t.delivery_id, t.destination, t.attempts, t.takeover, \
+         t.created_at, t.probe, t.waited, t.replays"
+    )
 );
 
 /// One take of a [`take_batch`]: the leg, the token its message presents,
@@ -458,7 +448,15 @@ pub async fn take_batch(
         .map(|r| {
             (
                 (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)),
-                (r.get(5), r.get(6), r.get(7), r.get(8), r.get(9)),
+                (
+                    r.get(5),
+                    r.get(6),
+                    r.get(7),
+                    r.get(8),
+                    r.get(9),
+                    r.get(10),
+                    Stored::from_row(r),
+                ),
             )
         })
         .collect();
@@ -471,7 +469,8 @@ pub async fn take_batch(
             if firsts.get(key) != Some(&i) {
                 return None;
             }
-            let (attempts, takeover, created_at, probe, waited) = taken.remove(&key_tuple(key))?;
+            let (attempts, takeover, created_at, probe, waited, replays, body) =
+                taken.remove(&key_tuple(key))?;
             Some(Take::Taken {
                 token: tokens[&i],
                 attempts,
@@ -479,14 +478,25 @@ pub async fn take_batch(
                 created_at,
                 probe,
                 waited: seconds(waited),
+                replays,
+                body,
             })
         })
         .collect())
 }
 
 /// What [`TAKE_BATCH`] returns of a leg it took: attempts, takeover,
-/// created at, probe, and the seconds it waited behind its key.
-type TakenRow = (i32, bool, DateTime<Utc>, bool, Option<f64>);
+/// created at, probe, the seconds it waited behind its key, replays, and
+/// its delivery's body.
+type TakenRow = (
+    i32,
+    bool,
+    DateTime<Utc>,
+    bool,
+    Option<f64>,
+    i32,
+    Option<Stored>,
+);
 
 /// A wait in seconds, as read back (never negative, never NaN).
 fn seconds(value: Option<f64>) -> Option<Duration> {

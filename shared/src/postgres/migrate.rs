@@ -128,6 +128,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "0022_day_partitions.sql",
         sql: include_str!("../../migrations/0022_day_partitions.sql"),
     },
+    Migration {
+        version: 23,
+        name: "0023_bodies.sql",
+        sql: include_str!("../../migrations/0023_bodies.sql"),
+    },
 ];
 
 /// Applies every pending migration and returns how many it applied.

@@ -1,21 +1,22 @@
-//! Where the body should ride: in the message (hookinbox's design), or
-//! only the key in the message with the body written once in Postgres at
-//! the claim. Runs one half of one design at a fixed rate, so that
-//! `scripts/bench.sh --body-share` can read the CPU it costs the broker or
-//! Postgres from `/proc`:
+//! What each half of a delivery costs the broker and Postgres, run one
+//! half at a time at a fixed rate, so that `scripts/bench.sh --body-share`
+//! can read the CPU it costs the broker or Postgres from `/proc` (the
+//! benchmark's "limit": two cores over the two):
 //!
-//! - `mq-body`, `mq-key`: hookinbox's own publisher (confirms, window 256)
-//!   publishes real jobs (headers as ingest sends them) into a work queue
-//!   of hookinbox's topology, with the body or with none, and a consumer
-//!   acks each (prefetch 64), as the worker does.
-//! - `pg-body`, `pg-key`: the Postgres statements of each design for the
-//!   same deliveries, in batches of `--batch` (what group commit forms):
-//!   `pg-body` claims (`deliveries::claim_batch`) and then takes and
-//!   completes with the stored event (`deliveries::complete_batch`), as a
-//!   `store` job does today; `pg-key` also writes each body into
-//!   `parked_bodies` in the claim's transaction, reads it back before the
-//!   completion (the worker's handler needs it), and the completion deletes
-//!   it.
+//! - `mq`: hookinbox's own publisher (confirms, window 256) publishes real
+//!   jobs (a leg's key, as ingest sends it: no body) into a work queue of
+//!   hookinbox's topology, and a consumer acks each (prefetch 64), as the
+//!   worker does.
+//! - `pg`: the Postgres statements of the same deliveries, in batches of
+//!   `--batch` (what group commit forms): the claim with its body
+//!   (`deliveries::claim_batch`), the read of the bodies the one-statement
+//!   path makes (`deliveries::bodies::fetch_batch`), and the completion
+//!   that takes and stores (`deliveries::complete_batch`), as a `store`
+//!   job does.
+//!
+//! Until the claim wrote bodies the broker carried them (the design this
+//! tool weighed them against, with `parked_bodies` then); the figures of
+//! that comparison are in docs/benchmarks.md.
 //!
 //! Prints what it did; the CPU is read by the caller.
 
@@ -27,7 +28,7 @@ use clap::{Parser, ValueEnum};
 use futures::StreamExt;
 use hookinbox::broker::{Publisher, Topology};
 use hookinbox::deliveries::{self, ClaimRequest, Completing, Policy, StoredEvent};
-use hookinbox::job::Job;
+use hookinbox::job::Envelope;
 use hookinbox::key::{DeliveryId, DeliveryKey, EventName, HookId, SourceName};
 use hookinbox_tests::fixtures;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
@@ -35,10 +36,8 @@ use sha2::{Digest, Sha256};
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Phase {
-    MqBody,
-    MqKey,
-    PgBody,
-    PgKey,
+    Mq,
+    Pg,
 }
 
 /// One half of one design, at a fixed rate.
@@ -98,12 +97,8 @@ async fn main() -> anyhow::Result<()> {
     let total = u64::from(args.rate) * args.seconds;
     let started = Instant::now();
     match args.phase {
-        Phase::MqBody | Phase::MqKey => {
-            broker(&args, &mix, &run, total, args.phase == Phase::MqBody).await?
-        }
-        Phase::PgBody | Phase::PgKey => {
-            postgres(&args, &mix, &run, total, args.phase == Phase::PgKey).await?
-        }
+        Phase::Mq => broker(&args, &mix, &run, total).await?,
+        Phase::Pg => postgres(&args, &mix, &run, total).await?,
     }
     println!(
         "{} deliveries in {:.1} s",
@@ -118,7 +113,6 @@ async fn broker(
     mix: &[(&'static str, Vec<u8>)],
     run: &str,
     total: u64,
-    with_body: bool,
 ) -> anyhow::Result<()> {
     let topology = Topology::new(&args.queue_prefix);
     let publisher = std::sync::Arc::new(Publisher::new(
@@ -178,20 +172,15 @@ async fn broker(
     let mut publishes = tokio::task::JoinSet::new();
     for i in 0..total {
         tokio::time::sleep_until(start + period * i as u32).await;
-        let (key, event, body) = delivery(i, mix, run);
-        let job = Job {
+        let (key, event, _) = delivery(i, mix, run);
+        let job = Envelope {
             trace: Default::default(),
             key: key.leg(hookinbox_tests::store_destination()),
             event: EventName::parse(event.as_bytes()).expect("event"),
             action: Some("opened".to_owned()),
             token: hookinbox::key::ClaimToken::new(),
             attempts: Some(0),
-            content_type: "application/json".to_owned(),
-            github_headers: vec![
-                ("x-github-event".to_owned(), event.to_owned()),
-                ("x-github-hook-id".to_owned(), "777".to_owned()),
-            ],
-            body: if with_body { body } else { Bytes::new() },
+            carried: None,
         };
         let publisher = publisher.clone();
         publishes.spawn(async move { publisher.publish(&job).await });
@@ -225,7 +214,6 @@ async fn postgres(
     mix: &[(&'static str, Vec<u8>)],
     run: &str,
     total: u64,
-    key_only: bool,
 ) -> anyhow::Result<()> {
     let url = args
         .database_url
@@ -266,19 +254,22 @@ async fn postgres(
                     fair: None,
                     stale_clock: None,
                 }],
+                body: hookinbox_tests::json_body(body),
             })
             .collect();
-        client.batch_execute("begin").await?;
         let claims = deliveries::claim_batch(&client, &policy, &requests).await?;
-        if key_only {
-            park(&client, &deliveries).await?;
-        }
-        client.batch_execute("commit").await?;
-        if key_only {
-            // The worker reads the body its message no longer carries.
-            let read = bodies(&client, &deliveries).await?;
-            anyhow::ensure!(read == deliveries.len(), "read {read} bodies");
-        }
+        // The worker reads the body its message does not carry.
+        let legs: Vec<_> = deliveries
+            .iter()
+            .map(|(key, _, _)| key.clone().leg(hookinbox_tests::store_destination()))
+            .collect();
+        let read = deliveries::bodies::fetch_batch(&client, &legs).await?;
+        anyhow::ensure!(
+            read.iter().all(Option::is_some),
+            "read {} of {} bodies",
+            read.iter().flatten().count(),
+            legs.len()
+        );
         let completing: Vec<Completing> = deliveries
             .iter()
             .zip(&claims)
@@ -306,46 +297,4 @@ async fn postgres(
         anyhow::ensure!(done.iter().all(Option::is_some), "every row completed");
     }
     Ok(())
-}
-
-/// The key-only design's claim-time write: each body into `parked_bodies`.
-async fn park(
-    client: &deadpool_postgres::Object,
-    deliveries: &[(DeliveryKey, &'static str, Bytes)],
-) -> anyhow::Result<()> {
-    let ids: Vec<&str> = deliveries
-        .iter()
-        .map(|(k, _, _)| k.delivery_id.as_str())
-        .collect();
-    let bodies: Vec<&[u8]> = deliveries.iter().map(|(_, _, b)| b.as_ref()).collect();
-    client
-        .execute(
-            "insert into parked_bodies
-                 (provider, source, hook_id, delivery_id, destination, content_type, headers, body)
-             select 'github', 'default', '777', id, 'store', 'application/json', '[]'::jsonb, body
-             from unnest($1::text[], $2::bytea[]) as i(id, body)",
-            &[&ids, &bodies],
-        )
-        .await?;
-    Ok(())
-}
-
-/// The key-only design's read before the handler runs.
-async fn bodies(
-    client: &deadpool_postgres::Object,
-    deliveries: &[(DeliveryKey, &'static str, Bytes)],
-) -> anyhow::Result<usize> {
-    let ids: Vec<&str> = deliveries
-        .iter()
-        .map(|(k, _, _)| k.delivery_id.as_str())
-        .collect();
-    let rows = client
-        .query(
-            "select p.body from parked_bodies p join unnest($1::text[]) as i(id)
-               on p.provider = 'github' and p.source = 'default' and p.hook_id = '777'
-              and p.delivery_id = i.id",
-            &[&ids],
-        )
-        .await?;
-    Ok(rows.len())
 }

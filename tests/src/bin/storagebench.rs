@@ -137,6 +137,7 @@ async fn run_layout(args: &Args, by_day: bool) -> anyhow::Result<()> {
         completed: kept,
         failed: kept,
         events: Some(kept),
+        bodies: Duration::from_secs(7 * 86_400),
     };
     let swept = deliveries::sweep(&client, &retention, 500).await?;
     let sweep_secs = swept_at.elapsed().as_secs_f64();

@@ -189,9 +189,9 @@ async fn signature_headers_and_secrets_never_appear_in_a_page_or_an_answer() {
     .await;
     let stored: serde_json::Value = env
         .db
-        .query_one("select headers from parked_bodies", &[])
+        .query_one("select headers from bodies", &[])
         .await
-        .expect("parked")
+        .expect("kept")
         .get(0);
     assert!(
         stored.to_string().contains("x-github-signature-copy"),

@@ -55,16 +55,12 @@ async fn seed_keys(env: &TestEnv) {
     .await;
     env.db
         .batch_execute(
-            // A parked body names its leg: set aside while the leg moves.
-            "create temp table moved as select * from parked_bodies;
-             delete from parked_bodies;
-             update deliveries set destination = 'ci', order_key = k.key, order_seq = k.seq
+            // pr-3 keeps no body (a leg claimed before bodies were kept).
+            "update deliveries set destination = 'ci', order_key = k.key, order_seq = k.seq
              from (values ('pr-1', '77#5', 1), ('pr-2', '77#5', 2), ('pr-3', '77#6', 3),
                           ('pr-4', '77#7', 4)) k (id, key, seq)
              where delivery_id = k.id;
-             update moved set destination = 'ci';
-             insert into parked_bodies select * from moved where delivery_id <> 'pr-3';
-             drop table moved;",
+             delete from bodies where delivery_id = 'pr-3';",
         )
         .await
         .expect("order the legs");

@@ -279,7 +279,7 @@ async fn a_destination_that_answers_404_holds_its_legs_and_delivers_them_all_onc
 
 /// Under a running worker, the legs of an open destination wait in its
 /// queue: the worker holds only the head, unacked, and writes nothing for
-/// them (no hold, no parked body), while the probe still goes every
+/// them (no hold), while the probe still goes every
 /// `probe_secs` past that head (through the shared queue). Once a probe
 /// succeeds, every leg goes, once.
 #[tokio::test]
@@ -334,9 +334,10 @@ async fn an_open_destinations_legs_wait_in_its_queue_while_its_probes_go() {
     })
     .await;
     assert_eq!(
-        env.count("select count(*) from parked_bodies").await,
+        env.count("select count(*) from deliveries where status <> 'processing'")
+            .await,
         1,
-        "only the leg that failed is parked; the others wait in the broker"
+        "only the leg that failed is held in Postgres; the others wait in the broker"
     );
     assert_eq!(
         env.count("select count(*) from deliveries where status = 'processing' and attempts = 0")
@@ -759,25 +760,26 @@ async fn a_leg_claimed_before_destinations_runs_with_its_sources_first_destinati
         )
         .await
         .expect("an old row");
-    let old = hookinbox::Job {
+    let old = hookinbox::Envelope {
         trace: Default::default(),
         key: hook.key().leg(hookinbox::DestinationName::legacy()),
         event: hookinbox::EventName::parse(b"push").expect("event"),
         action: None,
         token: hookinbox::ClaimToken(token),
         attempts: None,
-        content_type: "application/json".to_owned(),
-        github_headers: Vec::new(),
-        body: hook.body.clone().into(),
+        carried: None,
     };
-    let publisher = hookinbox::broker::Publisher::new(
+    // Its body rides in the message, and Postgres holds none: the worker
+    // runs it with the body the message carries.
+    hookinbox_tests::old_messages::publish_with_body(
         &hookinbox_tests::amqp_url(),
-        "an-old-ingest",
-        hookinbox::broker::Topology::new(&env.prefix),
-        Duration::from_secs(5),
-    );
-    publisher.publish(&old).await.expect("published");
-    publisher.close().await;
+        &hookinbox::broker::Topology::new(&env.prefix),
+        &old,
+        "application/json",
+        &[("x-github-event", "push")],
+        &hook.body,
+    )
+    .await;
     assert_eq!(
         env.queue_depth(&format!("{}.work", env.prefix)).await,
         1,

@@ -138,6 +138,7 @@ async fn a_claim_batch_answers_each_request_like_a_single_claim() {
         guarded: false,
         pinned: false,
         legs: vec![hookinbox_tests::store_leg()],
+        body: hookinbox_tests::json_body(b"{}"),
     };
     // An existing completed delivery and an untaken, overdue claim.
     let first = deliveries::claim_batch(&client, &policy, &[req("done", 1), req("stale", 1)])

@@ -118,12 +118,21 @@ async fn sigterm_answers_every_request_in_flight_and_publishes_every_claim() {
     assert!(status.success(), "clean exit: {status:?}");
 
     // Every claim was published (or, past its installation's round, held
-    // for fairness) before its 202: none parked for the scheduler.
+    // for fairness) before its 202: none left for the scheduler, and every
+    // claim wrote its body.
     assert_eq!(env.deliveries().await, REQUESTS as i64);
     let held = env
         .count("select count(*) from deliveries where last_error_class = 'fair'")
         .await;
     assert_eq!(i64::from(env.work_depth().await) + held, REQUESTS as i64);
-    assert_eq!(env.count("select count(*) from parked_bodies").await, held);
+    assert_eq!(
+        env.count("select count(*) from deliveries where last_error_class = 'publish'")
+            .await,
+        0
+    );
+    assert_eq!(
+        env.count("select count(*) from bodies").await,
+        REQUESTS as i64
+    );
     env.cleanup().await;
 }

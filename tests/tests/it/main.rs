@@ -48,6 +48,7 @@ mod retention;
 mod settings;
 mod sources;
 mod stale;
+mod the_record;
 mod traces;
 mod worker_acks;
 mod worker_bad_bodies;

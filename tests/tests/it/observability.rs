@@ -506,11 +506,13 @@ async fn insert_delivery(
     if parked {
         env.db
             .execute(
-                "insert into parked_bodies (provider, source, hook_id, delivery_id, content_type, headers, body)
-                 values ('github', 'default', $1, $2, 'application/json',
-                         jsonb_build_array(jsonb_build_array('x-github-event', $3::text),
-                                           jsonb_build_array('x-github-delivery', $2::text)),
-                         $4)",
+                "insert into bodies (provider, source, hook_id, delivery_id, received_at,
+                                     content_type, headers, size, encoding, body)
+                 select 'github', 'default', $1, $2, d.created_at, 'application/json',
+                        jsonb_build_array(jsonb_build_array('x-github-event', $3::text),
+                                          jsonb_build_array('x-github-delivery', $2::text)),
+                        length($4::bytea), 'identity', $4::bytea
+                 from deliveries d where d.hook_id = $1 and d.delivery_id = $2 limit 1",
                 &[
                     &hook.hook_id.as_deref().expect("hook id"),
                     &hook.id(),

@@ -144,7 +144,11 @@ async fn purge_deletes_old_dead_letters_with_their_bodies_and_queue_copies() {
         .expect("one row left")
         .get(0);
     assert_eq!(left, ids[1]);
-    assert_eq!(env.count("select count(*) from parked_bodies").await, 1);
+    assert_eq!(
+        env.count("select count(*) from bodies").await,
+        2,
+        "a purge deletes the dead letter; its body goes with retention"
+    );
     assert_eq!(
         env.dead_depth().await,
         1,
@@ -216,7 +220,7 @@ async fn seed_known_rows(env: &TestEnv) {
     // here (r09, reaped too, has one: the scheduler republishes it).
     env.db
         .batch_execute(
-            "delete from parked_bodies where delivery_id = 'r07-lost';
+            "delete from bodies where delivery_id = 'r07-lost';
              update deliveries set attempts = 0, lease_until = now() - interval '1 minute'
              where delivery_id = 'r08-unpublished';",
         )
@@ -583,7 +587,7 @@ async fn snapshot(env: &TestEnv) -> BTreeMap<String, String> {
         .query(
             "select delivery_id, concat_ws(' ', status, retryable, attempts, replays, claim_token,
                     last_error_class, failed_at, dead_lettered_at,
-                    exists (select 1 from parked_bodies p where p.delivery_id = d.delivery_id))
+                    exists (select 1 from bodies b where b.delivery_id = d.delivery_id))
              from deliveries d",
             &[],
         )
@@ -1113,7 +1117,7 @@ async fn the_replay_library_call_tells_a_delivery_without_a_body_from_one_not_fa
     let client = pool.get().await.expect("client");
     let policy = env.policy();
     let replay = async |hook: &Hook| {
-        deliveries::replay(&client, &policy, &hook.leg())
+        deliveries::replay(&client, &policy, &hook.leg(), deliveries::Scope::Failed)
             .await
             .expect("replay")
     };

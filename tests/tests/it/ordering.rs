@@ -380,6 +380,7 @@ fn ordered_request(id: &str, key: &str) -> hookinbox::deliveries::ClaimRequest {
             fair: None,
             stale_clock: None,
         }],
+        body: hookinbox_tests::json_body(b"{}"),
     }
 }
 
@@ -398,11 +399,6 @@ async fn fail_for_good(
             class: deliveries::ErrorClass::Permanent,
             message: "no".into(),
             retry_in: None,
-        },
-        deliveries::ParkedBody {
-            content_type: "application/json",
-            headers: &[],
-            body: b"{}",
         },
     )
     .await
@@ -470,18 +466,13 @@ async fn a_waiting_leg_outlives_the_retention_of_failed_legs_and_a_skipped_leg_s
         .iter()
         .map(|r| r.key.clone().leg(r.legs[0].destination.clone()))
         .collect();
-    let parked = deliveries::ParkedBody {
-        content_type: "application/json",
-        headers: &[],
-        body: b"{}",
-    };
-    let first = deliveries::take(&client, &policy, &legs[0], tokens[0], 3, parked)
+    let first = deliveries::take(&client, &policy, &legs[0], tokens[0], 3)
         .await
         .expect("take");
     let Take::Taken { token, .. } = first else {
         panic!("the first leg is taken: {first:?}");
     };
-    let second = deliveries::take(&client, &policy, &legs[1], tokens[1], 3, parked)
+    let second = deliveries::take(&client, &policy, &legs[1], tokens[1], 3)
         .await
         .expect("take");
     assert_eq!(second, Take::Waiting);
@@ -498,6 +489,7 @@ async fn a_waiting_leg_outlives_the_retention_of_failed_legs_and_a_skipped_leg_s
         completed: Duration::from_secs(86_400),
         failed: Duration::from_secs(86_400),
         events: None,
+        bodies: Duration::from_secs(7 * 86_400),
     };
     deliveries::sweep(&client, &retention, 100)
         .await
@@ -518,7 +510,7 @@ async fn a_waiting_leg_outlives_the_retention_of_failed_legs_and_a_skipped_leg_s
         .expect("claims");
     let leg = third.key.clone().leg(third.legs[0].destination.clone());
     let presented = hookinbox_tests::claimed_token(&claims[0]).expect("claimed");
-    let Take::Taken { token, .. } = deliveries::take(&client, &policy, &leg, presented, 3, parked)
+    let Take::Taken { token, .. } = deliveries::take(&client, &policy, &leg, presented, 3)
         .await
         .expect("take")
     else {
@@ -534,9 +526,10 @@ async fn a_waiting_leg_outlives_the_retention_of_failed_legs_and_a_skipped_leg_s
             .is_some()
     );
     let before = place(&env, "third").await;
-    let Replayed::Started(job) = deliveries::replay(&client, &policy, &leg)
-        .await
-        .expect("replay")
+    let Replayed::Started(job) =
+        deliveries::replay(&client, &policy, &leg, deliveries::Scope::Failed)
+            .await
+            .expect("replay")
     else {
         panic!("replayed");
     };
@@ -546,7 +539,7 @@ async fn a_waiting_leg_outlives_the_retention_of_failed_legs_and_a_skipped_leg_s
         "a skipped leg replayed goes to the back of its key"
     );
     assert!(
-        deliveries::unreplay(&client, &leg, job.job.token, "publish failed")
+        deliveries::unreplay(&client, &leg, job.envelope.token, "publish failed")
             .await
             .expect("unreplay")
     );

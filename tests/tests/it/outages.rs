@@ -38,13 +38,15 @@ async fn broker_down_at_ingest_parks_answers_202_and_everything_completes_once_i
     }
     assert_eq!(
         env.count(
-            "select count(*) from deliveries d join parked_bodies p using (provider, source, hook_id, delivery_id) \
+            "select count(*) from deliveries d join bodies b \
+             on b.provider = d.provider and b.source = d.source and b.hook_id = d.hook_id \
+              and b.delivery_id = d.delivery_id and b.received_at = d.created_at \
              where d.status = 'failed' and d.retryable and d.next_attempt_at <= now() and d.attempts = 0 \
              and d.last_error_class = 'publish'"
         )
         .await,
         3,
-        "recorded as due, bodies parked"
+        "recorded as due, with the bodies their claims wrote"
     );
     // While the broker is away, the scheduler cannot publish and puts the
     // rows back as due.
@@ -56,9 +58,9 @@ async fn broker_down_at_ingest_parks_answers_202_and_everything_completes_once_i
     assert_eq!(outcomes, vec![JobOutcome::Completed; 3]);
     assert_eq!(env.events().await, 3);
     assert_eq!(
-        env.count("select count(*) from parked_bodies").await,
-        0,
-        "completion deletes bodies"
+        env.count("select count(*) from bodies").await,
+        3,
+        "one body a delivery, written once: the broker's outage wrote none again"
     );
     env.cleanup().await;
 }
@@ -105,6 +107,7 @@ async fn untaken_claim_is_rescued_by_a_redelivery_that_republishes_it() {
             guarded: false,
             pinned: false,
             legs: vec![hookinbox_tests::store_leg()],
+            body: hookinbox_tests::json_body(b"{}"),
         },
     )
     .await
@@ -176,18 +179,19 @@ async fn a_copy_answered_while_the_first_ingest_died_before_publishing_is_not_lo
             guarded: false,
             pinned: false,
             legs: vec![hookinbox_tests::store_leg()],
+            body: hookinbox_tests::json_body(&hook.body),
         },
     )
     .await
     .expect("claim");
-    // A copy arrives before the publish timeout: answered 202 without a job,
-    // but its body is parked.
+    // A copy arrives before the publish timeout: answered 202 without a
+    // job, and nothing written: the claim wrote the body.
     let answer = ingest.send(&hook).await;
     assert_eq!((answer.status, answer.kind()), (202, "duplicate"));
     assert_eq!(env.work_depth().await, 0);
-    assert_eq!(env.count("select count(*) from parked_bodies").await, 1);
+    assert_eq!(env.count("select count(*) from bodies").await, 1);
     // The claim is abandoned; the reaper marks it lost and the scheduler
-    // republishes the parked copy.
+    // publishes it again from the body its claim wrote.
     env.db
         .execute(
             "update deliveries set lease_until = now() - interval '1 hour'",
@@ -199,7 +203,6 @@ async fn a_copy_answered_while_the_first_ingest_died_before_publishing_is_not_lo
     let outcomes = settle(&env, &worker).await;
     assert_eq!(outcomes, vec![JobOutcome::Completed]);
     assert_eq!(env.events().await, 1);
-    assert_eq!(env.count("select count(*) from parked_bodies").await, 0);
     env.cleanup().await;
 }
 
@@ -287,12 +290,12 @@ async fn a_half_open_broker_connection_at_ingest_parks_then_reconnects() {
 
 /// Ingest's publish failed only after its claim's lease and the reaper's
 /// grace ran out (a broker that stalls for many seconds): the reaper has
-/// marked the claim `lost`, keeping its token. Ingest parks the body all
-/// the same and answers 202, so the scheduler must publish it: nothing but
-/// this body can finish the delivery, GitHub seeing a success and never
-/// redelivering. A claim taken since (a new token) is never parked over.
+/// marked the claim `lost`, keeping its token. Ingest records the leg as
+/// due all the same and answers 202, so the scheduler must publish it from
+/// the body the claim wrote: GitHub saw a success and never redelivers. A
+/// claim taken since (a new token) is never recorded over.
 #[tokio::test]
-async fn a_publish_that_fails_after_the_reaper_marked_the_claim_lost_still_parks_the_body() {
+async fn a_publish_that_fails_after_the_reaper_marked_the_claim_lost_is_still_due() {
     let env = TestEnv::new().await;
     let worker = env.store_worker().await;
     let hook = Hook::fixture("push");
@@ -304,26 +307,24 @@ async fn a_publish_that_fails_after_the_reaper_marked_the_claim_lost_still_parks
     assert_eq!(env.reap_now().await, 1, "the reaper marks the claim lost");
 
     // Another token (a take since) is refused: that leg is in flight.
-    let headers = vec![("X-GitHub-Event".to_owned(), "push".to_owned())];
-    let parked = deliveries::ParkedBody {
-        content_type: "application/json",
-        headers: &headers,
-        body: &hook.body,
-    };
     let other = hookinbox::ClaimToken(uuid::Uuid::new_v4());
-    let refused = deliveries::park_due(&client, &hook.leg(), other, "publish timed out", 0, parked)
+    let refused = deliveries::publish_failed(&client, &hook.leg(), other, "publish timed out", 0)
         .await
-        .expect("park");
-    assert!(!refused, "a claim under another token is not parked over");
+        .expect("record");
+    assert!(!refused, "a claim under another token is not recorded over");
 
-    let parked_now =
-        deliveries::park_due(&client, &hook.leg(), token, "publish timed out", 0, parked)
-            .await
-            .expect("park");
-    assert!(parked_now, "the lost claim's own publish parks its body");
+    let recorded = deliveries::publish_failed(&client, &hook.leg(), token, "publish timed out", 0)
+        .await
+        .expect("record");
+    assert!(
+        recorded,
+        "the lost claim's own failed publish records it as due"
+    );
     assert_eq!(
         env.count(
-            "select count(*) from deliveries d join parked_bodies p using (provider, source, hook_id, delivery_id, destination) \
+            "select count(*) from deliveries d join bodies b \
+             on b.provider = d.provider and b.source = d.source and b.hook_id = d.hook_id \
+              and b.delivery_id = d.delivery_id and b.received_at = d.created_at \
              where d.status = 'failed' and d.retryable and d.next_attempt_at <= now() and d.last_error_class = 'publish'"
         )
         .await,

@@ -122,12 +122,12 @@ async fn a_redelivery_across_a_day_boundary_finds_its_first_claim_and_its_one_st
     ];
     expected.sort();
     assert_eq!(stored, expected);
-    // The console's stored payload is the first claim's.
+    // The console's payload: the body as received, kept by the new claim.
     let payload = hookinbox::deliveries::stored_payload(&client, &hook.leg())
         .await
         .expect("stored payload")
         .expect("one");
-    assert!(payload.json.is_some());
+    assert_eq!(payload.raw.as_deref(), Some(&hook.body[..]));
     drop(client);
     env.cleanup().await;
 }
@@ -308,7 +308,8 @@ async fn an_upgrade_keeps_the_old_rows_in_one_partition_until_they_are_past_rete
         .expect("pool");
     assert_eq!(
         hookinbox::postgres::migrate(&pool).await.expect("migrate"),
-        1
+        2,
+        "0022, then 0023"
     );
 
     let tomorrow = days_ago(0) + Days::new(1);
@@ -333,6 +334,7 @@ async fn an_upgrade_keeps_the_old_rows_in_one_partition_until_they_are_past_rete
         completed: kept,
         failed: kept,
         events: Some(kept),
+        bodies: kept,
     };
     let swept = hookinbox::deliveries::sweep(&client, &retention, 500)
         .await

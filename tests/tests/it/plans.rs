@@ -58,6 +58,7 @@ async fn one_round(env: &TestEnv, client: &deadpool_postgres::Object, id: &str) 
             guarded: false,
             pinned: false,
             legs: vec![hookinbox_tests::store_leg()],
+            body: hookinbox_tests::json_body(b"{}"),
         }],
     )
     .await

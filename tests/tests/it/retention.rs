@@ -3,20 +3,20 @@
 use std::sync::Arc;
 
 use hookinbox::deliveries::{self, ClaimRequest};
-use hookinbox_tests::{Hook, TestEnv, fixtures, settle, worker_cli};
+use hookinbox_tests::{Hook, TestEnv, settle, worker_cli};
 use hookinbox_worker::JobOutcome;
 use sha2::{Digest, Sha256};
 
 use hookinbox_tests::handlers::AlwaysPermanent;
 
 #[tokio::test]
-async fn the_sweeper_deletes_only_expired_rows_of_each_state_with_their_bodies() {
+async fn the_sweeper_deletes_only_expired_rows_of_each_state() {
     let (env, ingest) = TestEnv::with_ingest().await;
     for _ in 0..6 {
         let hook = Hook::fixture("push");
         assert_eq!(ingest.send(&hook).await.status, 202);
     }
-    // Two completed, two dead letters (bodies parked), two left processing.
+    // Two completed, two dead letters, two left processing.
     let store = env.store_worker().await;
     let failing = env.worker(Arc::new(AlwaysPermanent)).await;
     for worker in [&store, &store, &failing, &failing] {
@@ -52,9 +52,9 @@ async fn the_sweeper_deletes_only_expired_rows_of_each_state_with_their_bodies()
         2
     );
     assert_eq!(
-        env.count("select count(*) from parked_bodies").await,
-        1,
-        "the swept body went with its row"
+        env.count("select count(*) from bodies").await,
+        6,
+        "bodies go with a retention of their own, by the day they came"
     );
     env.cleanup().await;
 }
@@ -98,6 +98,7 @@ async fn the_reaper_marks_only_abandoned_claims_lost_and_both_ways_out_complete(
             guarded: false,
             pinned: false,
             legs: vec![hookinbox_tests::store_leg()],
+            body: hookinbox_tests::json_body(&b.body),
         },
     )
     .await
@@ -122,18 +123,12 @@ async fn the_reaper_marks_only_abandoned_claims_lost_and_both_ways_out_complete(
         .await
         .expect("row")
         .get(0);
-    let raw = fixtures::own("push");
     let taken = deliveries::take(
         &client,
         &env.policy(),
         &e.leg(),
         hookinbox::key::ClaimToken(t0),
         env.policy().max_attempts,
-        deliveries::ParkedBody {
-            content_type: "application/json",
-            headers: &[],
-            body: &raw,
-        },
     )
     .await
     .expect("take");

@@ -112,9 +112,10 @@ ordering = "pull_request"
         "only a skip_stale destination's legs carry the time"
     );
     assert_eq!(
-        env.count("select count(*) from parked_bodies").await,
+        env.count("select count(*) from deliveries where status = 'failed'")
+            .await,
         0,
-        "no body left behind"
+        "no leg left waiting"
     );
     env.cleanup().await;
 }

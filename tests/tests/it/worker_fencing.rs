@@ -30,12 +30,7 @@ async fn stale_worker_cannot_complete() {
     let policy = env.policy();
     let k = key("stale-1");
     let client = pool.get().await.expect("client");
-    let raw = fixtures::own("push");
-    let body = deliveries::ParkedBody {
-        content_type: "application/json",
-        headers: &[],
-        body: &raw,
-    };
+
     let (t0, stale) = taken(&env, &client, "stale-1").await;
     // Worker A stalls past its lease (backdated rather than slept for).
     env.db
@@ -51,7 +46,7 @@ async fn stale_worker_cannot_complete() {
         attempts,
         takeover,
         ..
-    } = deliveries::take(&client, &policy, &k, t0, policy.max_attempts, body)
+    } = deliveries::take(&client, &policy, &k, t0, policy.max_attempts)
         .await
         .expect("take")
     else {
@@ -73,6 +68,7 @@ async fn stale_worker_cannot_complete() {
         action: None,
         token: t0,
         attempts: Some(0),
+        replays: 0,
         content_type: "application/json".to_owned(),
         github_headers: Vec::new(),
         body: fixtures::own("push").into(),
@@ -89,7 +85,7 @@ async fn stale_worker_cannot_complete() {
         retry_in: None,
     };
     assert!(
-        deliveries::fail(&client, &k, stale, &failure, body)
+        deliveries::fail(&client, &k, stale, &failure)
             .await
             .expect("fail")
             .is_none()
@@ -300,6 +296,7 @@ async fn taken(
             guarded: false,
             pinned: false,
             legs: vec![hookinbox_tests::store_leg()],
+            body: hookinbox_tests::json_body(b"{}"),
         },
     )
     .await
@@ -307,16 +304,10 @@ async fn taken(
     let Some(t0) = hookinbox_tests::claimed_token(&claim) else {
         panic!("new key must be claimed")
     };
-    let raw = fixtures::own("push");
-    let body = deliveries::ParkedBody {
-        content_type: "application/json",
-        headers: &[],
-        body: &raw,
-    };
-    let Take::Taken { token, .. } =
-        deliveries::take(client, &policy, &k, t0, policy.max_attempts, body)
-            .await
-            .expect("take")
+
+    let Take::Taken { token, .. } = deliveries::take(client, &policy, &k, t0, policy.max_attempts)
+        .await
+        .expect("take")
     else {
         panic!("take")
     };

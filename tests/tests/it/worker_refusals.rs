@@ -2,13 +2,13 @@
 //! real refusal: a trigger of the test's own database raises it): a take
 //! batch refused for one row takes its neighbours alone; a completion
 //! refused for a reason that is not the row's is retried with backoff as a
-//! `db` failure; and a parked row that cannot become a job is dead-lettered
-//! by the scheduler instead of being rescheduled forever.
+//! `db` failure; and a row that cannot become a job is dead-lettered by the
+//! scheduler instead of being rescheduled forever.
 
 use std::time::Duration;
 
 use futures::future::join_all;
-use hookinbox::deliveries::{self, ErrorClass, ParkedBody, Take, group_commit};
+use hookinbox::deliveries::{self, ErrorClass, Take, group_commit};
 use hookinbox::key::ClaimToken;
 use hookinbox::postgres::BatchShape;
 use hookinbox_tests::{Hook, TestEnv, settle, worker_cli};
@@ -45,7 +45,7 @@ struct Failed {
     /// Due after a backoff rather than at once.
     due_later: bool,
     dead_lettered: bool,
-    parked: bool,
+    body_kept: bool,
 }
 
 async fn failed(env: &TestEnv, delivery_id: &str) -> Failed {
@@ -54,7 +54,7 @@ async fn failed(env: &TestEnv, delivery_id: &str) -> Failed {
         .query_one(
             "select status, retryable, last_error_class, last_error, attempts,
                     coalesce(next_attempt_at > failed_at, false), dead_lettered_at is not null,
-                    exists (select 1 from parked_bodies p where p.delivery_id = d.delivery_id)
+                    exists (select 1 from bodies b where b.delivery_id = d.delivery_id)
              from deliveries d where delivery_id = $1",
             &[&delivery_id],
         )
@@ -68,7 +68,7 @@ async fn failed(env: &TestEnv, delivery_id: &str) -> Failed {
         attempts: row.get(4),
         due_later: row.get(5),
         dead_lettered: row.get(6),
-        parked: row.get(7),
+        body_kept: row.get(7),
     }
 }
 
@@ -127,11 +127,6 @@ async fn a_take_batch_refused_for_one_row_takes_each_neighbour_alone() {
     drop(held);
     let answers = submitted.await;
 
-    let parked = ParkedBody {
-        content_type: "application/json",
-        headers: &[],
-        body: b"{}",
-    };
     let client = pool.get().await.expect("connection");
     let mut alone = 0;
     for ((key, token), answer) in items.iter().zip(answers) {
@@ -142,7 +137,7 @@ async fn a_take_batch_refused_for_one_row_takes_each_neighbour_alone() {
             Some(taken) => Ok(taken),
             None => {
                 alone += 1;
-                deliveries::take(&client, &policy, key, *token, policy.max_attempts, parked).await
+                deliveries::take(&client, &policy, key, *token, policy.max_attempts).await
             }
         };
         if key.delivery_id.as_str() == bad.id() {
@@ -216,7 +211,7 @@ async fn a_completion_refused_for_a_reason_not_the_rows_is_retried_with_backoff_
     assert!(row.error.contains("55000"), "{row:?}");
     assert!(row.due_later, "due after a backoff, not at once");
     assert_eq!(row.attempts, 1);
-    assert!(row.parked, "its body is parked for the retry");
+    assert!(row.body_kept, "its body is kept for the retry");
     assert_eq!(env.events().await, 0);
 
     env.db
@@ -233,11 +228,11 @@ async fn a_completion_refused_for_a_reason_not_the_rows_is_retried_with_backoff_
     env.cleanup().await;
 }
 
-/// A due retry whose parked row cannot become a job (its stored event no
+/// A due retry whose row cannot become a job (its stored event no
 /// longer parses) is dead-lettered by the scheduler, `permanent`, naming
 /// why, with its body kept; it is never published nor rescheduled.
 #[tokio::test]
-async fn the_scheduler_dead_letters_a_parked_row_that_cannot_become_a_job() {
+async fn the_scheduler_dead_letters_a_row_that_cannot_become_a_job() {
     let (env, ingest) = TestEnv::with_ingest().await;
     let worker = env.store_worker().await;
     let good = Hook::fixture("push");
@@ -245,17 +240,12 @@ async fn the_scheduler_dead_letters_a_parked_row_that_cannot_become_a_job() {
     for hook in [&good, &unreadable] {
         assert_eq!(ingest.send(hook).await.status, 202);
     }
-    // Both fail and are due again at once, their bodies parked; one of
-    // them then holds an event that is no event name.
+    // Both fail and are due again at once (their claims wrote their
+    // bodies); one of them then holds an event that is no event name.
     env.db
         .batch_execute(
             "update deliveries set status = 'failed', retryable = true, next_attempt_at = now(),
-                 failed_at = now(), last_error_class = 'transient', last_error = 'test';
-             insert into parked_bodies
-                 (provider, source, hook_id, delivery_id, destination, content_type, headers, body)
-             select provider, source, hook_id, delivery_id, destination, 'application/json',
-                    '[]'::jsonb, '{}'::bytea
-             from deliveries;",
+                 failed_at = now(), last_error_class = 'transient', last_error = 'test';",
         )
         .await
         .expect("fail both");
@@ -277,12 +267,11 @@ async fn the_scheduler_dead_letters_a_parked_row_that_cannot_become_a_job() {
         ("failed", false, "permanent")
     );
     assert!(
-        row.error
-            .starts_with("the parked row cannot be read as a job"),
+        row.error.starts_with("the row cannot be read as a job"),
         "{row:?}"
     );
     assert!(row.dead_lettered, "marked dead-lettered");
-    assert!(row.parked, "Postgres keeps its parked body");
+    assert!(row.body_kept, "Postgres keeps its body");
     // A second pass leaves it alone.
     assert_eq!(worker.schedule_once().await.expect("scheduler"), 0);
     let (code, listed) = worker_cli(&env, &["dlq", "list", "--json"]);

@@ -108,9 +108,9 @@ async fn exhausted_attempts_are_dead_lettered_as_max_attempts() {
         1
     );
     assert_eq!(
-        env.count("select count(*) from parked_bodies").await,
+        env.count("select count(*) from bodies").await,
         1,
-        "body parked"
+        "its body kept for a replay"
     );
     assert_eq!(env.dead_depth().await, 1);
     env.cleanup().await;

@@ -14,7 +14,10 @@
 //! A crash between the POST and the completion sends the same leg again,
 //! always with the same `Idempotency-Key` and `X-GitHub-Delivery`:
 //! receivers must dedupe on it. That is the price of an effect outside
-//! Postgres.
+//! Postgres. An operator's replay sends it again on purpose, with the same
+//! key too, and `X-Hookinbox-Replay: N` (the leg's replays so far), so that
+//! a receiver that dedupes can tell a replay it should run again from a
+//! redelivery it has seen.
 //!
 //! Every connection passes the egress policy first (`egress.rs`): a
 //! refused address sends nothing and fails the attempt as
@@ -52,6 +55,10 @@ use tracing::Instrument;
 
 use super::egress::{GuardedResolver, blocked_in, literal_address};
 use super::{Effect, Handler, HandlerError};
+
+/// The header a replayed leg carries: which replay of it this is (its
+/// replays so far, from 1).
+pub const REPLAY_HEADER: &str = "x-hookinbox-replay";
 
 /// The header carrying the hookinbox-style forward signature.
 pub const SIGNATURE_HEADER: &str = "x-hookinbox-signature-256";
@@ -156,6 +163,9 @@ impl Forward {
             .timeout(self.config.timeout)
             .header(CONTENT_TYPE, &job.content_type)
             .header("idempotency-key", job.key.idempotency_key());
+        if job.replays > 0 {
+            request = request.header(REPLAY_HEADER, job.replays);
+        }
         for (name, value) in &job.github_headers {
             if GITHUB_SIGNATURES.contains(&name.as_str()) {
                 continue;
@@ -444,6 +454,7 @@ mod tests {
             action: None,
             token: hookinbox::key::ClaimToken(uuid::Uuid::nil()),
             attempts: None,
+            replays: 0,
             content_type: "application/json".to_owned(),
             github_headers: headers
                 .iter()
@@ -541,6 +552,26 @@ mod tests {
         for name in [SIGNATURE_HEADER, "x-hub-signature-256", "x-hub-signature"] {
             assert!(h.get(name).is_none(), "{name}");
         }
+    }
+
+    #[test]
+    fn a_replay_says_which_with_the_same_idempotency_key() {
+        let first = job("{}", &[]);
+        let replayed = Job {
+            replays: 2,
+            ..first.clone()
+        };
+        let sent = built(ForwardSignature::None, None, &first);
+        assert!(sent.headers().get(REPLAY_HEADER).is_none());
+        let again = built(ForwardSignature::None, None, &replayed);
+        assert_eq!(
+            again.headers().get(REPLAY_HEADER).map(|v| v.as_bytes()),
+            Some(&b"2"[..])
+        );
+        assert_eq!(
+            again.headers().get("idempotency-key"),
+            sent.headers().get("idempotency-key")
+        );
     }
 
     #[test]

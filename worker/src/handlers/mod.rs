@@ -46,7 +46,8 @@ mod store;
 
 pub use effect::{Answer, Completion, Effect};
 pub use forward::{
-    Forward, GITHUB_SIGNATURE_HEADER, SIGNATURE_HEADER, classify, github_rate_limit, retry_after,
+    Forward, GITHUB_SIGNATURE_HEADER, REPLAY_HEADER, SIGNATURE_HEADER, classify, github_rate_limit,
+    retry_after,
 };
 pub use store::Store;
 

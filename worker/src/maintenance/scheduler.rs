@@ -1,7 +1,8 @@
-//! The retry scheduler: due retries are published from their parked
-//! bodies, exhausted ones dead-lettered, unreadable parked rows
-//! dead-lettered with the reason, and dead letters whose broker copy a
-//! crash left unwritten are given one.
+//! The retry scheduler: due retries (and legs reaped `lost`, whose
+//! messages are gone) are published again, their keys only (the take
+//! reads each body from Postgres), exhausted ones dead-lettered,
+//! unreadable rows dead-lettered with the reason, and dead letters whose
+//! broker copy a crash left unwritten are given one.
 
 use std::time::Duration;
 
@@ -19,8 +20,8 @@ const COPY_GRACE: Duration = Duration::from_secs(60);
 
 /// One pass of the retry scheduler: dead-letters due retries that used
 /// every attempt, moves due retries back to `processing` under new tokens
-/// and publishes each from its parked body (a probe through the shared
-/// queue), all confirms in flight at once.
+/// and publishes each (a probe through the shared queue), all confirms in
+/// flight at once.
 /// A publish that fails puts its row back as due, token-guarded. Also
 /// writes dead-letter copies that a crash left unwritten. Returns how many
 /// retries it published.
@@ -52,9 +53,9 @@ pub(crate) async fn schedule_once(ctx: &Context) -> Result<usize, RuntimeError> 
     let probes = deliveries::probe_due(&client, &ctx.policy).await?;
     for probe in probes.iter().flatten() {
         tracing::info!(
-            source = %probe.job.key.source,
-            destination = %probe.job.key.destination,
-            delivery_id = %probe.job.key.delivery_id,
+            source = %probe.envelope.key.source,
+            destination = %probe.envelope.key.destination,
+            delivery_id = %probe.envelope.key.delivery_id,
             "probing an open destination"
         );
     }
@@ -74,7 +75,7 @@ pub(crate) async fn schedule_once(ctx: &Context) -> Result<usize, RuntimeError> 
                 return false;
             }
         };
-        let job = &parked.job;
+        let job = &parked.envelope;
         let published = if probe {
             ctx.publisher.publish_probe(job).await
         } else {
@@ -106,7 +107,7 @@ pub(crate) async fn schedule_once(ctx: &Context) -> Result<usize, RuntimeError> 
                 continue;
             }
         };
-        let job = &parked.job;
+        let job = &parked.envelope;
         let row = match ctx.pool.get().await {
             Ok(client) => deliveries::get(&client, &job.key).await,
             Err(e) => Err(DbError::from(e)),
@@ -125,20 +126,20 @@ pub(crate) async fn schedule_once(ctx: &Context) -> Result<usize, RuntimeError> 
     Ok(published)
 }
 
-/// A parked row that cannot become a job is dead-lettered with the reason,
-/// rather than skipped or rescheduled forever. Logged without its content.
+/// A row that cannot become a job is dead-lettered with the reason, rather
+/// than skipped or rescheduled forever. Logged without its content.
 async fn dead_letter_unreadable(ctx: &Context, row: &Unreadable) {
     tracing::error!(
         delivery_id = %row.parts[3],
         reason = %row.reason,
-        "a parked delivery cannot be read as a job; dead-lettering it"
+        "a delivery cannot be read as a job; dead-lettering it"
     );
     let result = match ctx.pool.get().await {
         Ok(client) => deliveries::dead_letter_unreadable(&client, row).await,
         Err(e) => Err(DbError::from(e)),
     };
     if let Err(e) = result {
-        tracing::warn!(error = %e, "could not dead-letter an unreadable parked row");
+        tracing::warn!(error = %e, "could not dead-letter an unreadable row");
     }
 }
 
@@ -182,7 +183,7 @@ pub(crate) async fn publish_next_fair(ctx: &Context, key: &hookinbox::LegKey) {
 /// moved to `processing`, putting it back as due if the publish fails.
 async fn publish_next(
     ctx: &Context,
-    next: Result<Option<Result<deliveries::Parked, deliveries::Unreadable>>, DbError>,
+    next: Result<Option<Result<deliveries::Republish, deliveries::Unreadable>>, DbError>,
 ) {
     let parked = match next {
         Ok(Some(parked)) => parked,
@@ -199,7 +200,7 @@ async fn publish_next(
             return;
         }
     };
-    let job = &parked.job;
+    let job = &parked.envelope;
     if let Err(error) = ctx.publisher.publish(job).await {
         let error = error.to_string();
         tracing::warn!(delivery_id = %job.key.delivery_id, %error, "next leg's publish failed; due again shortly");

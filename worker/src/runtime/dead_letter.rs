@@ -1,10 +1,11 @@
 //! Dead letters: a delivery failed for good gets a copy in the broker's
-//! dead-letter queue, for tools and alerts. Postgres stays the record.
+//! dead-letter queue (its key, and why it failed), for tools and alerts.
+//! Postgres stays the record, body included.
 
 use std::time::Duration;
 
 use hookinbox::deliveries::{self, ErrorClass, State};
-use hookinbox::job::Job;
+use hookinbox::job::Envelope;
 use hookinbox::postgres::DbError;
 
 use super::heartbeat::reconnect_backoff;
@@ -16,7 +17,7 @@ impl Worker {
     /// between any two loses nothing: the failure is committed first (the
     /// record), the copy is published with a confirm, then the row notes the
     /// copy; a crash before that note republishes the copy (harmless).
-    pub(super) async fn ensure_dead_letter_copy(&self, job: &Job, stop: &Stop) -> JobOutcome {
+    pub(super) async fn ensure_dead_letter_copy(&self, job: &Envelope, stop: &Stop) -> JobOutcome {
         let inner = &self.inner;
         let mut delays = reconnect_backoff();
         loop {

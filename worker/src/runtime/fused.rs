@@ -1,10 +1,12 @@
 //! The one-statement path: a job whose whole effect is in the completing
 //! transaction ([`crate::Handler::database_only`], such as `store`) needs
-//! no separate take. Its handler runs first, staging its writes, and the
-//! completion takes and completes the delivery in one statement, batched
-//! with other jobs' completions (`deliveries::complete_batch` with
-//! `take`). A delivery then costs the database two statements (the claim
-//! and this one) instead of three, and the worker no lease renewals.
+//! no separate take. It reads its delivery's body (a read, batched with
+//! other jobs' reads: `deliveries::bodies::fetch_batch`), its handler runs,
+//! staging its writes, and the completion takes and completes the delivery
+//! in one statement, batched with other jobs' completions
+//! (`deliveries::complete_batch` with `take`). A delivery then costs the
+//! database one write besides its claim (and a read) instead of two, and
+//! the worker no lease renewals.
 //!
 //! Why it keeps every guarantee of the full path (`job`):
 //!
@@ -36,21 +38,22 @@
 //! and a copy of a delivery already completed costs this statement as well
 //! as the take that then acks it.
 
-use hookinbox::job::Job;
+use hookinbox::job::{Envelope, Job};
 
-use super::job::{Ran, at, completed_since};
+use super::job::{Ran, at, completed_since, job_of};
 use super::{JobOutcome, Stop, Worker};
 use crate::handlers::{Completion, Effect};
 
 impl Worker {
-    /// Runs `job` on the one-statement path when it may: the setting is on,
-    /// its handler is database-only, its message says how many attempts
-    /// the delivery had, and attempts are left. `None`: not done here; the
-    /// caller runs the full path, which decides everything else.
-    pub(super) async fn fused(&self, job: &Job, stop: &Stop) -> Option<JobOutcome> {
+    /// Runs the job of `envelope` on the one-statement path when it may:
+    /// the setting is on, its message says how many attempts the delivery
+    /// had, attempts are left, its body is there, and its handler is
+    /// database-only. `None`: not done here; the caller runs the full path,
+    /// which decides everything else.
+    pub(super) async fn fused(&self, envelope: &Envelope, stop: &Stop) -> Option<JobOutcome> {
         let inner = &self.inner;
-        let attempts = job.attempts?;
-        let lane = inner.lanes.of(job);
+        let attempts = envelope.attempts?;
+        let lane = inner.lanes.of(&envelope.key);
         // A destination with a breaker goes the full way: its take is the
         // breaker's gate; so does an ordered one: its take is the order's.
         if !inner.config.fused_take
@@ -58,8 +61,13 @@ impl Worker {
             || lane.breaker.is_some()
             || lane.ordered
             || lane.limiter.is_some()
-            || !inner.handler.database_only(job)
         {
+            return None;
+        }
+        at("fused.read");
+        let job = self.read_body(envelope).await?;
+        let job = &job;
+        if !inner.handler.database_only(job) {
             return None;
         }
         at("fused.slot");
@@ -124,6 +132,34 @@ impl Worker {
             Err(e) => {
                 tracing::warn!(error = %e, "completion got no answer");
                 fell_back("no_answer");
+                None
+            }
+        }
+    }
+}
+
+impl Worker {
+    /// The job of `envelope` with its delivery's body, read with other
+    /// jobs' (group commit). `None` when it cannot be read here (Postgres
+    /// failed, the leg or its body is not there, or the body does not
+    /// decode): the full path's take finds out which.
+    async fn read_body(&self, envelope: &Envelope) -> Option<Job> {
+        let fetched = match self.inner.fetches.submit(envelope.key.clone()).await {
+            Ok(fetched) => fetched,
+            Err(e) => {
+                tracing::debug!(error = %e, "body not read; taking the leg the full way");
+                fell_back("read");
+                return None;
+            }
+        };
+        let (stored, replays) = match fetched {
+            Some((stored, replays)) => (Some(stored), replays),
+            None => (None, 0),
+        };
+        match job_of(envelope, stored, replays) {
+            Ok(job) => Some(job),
+            Err(_) => {
+                fell_back("no_body");
                 None
             }
         }

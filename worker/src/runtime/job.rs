@@ -1,5 +1,6 @@
-//! One job, start to end: decode the message, take the delivery, run the
-//! handler under the lease, complete or fail under the token, then ack.
+//! One job, start to end: decode the message (the leg's key and token),
+//! take the delivery (which reads its body), run the handler under the
+//! lease, complete or fail under the token, then ack.
 //!
 //! The order of a job's steps is the whole correctness argument:
 //!
@@ -21,8 +22,9 @@
 //!    whose take then finds the delivery completed and acks it.
 //!
 //! A job whose handler writes only to Postgres, on its message's first
-//! delivery, first tries the one-statement path (`fused`): its completion
-//! is its take. Whatever that path does not finish comes here, to step 1.
+//! delivery, first tries the one-statement path (`fused`): it reads the
+//! body, and its completion is its take. Whatever that path does not
+//! finish comes here, to step 1.
 //!
 //! With Postgres down a job keeps its message unacked and waits; prefetch
 //! bounds how many such messages a worker holds, so it stops consuming
@@ -32,8 +34,8 @@ use std::panic::AssertUnwindSafe;
 use std::time::{Duration, SystemTime};
 
 use futures::FutureExt;
-use hookinbox::deliveries::{self, Deferral, ErrorClass, ParkedBody, Status, Take};
-use hookinbox::job::Job;
+use hookinbox::deliveries::{self, Deferral, ErrorClass, Failure, Status, Stored, Take};
+use hookinbox::job::{Envelope, Job};
 use hookinbox::key::ClaimToken;
 use hookinbox::postgres::DbError;
 use hookinbox::telemetry::{SpanTrace, step};
@@ -97,7 +99,7 @@ impl Worker {
         settle: Settle,
         stop: &Stop,
     ) -> JobOutcome {
-        let job = match hookinbox::broker::decode(&properties, data) {
+        let envelope = match hookinbox::broker::decode(&properties, data) {
             Ok(job) => job,
             Err(e) => {
                 tracing::warn!(error = %e, "dead-lettering a malformed message");
@@ -109,12 +111,12 @@ impl Worker {
         };
         let span = tracing::info_span!(
             "delivery",
-            delivery_id = %job.key.delivery_id,
-            source = %job.key.source,
-            destination = %job.key.destination,
-            hook_id = %job.key.hook_id,
-            event = %job.event,
-            action = job.action.as_deref().unwrap_or(""),
+            delivery_id = %envelope.key.delivery_id,
+            source = %envelope.key.source,
+            destination = %envelope.key.destination,
+            hook_id = %envelope.key.hook_id,
+            event = %envelope.event,
+            action = envelope.action.as_deref().unwrap_or(""),
             attempt = field::Empty,
             outcome = field::Empty,
             step = field::Empty,
@@ -127,9 +129,9 @@ impl Worker {
         // published again (a retry, a probe, a replay) starts a trace of
         // its own, linked to the delivery's first. Nothing when traces are
         // off.
-        if let Some(parent) = &job.trace.parent {
+        if let Some(parent) = &envelope.trace.parent {
             span.continue_from(parent);
-        } else if let Some(origin) = &job.trace.origin {
+        } else if let Some(origin) = &envelope.trace.origin {
             span.link_to(origin);
         }
         span.record_ids();
@@ -139,7 +141,9 @@ impl Worker {
         // are each bounded or end with the stop): one that has not ended
         // says so every minute, with the step it is at, so that a message
         // held unacked by a stuck job is found.
-        let run = self.run_job(&job, received, stop).instrument(span.clone());
+        let run = self
+            .run_job(&envelope, received, stop)
+            .instrument(span.clone());
         tokio::pin!(run);
         let mut still = tokio::time::interval_at(
             tokio::time::Instant::now() + STILL_RUNNING_EVERY,
@@ -179,9 +183,9 @@ impl Worker {
         outcome
     }
 
-    async fn run_job(&self, job: &Job, received: Received, stop: &Stop) -> JobOutcome {
+    async fn run_job(&self, envelope: &Envelope, received: Received, stop: &Stop) -> JobOutcome {
         let inner = &self.inner;
-        let lane = inner.lanes.of(job);
+        let lane = inner.lanes.of(&envelope.key);
         // Before anything is written: while its destination takes no legs,
         // the leg waits unacked and the broker keeps the ones behind it. A
         // probe (through the shared queue) goes on to its take, which lets
@@ -196,11 +200,11 @@ impl Worker {
         // `max_attempts`.
         at("fused");
         if !received.redelivered
-            && let Some(outcome) = self.fused(job, stop).await
+            && let Some(outcome) = self.fused(envelope, stop).await
         {
             at("release");
             if lane.fair {
-                crate::maintenance::publish_next_fair(&inner.ctx, &job.key).await;
+                crate::maintenance::publish_next_fair(&inner.ctx, &envelope.key).await;
             }
             return outcome;
         }
@@ -214,7 +218,7 @@ impl Worker {
         // The token this message presents. After a take of ours whose
         // outcome is unknown (Postgres failed), it becomes our own token so
         // that the retry takes the delivery back at once.
-        let mut presented = job.token;
+        let mut presented = envelope.token;
         let mut deferred = false;
         loop {
             if stop.hard.is_cancelled() {
@@ -222,7 +226,7 @@ impl Worker {
             }
             at("take");
             let taken = self
-                .take(job, lane, presented)
+                .take(envelope, lane, presented)
                 .instrument(step("worker.take"))
                 .await;
             let take = match taken {
@@ -238,7 +242,7 @@ impl Worker {
             };
             match take {
                 Take::Resolved(Some(Status::Failed)) => {
-                    return self.ensure_dead_letter_copy(job, stop).await;
+                    return self.ensure_dead_letter_copy(envelope, stop).await;
                 }
                 Take::Resolved(_) => return JobOutcome::Duplicate,
                 Take::Deferred { lease_left } => {
@@ -260,7 +264,7 @@ impl Worker {
                 }
                 Take::Poisoned { .. } => {
                     tracing::warn!("attempts exhausted; dead-lettering as poison");
-                    return self.ensure_dead_letter_copy(job, stop).await;
+                    return self.ensure_dead_letter_copy(envelope, stop).await;
                 }
                 Take::Held => {
                     tracing::info!("destination not taking legs now; held");
@@ -271,8 +275,8 @@ impl Worker {
                         tracing::debug!("its installation has its share in flight; waiting");
                         if let Ok(mut known) = inner.ctx.fair_waiting.write() {
                             known.insert((
-                                job.key.source.as_str().to_owned(),
-                                job.key.destination.as_str().to_owned(),
+                                envelope.key.source.as_str().to_owned(),
+                                envelope.key.destination.as_str().to_owned(),
                             ));
                         }
                     } else {
@@ -287,7 +291,19 @@ impl Worker {
                     created_at,
                     probe,
                     waited,
+                    replays,
+                    body,
                 } => {
+                    // The job: its message's key with the body the take
+                    // read (or, for a message from before bodies lived in
+                    // Postgres, the body it carries).
+                    let job = match job_of(envelope, body, replays) {
+                        Ok(job) => job,
+                        Err(failure) => {
+                            return self.unrunnable(envelope, token, failure, stop).await;
+                        }
+                    };
+                    let job = &job;
                     if let Some(waited) = waited.filter(|_| !takeover) {
                         metrics::histogram!(
                             hookinbox::metrics::ORDERING_WAIT_SECONDS,
@@ -390,7 +406,12 @@ impl Worker {
     /// Takes the leg of `job`: the common case rides in a batch with other
     /// messages' takes; what the batch did not take goes through the full
     /// take, which decides poison, held, deferred and resolved.
-    async fn take(&self, job: &Job, lane: &Lane, presented: ClaimToken) -> Result<Take, DbError> {
+    async fn take(
+        &self,
+        job: &Envelope,
+        lane: &Lane,
+        presented: ClaimToken,
+    ) -> Result<Take, DbError> {
         let inner = &self.inner;
         if inner.config.take_batch > 1
             && let Some(taken) = inner
@@ -411,7 +432,6 @@ impl Worker {
             &job.key,
             presented,
             lane.max_attempts(),
-            ParkedBody::from(job),
         )
         .await
     }
@@ -570,10 +590,7 @@ impl Worker {
         );
         let recorded = async {
             match inner.pool.get().await {
-                Ok(client) => {
-                    deliveries::fail(&client, &job.key, token, &failure, ParkedBody::from(job))
-                        .await
-                }
+                Ok(client) => deliveries::fail(&client, &job.key, token, &failure).await,
                 Err(e) => Err(DbError::from(e)),
             }
         }
@@ -598,7 +615,7 @@ impl Worker {
 
     /// After a leg failed for good under `class`: its dead-letter copy.
     async fn dead_lettered(&self, job: &Job, class: ErrorClass, stop: &Stop) -> Attempt {
-        match self.ensure_dead_letter_copy(job, stop).await {
+        match self.ensure_dead_letter_copy(&job.envelope(), stop).await {
             JobOutcome::Left => Attempt::Done(JobOutcome::Left),
             _ => Attempt::Done(JobOutcome::Failed {
                 class,
@@ -633,16 +650,7 @@ impl Worker {
         let recorded = async {
             match self.inner.pool.get().await {
                 Ok(client) => {
-                    deliveries::defer(
-                        &client,
-                        &job.key,
-                        token,
-                        delay,
-                        horizon,
-                        message,
-                        ParkedBody::from(job),
-                    )
-                    .await
+                    deliveries::defer(&client, &job.key, token, delay, horizon, message).await
                 }
                 Err(e) => Err(DbError::from(e)),
             }
@@ -693,6 +701,42 @@ impl Worker {
         ran
     }
 
+    /// A leg taken with no body to run it with (see [`job_of`]): records
+    /// `failure` under the take's token, and dead-letters it when it is
+    /// not to be retried.
+    async fn unrunnable(
+        &self,
+        envelope: &Envelope,
+        token: ClaimToken,
+        failure: Failure,
+        stop: &Stop,
+    ) -> JobOutcome {
+        tracing::warn!(class = failure.class.as_str(), error = %failure.message, "no body to run the leg with");
+        let recorded = match self.inner.pool.get().await {
+            Ok(client) => deliveries::fail(&client, &envelope.key, token, &failure).await,
+            Err(e) => Err(DbError::from(e)),
+        };
+        match recorded {
+            Ok(None) => JobOutcome::Fenced,
+            Ok(Some(_)) if failure.retry_in.is_some() => JobOutcome::Failed {
+                class: failure.class,
+                retryable: true,
+            },
+            Ok(Some(_)) => match self.ensure_dead_letter_copy(envelope, stop).await {
+                JobOutcome::Left => JobOutcome::Left,
+                _ => JobOutcome::Failed {
+                    class: failure.class,
+                    retryable: false,
+                },
+            },
+            // The take's lease runs out and the message comes back.
+            Err(e) => {
+                tracing::warn!(error = %e, "recording the missing body failed");
+                JobOutcome::Left
+            }
+        }
+    }
+
     /// Whether the delivery sits in `failed`, class `lost` (reaped).
     async fn is_lost(&self, job: &Job) -> bool {
         let Ok(client) = self.inner.pool.get().await else {
@@ -703,6 +747,37 @@ impl Worker {
             Ok(Some(row)) if row.status == Status::Failed && row.last_error_class == Some(ErrorClass::Lost)
         )
     }
+}
+
+/// The job of `envelope` with the body its take read, replayed `replays`
+/// times. Postgres's body wins; a message published before bodies lived
+/// in Postgres carries its own, used when Postgres holds none. A leg with
+/// neither cannot run: it waits for a redelivery from GitHub, as a claim
+/// reaped `lost` without a body does; a body that does not decode is a
+/// dead letter.
+pub(super) fn job_of(
+    envelope: &Envelope,
+    stored: Option<Stored>,
+    replays: i32,
+) -> Result<Job, Failure> {
+    let body = match (stored, &envelope.carried) {
+        (Some(stored), _) => stored.decode().map_err(|e| Failure {
+            class: ErrorClass::Permanent,
+            message: e.to_string(),
+            retry_in: None,
+        })?,
+        (None, Some(carried)) => carried.clone(),
+        (None, None) => {
+            return Err(Failure {
+                class: ErrorClass::Lost,
+                message: "no body in Postgres nor in its message: only a redelivery from GitHub \
+                          can bring it back"
+                    .to_owned(),
+                retry_in: Some(Duration::ZERO),
+            });
+        }
+    };
+    Ok(Job::new(envelope.clone(), body, replays))
 }
 
 /// Records a completion's end-to-end time, from ingest's first claim.

@@ -15,7 +15,7 @@ use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use hookinbox::broker::Topology;
 use hookinbox::config::{Breaker, DestinationKind, WorkerConfig};
 use hookinbox::deliveries::{BreakerState, Registration};
-use hookinbox::job::Job;
+use hookinbox::key::LegKey;
 use hookinbox::key::{DestinationName, SourceName};
 use hookinbox::retry::Retries;
 use tokio::sync::Semaphore;
@@ -181,10 +181,10 @@ impl Lanes {
     /// The lane of a job: its destination's, or the legacy lane for a leg
     /// claimed before destinations existed (and for a destination this
     /// worker does not know).
-    pub(crate) fn of(&self, job: &Job) -> &Lane {
+    pub(crate) fn of(&self, key: &LegKey) -> &Lane {
         let i = self
             .by_name
-            .get(&(job.key.source.clone(), job.key.destination.clone()))
+            .get(&(key.source.clone(), key.destination.clone()))
             .copied()
             .unwrap_or(self.lanes.len() - 1);
         &self.lanes[i]

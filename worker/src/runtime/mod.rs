@@ -12,7 +12,7 @@ use deadpool_postgres::Pool;
 use futures::StreamExt;
 use hookinbox::config::WorkerConfig;
 use hookinbox::deliveries::group_commit::{
-    self, AttemptLogBatcher, CompletionBatcher, TakeBatcher,
+    self, AttemptLogBatcher, CompletionBatcher, FetchBatcher, TakeBatcher,
 };
 use hookinbox::deliveries::{self, ErrorClass, Swept};
 use hookinbox::metrics::{Readiness, Ready};
@@ -179,6 +179,8 @@ struct Inner {
     completions: CompletionBatcher,
     /// Group commit of takes.
     takes: TakeBatcher,
+    /// Group commit of the one-statement path's reads of bodies.
+    fetches: FetchBatcher,
     /// Group commit of the attempt log.
     attempt_log: AttemptLogBatcher,
     /// Whether the consumers are attached (for `/readyz`).
@@ -238,11 +240,20 @@ impl Worker {
                 observe: hookinbox::metrics::take_batch_rows,
             },
         );
+        let fetches = group_commit::fetches(
+            ctx.pool.clone(),
+            BatchShape {
+                max_batch: ctx.config.take_batch,
+                linger,
+                observe: hookinbox::metrics::read_batch_rows,
+            },
+        );
         Ok(Self {
             inner: Arc::new(Inner {
                 lanes: lanes::Lanes::new(&ctx.config, &ctx.topology),
                 completions,
                 takes,
+                fetches,
                 attempt_log,
                 handler,
                 consuming: AtomicBool::new(false),

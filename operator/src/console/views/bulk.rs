@@ -24,12 +24,14 @@ pub(crate) fn bulk(
     refused: Option<&str>,
     session: &Session,
 ) -> Markup {
-    let verb = match kind {
-        Kind::Replay => "replay",
-        Kind::Purge => "purge",
+    let verb = kind.as_str();
+    let done = match kind {
+        Kind::Replay | Kind::ReplayAny => "replayed",
+        Kind::Purge => "purged",
     };
     let title = match kind {
         Kind::Replay => "Bulk replay",
+        Kind::ReplayAny => "Bulk replay (completed too)",
         Kind::Purge => "Bulk purge",
     };
     let rate = per_second.to_string();
@@ -40,15 +42,16 @@ pub(crate) fn bulk(
         html! {
             p.hint {
                 @match kind {
-                    Kind::Replay => "Replays the failed deliveries the filter matches (dead letters and pending retries), from their parked bodies, at a set rate.",
-                    Kind::Purge => "Deletes the dead letters the filter matches, with their parked bodies, at a set rate.",
+                    Kind::Replay => "Replays the failed deliveries the filter matches (dead letters and pending retries), from their bodies kept in Postgres, at a set rate.",
+                    Kind::ReplayAny => "Replays every delivery the filter matches that is not in flight, completed ones too, from their bodies kept in Postgres, at a set rate. A forward destination receives each again with the same Idempotency-Key and X-Hookinbox-Replay.",
+                    Kind::Purge => "Deletes the dead letters the filter matches, at a set rate.",
                 }
                 " Confirming freezes the selection: the job acts on exactly these deliveries."
             }
             (filter_form(checked, "/bulk", &[("kind", verb), ("per_second", &rate)], "Count"))
             @if let Some(r) = refused { p.error { (r) } }
             section.card.confirm {
-                p.count #bulk-count { strong { (number(count)) } " deliver" @if count == 1 { "y" } @else { "ies" } " would be " (verb) "ed" }
+                p.count #bulk-count { strong { (number(count)) } " deliver" @if count == 1 { "y" } @else { "ies" } " would be " (done) }
                 @if count > 0 && sample.is_none() {
                     form method="get" action="/bulk" {
                         @for (k, v) in &checked.given { input type="hidden" name=(k) value=(v); }
@@ -123,7 +126,7 @@ pub(crate) fn job(j: &Job, items: &[Item], session: &Session) -> Markup {
             section.card {
                 h2 { "Items" @if items.len() as i32 == 100 && j.total > 100 { " (the first 100)" } }
                 table.list {
-                    thead { tr { th.num { "#" } th { @if j.kind == Kind::Replay { "Replay of" } @else { "Delivery" } } th { "Result" } th { "Done" } } }
+                    thead { tr { th.num { "#" } th { @if j.kind.replays() { "Replay of" } @else { "Delivery" } } th { "Result" } th { "Done" } } }
                     tbody { @for i in items {
                         @let [_, source, hook, id, _] = &i.key;
                         tr {

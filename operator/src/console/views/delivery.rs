@@ -78,7 +78,7 @@ pub(crate) fn delivery(d: &Detail, session: &Session) -> Markup {
                     p.hint { "Signed in as a viewer: no actions, no payload." }
                 }
             }
-            (legs(d))
+            (legs(d, operator.then_some((&base, session))))
             @for leg in &d.legs { (attempt_log(leg)) }
             section.card {
                 h2 { "Timeline" }
@@ -95,7 +95,7 @@ pub(crate) fn delivery(d: &Detail, session: &Session) -> Markup {
             }
             section.card {
                 h2 { "Headers" }
-                @if d.headers.is_empty() { p.muted { "Not kept: headers are stored with a parked body only (signature headers never)." } }
+                @if d.headers.is_empty() { p.muted { "Not kept: the headers are kept with the body while HOOKINBOX_RETENTION_BODIES keeps it (signature headers never)." } }
                 @else {
                     table { tbody { @for (k, v) in &d.headers { tr { th.mono { (k) } td.mono { (v) } } } } }
                 }
@@ -105,15 +105,15 @@ pub(crate) fn delivery(d: &Detail, session: &Session) -> Markup {
                     h2 { "Payload" }
                     @match &d.payload {
                         Some(p) => {
-                            p.muted { @if p.origin == "event" { "As stored by the store handler (github_events)." } @else { "The parked body a retry or replay publishes." } }
+                            p.muted { @if p.origin == "event" { "As stored by the store handler (github_events): the body as received is past its retention." } @else { "The body as received, kept in Postgres: what a retry or a replay sends." } }
                             pre.payload { code { (p.pretty) } }
                         }
-                        None => p.muted { "Not kept (a forwarded delivery once completed, or one in flight)." },
+                        None => p.muted { "Not kept: the body is past HOOKINBOX_RETENTION_BODIES (or the delivery was claimed before bodies were kept)." },
                     }
                 }
             }
             @if row.status == Status::Failed && row.last_error_class == Some(ErrorClass::Lost) {
-                p.hint { "Reaped as lost: its claim's lease expired long ago. A parked body is republished by the scheduler; without one, redeliver it from GitHub." }
+                p.hint { "Reaped as lost: its claim's lease expired long ago and its message is presumed gone. The scheduler publishes it again from the body kept in Postgres; without one (a delivery claimed before bodies were kept), redeliver it from GitHub." }
             }
         },
     )
@@ -126,16 +126,20 @@ fn destination(leg: &Leg) -> Markup {
     html! { @if name.is_empty() { span.muted { "(its source's first)" } } @else { code { (name) } } }
 }
 
-/// Each leg: its destination, state, attempts and why it is where it is.
-fn legs(d: &Detail) -> Markup {
+/// Each leg: its destination, state, attempts and why it is where it is;
+/// for an operator (`act`: the delivery's path and the session), a button
+/// that replays that one leg, completed or failed, while its body is kept.
+fn legs(d: &Detail, act: Option<(&str, &Session)>) -> Markup {
     html! {
         section.card #legs {
             h2 { "Legs" }
             p.hint { "One leg per destination of its source: each is attempted, retried and dead-lettered on its own." }
+            @if act.is_some() { p.hint { "Replay sends a leg again, a completed one too, from the body kept in Postgres; a forward destination receives it with the same Idempotency-Key and X-Hookinbox-Replay." } }
             table {
                 thead { tr {
                     th { "Destination" } th { "State" } th.num { "Attempts" } th.num { "Replays" }
                     th { "Next attempt" } th { "Error or reason" }
+                    @if act.is_some() { th { } }
                 } }
                 tbody {
                     @for leg in &d.legs {
@@ -155,6 +159,18 @@ fn legs(d: &Detail) -> Markup {
                                     span class=(if row.status == Status::Failed { "error" } else { "muted" }) {
                                         @if let Some(c) = row.last_error_class { code { (c.as_str()) } " " }
                                         (e)
+                                    }
+                                }
+                            }
+                            @if let Some((base, session)) = act {
+                                td {
+                                    @if leg.body_kept && matches!(row.status, Status::Completed | Status::Failed) {
+                                        form method="post" action={(base) "/replay"} {
+                                            input type="hidden" name="csrf" value=(session.csrf);
+                                            input type="hidden" name="hook_id" value=(row.key.hook_id.as_str());
+                                            input type="hidden" name="destination" value=(row.key.destination.as_str());
+                                            button.replay-leg type="submit" data-destination=(row.key.destination.as_str()) { "Replay" }
+                                        }
                                     }
                                 }
                             }

@@ -157,9 +157,9 @@ async fn describe_open(db: &tokio_postgres::Client, root: &std::path::Path) -> a
                     coalesce(round(extract(epoch from next_attempt_at - now()), 1)::text || ' s', '-'),
                     to_char(now() - claimed_at, 'MI:SS.MS'), to_char(now() - created_at, 'MI:SS.MS'),
                     coalesce(to_char(now() - failed_at, 'MI:SS.MS'), '-'), replays,
-                    exists (select 1 from parked_bodies p where p.provider = d.provider
-                            and p.source = d.source and p.hook_id = d.hook_id
-                            and p.delivery_id = d.delivery_id and p.destination = d.destination)
+                    exists (select 1 from bodies b where b.provider = d.provider
+                            and b.source = d.source and b.hook_id = d.hook_id
+                            and b.delivery_id = d.delivery_id and b.received_at = d.created_at)
              from deliveries d
              where status = 'processing' or (status = 'failed' and retryable)
              order by created_at limit 20",

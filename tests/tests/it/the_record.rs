@@ -1,0 +1,321 @@
+//! Postgres is the record of every delivery, body included: a 202 survives
+//! the broker losing its messages (a purged queue, a node whose data is
+//! lost), each delivery's body is written once, by its claim, and any
+//! delivery whose body is kept can be replayed, completed ones too.
+
+use std::time::Duration;
+
+use hookinbox::broker::Topology;
+use hookinbox_tests::private_rabbit::PrivateRabbit;
+use hookinbox_tests::receiver::Receiver;
+use hookinbox_tests::{Hook, TestEnv, settle, wait_until, worker_cli};
+use hookinbox_worker::JobOutcome;
+
+/// Purges every work queue of the test's prefix, as an operator's mistake,
+/// a queue deleted and declared again, or a broker bug would.
+async fn purge_work_queues(env: &TestEnv) -> u32 {
+    let (connection, channel) = hookinbox::broker::open_channel(
+        &hookinbox_tests::amqp_url(),
+        "the-record-test",
+        Duration::from_secs(5),
+        &Topology::new(&env.prefix),
+    )
+    .await
+    .expect("channel");
+    let mut purged = 0;
+    for queue in env.work_queues().await {
+        purged += channel
+            .queue_purge(&queue, Default::default())
+            .await
+            .expect("purge");
+    }
+    let _ = connection.close(200, "purged").await;
+    purged
+}
+
+/// Every delivery's leases run out long ago (backdated, not slept for):
+/// what a lost message looks like to the reaper.
+async fn leases_long_expired(env: &TestEnv) {
+    env.db
+        .execute(
+            "update deliveries set lease_until = now() - interval '1 hour' \
+             where status = 'processing'",
+            &[],
+        )
+        .await
+        .expect("backdate");
+}
+
+#[tokio::test]
+async fn deliveries_answered_202_whose_work_queue_was_purged_each_run_once() {
+    let (env, ingest) = TestEnv::with_ingest().await;
+    // The worker declares its queue and does not consume yet.
+    let worker = env.store_worker().await;
+    let hooks: Vec<Hook> = (0..20).map(|_| Hook::fixture("push")).collect();
+    for hook in &hooks {
+        assert_eq!(ingest.send(hook).await.status, 202);
+    }
+    // Past its installation's round, with no worker taking, a leg waits
+    // in Postgres for its turn (fairness) rather than in the queue.
+    let waiting = env
+        .count("select count(*) from deliveries where last_error_class = 'fair'")
+        .await;
+    let purged = purge_work_queues(&env).await;
+    assert_eq!(i64::from(purged) + waiting, 20, "every message gone");
+    assert_eq!(env.work_depth().await, 0);
+
+    // Their leases run out: the reaper marks each leg lost, and the
+    // scheduler publishes it again from the body its claim wrote, whatever
+    // GitHub's log says (it saw 202s).
+    leases_long_expired(&env).await;
+    assert_eq!(worker.reap_once().await.expect("reap"), u64::from(purged));
+    let outcomes = settle(&env, &worker).await;
+    assert_eq!(outcomes, vec![JobOutcome::Completed; 20]);
+    assert_eq!(env.events().await, 20, "each delivery's effect once");
+    for hook in &hooks {
+        let stored: serde_json::Value = env
+            .db
+            .query_one(
+                "select payload from github_events where delivery_id = $1",
+                &[&hook.id()],
+            )
+            .await
+            .expect("its event")
+            .get(0);
+        let sent: serde_json::Value = serde_json::from_slice(&hook.body).expect("json");
+        assert_eq!(stored, sent, "the body as GitHub sent it");
+    }
+    assert_eq!(
+        env.count("select count(*) from deliveries where status <> 'completed'")
+            .await,
+        0,
+        "none awaits a redelivery from GitHub"
+    );
+    // Again: nothing more runs.
+    assert_eq!(worker.reap_once().await.expect("reap"), 0);
+    assert!(settle(&env, &worker).await.is_empty());
+    assert_eq!(env.events().await, 20);
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn deliveries_waiting_in_a_broker_node_whose_data_is_wiped_each_run_once() {
+    let root = std::env::temp_dir().join(format!(
+        "hookinbox-wiped-broker-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
+    let rabbit = PrivateRabbit::start_new(&root).expect("a private RabbitMQ node");
+    let env = TestEnv::new().await;
+    let url = rabbit.url(rabbit.port);
+    let mut ingest_args = env.ingest_args();
+    ingest_args.common.amqp_url = url.clone();
+    let ingest = env
+        .ingest_with(ingest_args.validate().expect("valid"))
+        .await;
+    let mut worker_args = env.worker_args();
+    worker_args.common.amqp_url = url.clone();
+    let config = worker_args.validate().expect("valid");
+    let worker = env
+        .worker_with(config.clone(), std::sync::Arc::new(hookinbox_worker::Store))
+        .await;
+    let hooks: Vec<Hook> = (0..10).map(|_| Hook::fixture("issues")).collect();
+    for hook in &hooks {
+        assert_eq!(ingest.send(hook).await.status, 202);
+    }
+    ingest.stop().await;
+    drop(worker);
+
+    // The node's disk is lost: its queues and their messages with it.
+    rabbit.wipe_and_boot().expect("wiped and booted");
+
+    // A worker starts against the empty node; it declares its queues.
+    let worker = env
+        .worker_with(config, std::sync::Arc::new(hookinbox_worker::Store))
+        .await;
+    assert!(worker.drain().await.expect("drain").outcomes.is_empty());
+    leases_long_expired(&env).await;
+    assert_eq!(worker.reap_once().await.expect("reap"), 10);
+    let outcomes = settle(&env, &worker).await;
+    assert_eq!(outcomes, vec![JobOutcome::Completed; 10]);
+    assert_eq!(env.events().await, 10, "each delivery's effect once");
+    drop(worker);
+    drop(rabbit);
+    let _ = std::fs::remove_dir_all(&root);
+    env.cleanup().await;
+}
+
+/// A forward destination's source, to a receiver on loopback.
+fn forward_config(env: &TestEnv, url: &str) -> std::path::PathBuf {
+    env.config_file(&format!(
+        r#"
+[[sources]]
+name = "default"
+secrets = ["{secret}"]
+
+[[sources.destinations]]
+name = "app"
+kind = "forward"
+url = "{url}"
+allow_networks = ["127.0.0.0/8"]
+"#,
+        secret = hookinbox_tests::SECRET,
+    ))
+}
+
+#[tokio::test]
+async fn a_completed_delivery_replayed_from_the_cli_reaches_its_destination_again_with_its_key() {
+    let env = TestEnv::new().await;
+    let receiver = Receiver::ok().await;
+    let config = forward_config(&env, &receiver.url);
+    let ingest = env.ingest_on(&config).await;
+    let worker = env.worker_on(&config, Default::default()).await;
+    let hook = Hook::fixture("pull_request");
+    assert_eq!(ingest.send(&hook).await.status, 202);
+    settle(&env, &worker).await;
+    assert_eq!(receiver.received().len(), 1);
+
+    // A dry run says what it would do and does nothing.
+    let (code, out) = worker_cli(
+        &env,
+        &[
+            "deliveries",
+            "replay",
+            hook.id(),
+            "--dry-run",
+            "--as",
+            "alice",
+        ],
+    );
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains(&format!("would replay {} to app", hook.id())),
+        "{out}"
+    );
+    let (code, out) = worker_cli(&env, &["deliveries", "replay", hook.id(), "--as", "alice"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains(&format!("replayed {} to app", hook.id())),
+        "{out}"
+    );
+    let outcomes = settle(&env, &worker).await;
+    assert_eq!(outcomes, vec![JobOutcome::Completed]);
+
+    let received = receiver.received();
+    assert_eq!(received.len(), 2, "sent again");
+    assert_eq!(received[1].body, hook.body, "the body as received");
+    assert_eq!(
+        received[1].header("idempotency-key"),
+        received[0].header("idempotency-key"),
+        "the same Idempotency-Key"
+    );
+    assert_eq!(received[0].header("x-hookinbox-replay"), None);
+    assert_eq!(received[1].header("x-hookinbox-replay"), Some("1"));
+    assert_eq!(
+        received[1].header("x-github-delivery"),
+        Some(hook.id()),
+        "GitHub's headers as received"
+    );
+    // Audited, with who asked.
+    assert_eq!(
+        env.count(
+            "select count(*) from admin_audit where actor = 'alice' and action = 'replay_any'"
+        )
+        .await,
+        1
+    );
+    // A leg in flight is named, with why, and not replayed.
+    env.db
+        .execute(
+            "update deliveries set status = 'processing', lease_until = now() + interval '1 hour'",
+            &[],
+        )
+        .await
+        .expect("in flight");
+    let (code, out) = worker_cli(&env, &["deliveries", "replay", hook.id()]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains(&format!("not replayed {} to app: in flight", hook.id())),
+        "{out}"
+    );
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn deliveries_show_prints_the_headers_and_the_body_as_received() {
+    let (env, ingest) = TestEnv::with_ingest().await;
+    let hook = Hook::fixture("push");
+    assert_eq!(ingest.send(&hook).await.status, 202);
+    settle(&env, &env.store_worker().await).await;
+    let (code, out) = worker_cli(&env, &["deliveries", "show", hook.id()]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains(&format!("x-github-delivery: {}", hook.id())),
+        "{out}"
+    );
+    assert!(out.contains("content-type: application/json"), "{out}");
+    assert!(
+        out.contains(std::str::from_utf8(&hook.body).expect("utf-8")),
+        "the raw body"
+    );
+    assert!(!out.to_lowercase().contains("x-hub-signature"), "{out}");
+    let (code, out) = worker_cli(&env, &["deliveries", "show", hook.id(), "--json"]);
+    assert_eq!(code, 0, "{out}");
+    let shown: serde_json::Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(
+        shown[0]["received"]["body"].as_str().map(str::as_bytes),
+        Some(&hook.body[..])
+    );
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn each_delivery_writes_its_body_once_however_many_legs_and_waits() {
+    let env = TestEnv::new().await;
+    let receiver = Receiver::ok().await;
+    let config = env.config_file(&format!(
+        r#"
+[[sources]]
+name = "default"
+secrets = ["{secret}"]
+
+[[sources.destinations]]
+name = "app"
+kind = "forward"
+url = "{url}"
+allow_networks = ["127.0.0.0/8"]
+
+[[sources.destinations]]
+name = "store"
+kind = "store"
+"#,
+        secret = hookinbox_tests::SECRET,
+        url = receiver.url,
+    ));
+    let ingest = env.ingest_on(&config).await;
+    let hook = Hook::fixture("push");
+    assert_eq!(ingest.send(&hook).await.status, 202);
+    assert_eq!(env.count("select count(*) from deliveries").await, 2);
+    assert_eq!(env.count("select count(*) from bodies").await, 1);
+    // A redelivery, a copy racing it: nothing written again.
+    assert_eq!(ingest.send(&hook).await.status, 202);
+    assert_eq!(env.count("select count(*) from bodies").await, 1);
+    let stored: (i32, String) = {
+        let row = env
+            .db
+            .query_one("select size, encoding from bodies", &[])
+            .await
+            .expect("the body");
+        (row.get(0), row.get(1))
+    };
+    assert_eq!(stored, (hook.body.len() as i32, "lz4".to_owned()));
+    let worker = env.worker_on(&config, Default::default()).await;
+    settle(&env, &worker).await;
+    wait_until("both legs", Duration::from_secs(10), || async {
+        env.count("select count(*) from deliveries where status = 'completed'")
+            .await
+            == 2
+    })
+    .await;
+    assert_eq!(receiver.received()[0].body, hook.body);
+    env.cleanup().await;
+}
