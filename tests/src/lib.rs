@@ -599,6 +599,15 @@ impl TestEnv {
         claimed_token(&claim).unwrap_or_else(|| panic!("{claim:?}"))
     }
 
+    /// Whether the table (or partition) `name` exists.
+    pub async fn exists_table(&self, name: &str) -> bool {
+        self.db
+            .query_one("select to_regclass($1) is not null", &[&name])
+            .await
+            .expect("to_regclass")
+            .get(0)
+    }
+
     /// Runs the reaper with no grace: every claim whose lease is over
     /// becomes failed, retryable, class `lost`. Returns how many.
     pub async fn reap_now(&self) -> u64 {

@@ -351,3 +351,91 @@ async fn a_viewer_sees_no_replay_button() {
     admin.stop().await;
     env.cleanup().await;
 }
+
+#[tokio::test]
+async fn an_operator_replays_a_completed_leg_from_its_page_and_its_destination_gets_it_again() {
+    use hookinbox_tests::receiver::Receiver;
+    let env = TestEnv::new().await;
+    let receiver = Receiver::ok().await;
+    let config = env.config_file(&format!(
+        r#"
+[[sources]]
+name = "default"
+secrets = ["{secret}"]
+
+[[sources.destinations]]
+name = "app"
+kind = "forward"
+url = "{url}"
+allow_networks = ["127.0.0.0/8"]
+
+[[sources.destinations]]
+name = "store"
+kind = "store"
+"#,
+        secret = hookinbox_tests::SECRET,
+        url = receiver.url,
+    ));
+    let ingest = env.ingest_on(&config).await;
+    let worker = env.worker_on(&config, Default::default()).await;
+    let hook = Hook::fixture("pull_request");
+    assert_eq!(ingest.send(&hook).await.status, 202);
+    settle(&env, &worker).await;
+    assert_eq!(receiver.received().len(), 1);
+
+    let admin = env.admin_with(env.admin_config_on(&config)).await;
+    let b = Browser::start().await;
+    sign_in(&b, &admin.base, OPERATOR).await;
+    let page = format!(
+        "{}/deliveries/default/{}?hook_id={}",
+        admin.base,
+        hook.id(),
+        hook.hook_id.as_deref().unwrap_or("")
+    );
+    b.client.goto(&page).await.expect("the delivery");
+    // Both legs completed: each has its own Replay; the payload shown is
+    // the body as received.
+    let buttons = b
+        .client
+        .find_all(Locator::Css("button.replay-leg"))
+        .await
+        .expect("buttons");
+    assert_eq!(buttons.len(), 2);
+    assert!(text_of(&b, "main").await.contains("The body as received"));
+    b.client
+        .find(Locator::Css("button.replay-leg[data-destination=app]"))
+        .await
+        .expect("app's Replay")
+        .click()
+        .await
+        .expect("click");
+    // The console's job runs it: one leg, back to processing, published.
+    wait_until("the replay's job", Duration::from_secs(20), || async {
+        env.count("select count(*) from admin_job_items where result = 'replayed'")
+            .await
+            == 1
+    })
+    .await;
+    settle(&env, &worker).await;
+    let received = receiver.received();
+    assert_eq!(received.len(), 2, "app got it again; store was not asked");
+    assert_eq!(
+        received[1].header("idempotency-key"),
+        received[0].header("idempotency-key")
+    );
+    assert_eq!(received[1].header("x-hookinbox-replay"), Some("1"));
+    assert_eq!(received[1].body, hook.body);
+    assert_eq!(
+        env.count(
+            "select count(*) from admin_audit where action = 'replay_any' and actor = 'olivia'"
+        )
+        .await,
+        1,
+        "audited"
+    );
+    reload_until(&b, "ol.timeline", "replayed").await;
+    b.screenshot("replayed-delivery").await;
+    b.close().await;
+    admin.stop().await;
+    env.cleanup().await;
+}

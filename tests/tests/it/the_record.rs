@@ -319,3 +319,173 @@ kind = "store"
     assert_eq!(receiver.received()[0].body, hook.body);
     env.cleanup().await;
 }
+
+/// The partition `delivery_id`'s body is in, if it has one.
+async fn body_partition(env: &TestEnv, delivery_id: &str) -> Option<String> {
+    env.db
+        .query_opt(
+            "select tableoid::regclass::text from bodies where delivery_id = $1",
+            &[&delivery_id],
+        )
+        .await
+        .expect("body partition")
+        .map(|r| r.get(0))
+}
+
+#[tokio::test]
+async fn retention_drops_a_day_of_bodies_but_never_one_a_leg_not_yet_ended_needs() {
+    use chrono::{Days, Utc};
+    use hookinbox::deliveries::bodies::BODIES;
+
+    let (env, ingest) = TestEnv::with_ingest().await;
+    let pool = env.pool(1);
+    let client = pool.get().await.expect("client");
+    // Day partitions from ten days ago on: the days a body can age into.
+    let old_day = Utc::now().date_naive() - Days::new(10);
+    BODIES.ensure(&client, old_day).await.expect("days ahead");
+    let [done, dead, waiting, fresh] =
+        ["done", "dead", "waiting", "fresh"].map(|_| Hook::fixture("push"));
+    for hook in [&done, &dead, &waiting, &fresh] {
+        assert_eq!(ingest.send(hook).await.status, 202);
+    }
+    settle(&env, &env.store_worker().await).await;
+    // `dead` is a dead letter an operator may replay; `waiting` waits for
+    // its retry, due in a day: neither has ended. The first three came ten
+    // days ago, a little before noon (by the database's clock: the day
+    // boundary is UTC, as the partitions').
+    env.db
+        .execute(
+            "update deliveries set status = 'failed', retryable = false, failed_at = now(),
+                 completed_at = null, last_error_class = 'permanent', last_error = 'test'
+             where delivery_id = $1",
+            &[&dead.id()],
+        )
+        .await
+        .expect("a dead letter");
+    env.db
+        .execute(
+            "update deliveries set status = 'failed', retryable = true, failed_at = now(),
+                 completed_at = null, next_attempt_at = now() + interval '1 day',
+                 last_error_class = 'transient', last_error = 'test'
+             where delivery_id = $1",
+            &[&waiting.id()],
+        )
+        .await
+        .expect("a retry");
+    let aged = vec![
+        done.id().to_owned(),
+        dead.id().to_owned(),
+        waiting.id().to_owned(),
+    ];
+    env.db
+        .batch_execute(&format!(
+            "update deliveries set created_at = date_trunc('day', now()) - interval '10 days'
+                 + interval '11 hours' where delivery_id in ('{0}');
+             update bodies set received_at = date_trunc('day', now()) - interval '10 days'
+                 + interval '11 hours' where delivery_id in ('{0}');",
+            aged.join("','")
+        ))
+        .await
+        .expect("ten days old");
+    let day = BODIES.partition(old_day);
+    for hook in [&done, &dead, &waiting] {
+        assert_eq!(
+            body_partition(&env, hook.id()).await.as_deref(),
+            Some(day.as_str())
+        );
+    }
+
+    // Bodies kept seven days: the day ten days ago goes whole, and first
+    // the bodies its legs not yet ended need move out of it.
+    let mut args = env.worker_args();
+    args.retention_bodies = "7d".to_owned();
+    let worker = env
+        .worker_with(
+            args.validate().expect("valid"),
+            std::sync::Arc::new(hookinbox_worker::Store),
+        )
+        .await;
+    let swept = worker
+        .sweep_once()
+        .await
+        .expect("sweep")
+        .expect("the leader");
+    assert!(swept.bodies.days >= 1, "{swept:?}");
+    assert!(!env.exists_table(&day).await, "{day} dropped whole");
+    assert_eq!(
+        body_partition(&env, done.id()).await,
+        None,
+        "an ended delivery's body went"
+    );
+    for hook in [&dead, &waiting] {
+        assert_eq!(
+            body_partition(&env, hook.id()).await.as_deref(),
+            Some("bodies_default"),
+            "a leg not yet ended keeps its body"
+        );
+    }
+    assert!(
+        body_partition(&env, fresh.id()).await.is_some(),
+        "today's stays"
+    );
+    // What they kept still serves: the retry runs, the dead letter replays.
+    let policy = env.policy();
+    assert!(matches!(
+        hookinbox::deliveries::replay(
+            &client,
+            &policy,
+            &dead.leg(),
+            hookinbox::deliveries::Scope::Failed
+        )
+        .await
+        .expect("replay"),
+        hookinbox::deliveries::Replayed::Started(_)
+    ));
+    env.db
+        .execute(
+            "update deliveries set next_attempt_at = now() where delivery_id = $1",
+            &[&waiting.id()],
+        )
+        .await
+        .expect("due");
+    let publisher = hookinbox::broker::Publisher::new(
+        &hookinbox_tests::amqp_url(),
+        "the-record-test",
+        Topology::new(&env.prefix),
+        Duration::from_secs(5),
+    );
+    let replayed = hookinbox::deliveries::get(&client, &dead.leg())
+        .await
+        .expect("get")
+        .expect("the leg");
+    publisher
+        .publish(&hookinbox::Envelope {
+            key: dead.leg(),
+            event: hookinbox::EventName::parse(b"push").expect("event"),
+            action: None,
+            token: replayed.claim_token,
+            attempts: Some(0),
+            trace: Default::default(),
+            carried: None,
+        })
+        .await
+        .expect("published");
+    publisher.close().await;
+    let outcomes = settle(&env, &worker).await;
+    assert_eq!(
+        outcomes,
+        vec![JobOutcome::Completed; 2],
+        "both ran from the kept bodies"
+    );
+
+    // Once every leg has ended, the next sweep takes them from DEFAULT.
+    let swept = worker
+        .sweep_once()
+        .await
+        .expect("sweep")
+        .expect("the leader");
+    assert_eq!(swept.bodies.deleted, 2, "{swept:?}");
+    assert_eq!(env.count("select count(*) from bodies_default").await, 0);
+    assert_eq!(env.count("select count(*) from bodies").await, 1, "today's");
+    env.cleanup().await;
+}
