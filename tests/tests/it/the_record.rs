@@ -372,11 +372,7 @@ async fn retention_drops_a_day_of_bodies_but_never_one_a_leg_not_yet_ended_needs
         )
         .await
         .expect("a retry");
-    let aged = vec![
-        done.id().to_owned(),
-        dead.id().to_owned(),
-        waiting.id().to_owned(),
-    ];
+    let aged = [done.id(), dead.id(), waiting.id()];
     env.db
         .batch_execute(&format!(
             "update deliveries set created_at = date_trunc('day', now()) - interval '10 days'
