@@ -18,11 +18,24 @@
 //! - a completion that is also the take (the worker's one-statement path)
 //!   changes the row only when it is processing under the presented token
 //!   with the presented attempts, fewer than the maximum, and then counts
-//!   its attempt.
+//!   its attempt;
+//! - every leg that has not ended (processing, retrying, waiting, dead) has
+//!   its delivery's body in Postgres, written once by the first claim;
+//! - when the broker loses every message of the delivery (`LoseMessages`),
+//!   the reaper and the scheduler publish each leg that has not ended again
+//!   under a new token (but one behind its closed gate, which waits for its
+//!   destination), so nothing answered 202 is left without a way out;
+//! - a replay of a completed leg (`ReplayAny`) starts it again under a new
+//!   token with its attempts at 0, and each replay adds at most one effect.
 //!
 //! Lease expiry is a transition of its own (it backdates `lease_until`), so
 //! the test never waits for a clock.
+//!
+//! `a_planted_claim_that_writes_no_body_is_caught` runs the same machine
+//! with a claim that leaves no body behind (what every claim did before
+//! Postgres was the record), and expects the checks to fail.
 
+use std::cell::Cell;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -43,11 +56,23 @@ const MAX_ATTEMPTS: i32 = 3;
 /// The delivery's two destinations; the breaker's gate is modelled on `b`.
 const DESTINATIONS: [&str; 2] = ["a", "b"];
 
-/// One database and runtime for every case of this test binary; each case
-/// works on its own delivery key.
+thread_local! {
+    /// The planted bug: claims that keep no body.
+    static BUGGY: Cell<bool> = const { Cell::new(false) };
+}
+
+/// One database and runtime for every case of each test of this binary
+/// (the planted bug's its own, so that either can drop its database when
+/// done); each case works on its own delivery key.
 fn shared() -> &'static hookinbox_tests::ModelDb {
     static SHARED: OnceLock<hookinbox_tests::ModelDb> = OnceLock::new();
-    SHARED.get_or_init(|| {
+    static PLANTED: OnceLock<hookinbox_tests::ModelDb> = OnceLock::new();
+    let cell = if BUGGY.with(Cell::get) {
+        &PLANTED
+    } else {
+        &SHARED
+    };
+    cell.get_or_init(|| {
         hookinbox_tests::ModelDb::new(
             "hookinbox_model",
             "create table model_effects (delivery_id text not null, destination text not null,
@@ -102,6 +127,11 @@ enum Op {
     Schedule,
     /// An operator replays a failed leg.
     Replay { leg: usize },
+    /// An operator replays a leg that is not in flight, completed ones too.
+    ReplayAny { leg: usize },
+    /// The broker loses every message of the delivery; then time passes
+    /// past the leases and the retries, the reaper and the scheduler run.
+    LoseMessages,
     /// The retention sweeper runs.
     Sweep,
     /// The reaper runs.
@@ -138,6 +168,8 @@ impl ReferenceStateMachine for Model {
             2 => Just(Op::Expire),
             2 => Just(Op::Schedule),
             1 => leg.clone().prop_map(|leg| Op::Replay { leg }),
+            1 => leg.clone().prop_map(|leg| Op::ReplayAny { leg }),
+            1 => Just(Op::LoseMessages),
             1 => Just(Op::Sweep),
             1 => Just(Op::Reap),
             2 => any::<bool>().prop_map(Op::Gate),
@@ -160,6 +192,7 @@ struct Snapshot {
     lease_until: Option<chrono::DateTime<chrono::Utc>>,
     next_attempt_at: Option<chrono::DateTime<chrono::Utc>>,
     error_class: Option<ErrorClass>,
+    replays: i32,
 }
 
 /// What the model knows of one leg.
@@ -171,6 +204,8 @@ struct LegModel {
     tokens: Vec<(ClaimToken, i32)>,
     completed_seen: bool,
     filtered_seen: bool,
+    /// Replays seen on the row: a replay may start a completed leg again.
+    replays: i32,
 }
 
 struct Sut {
@@ -205,6 +240,7 @@ impl Sut {
                 lease_until: d.lease_until,
                 next_attempt_at: d.next_attempt_at,
                 error_class: d.last_error_class,
+                replays: d.replays,
             })
     }
 
@@ -383,6 +419,16 @@ impl Sut {
                 )
                 .await
                 .expect("claim");
+                if BUGGY.with(Cell::get) {
+                    // The planted bug: a claim that keeps no body.
+                    client
+                        .execute(
+                            "delete from bodies where delivery_id = $1",
+                            &[&self.key.delivery_id.as_str()],
+                        )
+                        .await
+                        .expect("forget");
+                }
                 let legs_after = self.leg_count().await;
                 if legs_before > 0 {
                     assert_eq!(legs_after, legs_before, "a redelivery added a leg");
@@ -671,6 +717,54 @@ impl Sut {
                     deliveries::Replayed::NoBody | deliveries::Replayed::NotFailed => {}
                 }
             }
+            Op::ReplayAny { leg } => {
+                let before = self.snapshot(leg).await;
+                match deliveries::replay(
+                    &client,
+                    &self.policy,
+                    &self.legs[leg],
+                    deliveries::Scope::Ended,
+                )
+                .await
+                .expect("replay")
+                {
+                    deliveries::Replayed::Started(parked) => {
+                        let before = before.expect("a replayed leg existed");
+                        assert!(
+                            matches!(before.status, Status::Completed | Status::Failed),
+                            "a replay started a leg that was {:?}",
+                            before.status
+                        );
+                        let after = self.snapshot(leg).await.expect("the replayed leg");
+                        assert_eq!(after.status, Status::Processing);
+                        assert_eq!(after.attempts, 0, "a replay starts over");
+                        assert_eq!(after.replays, before.replays + 1);
+                        assert_ne!(after.token, before.token, "a replay takes a new token");
+                        assert_eq!(after.token, parked.envelope.token);
+                        self.model[leg].tokens.push((parked.envelope.token, 0))
+                    }
+                    deliveries::Replayed::Unreadable(row) => {
+                        panic!("a readable row: {}", row.reason)
+                    }
+                    deliveries::Replayed::NoBody => {
+                        assert!(
+                            before.is_some_and(|b| b.status != Status::Processing
+                                && b.status != Status::Filtered),
+                            "NoBody for a leg no replay takes"
+                        );
+                    }
+                    deliveries::Replayed::NotFailed => {
+                        assert!(
+                            before.is_none_or(|b| matches!(
+                                b.status,
+                                Status::Processing | Status::Filtered
+                            )),
+                            "a completed or failed leg with its body was not replayed"
+                        );
+                    }
+                }
+            }
+            Op::LoseMessages => self.lose_messages(&client).await,
             Op::Sweep => {
                 // Realistic retention: fresh rows are never swept.
                 let retention = deliveries::Retention {
@@ -705,13 +799,24 @@ impl Sut {
 
     async fn check(&mut self) {
         for leg in 0..2 {
-            assert!(
-                self.effects(leg).await <= 1,
-                "more than one effect for one leg"
-            );
             let now = self.snapshot(leg).await;
+            let effects = self.effects(leg).await;
+            let kept = self.body_kept().await;
             let model = &mut self.model[leg];
             if let Some(row) = &now {
+                if row.replays > model.replays {
+                    // A replay may start a completed leg again.
+                    model.replays = row.replays;
+                    model.completed_seen = false;
+                }
+                assert!(
+                    effects <= 1 + i64::from(row.replays),
+                    "{effects} effects for a leg replayed {} time(s)",
+                    row.replays
+                );
+                if matches!(row.status, Status::Processing | Status::Failed) {
+                    assert!(kept, "a leg that has not ended has no body kept");
+                }
                 assert!(
                     row.attempts <= MAX_ATTEMPTS,
                     "attempts {} over the maximum",
@@ -741,11 +846,97 @@ impl Sut {
             }
             let completed = now.as_ref().is_some_and(|r| r.status == Status::Completed);
             if completed {
-                assert_eq!(self.effects(leg).await, 1, "completed without its effect");
+                assert!(self.effects(leg).await >= 1, "completed without its effect");
             }
             if now.as_ref().is_some_and(|r| r.status == Status::Filtered) {
                 assert_eq!(self.effects(leg).await, 0, "a filtered leg ran its effect");
             }
+        }
+    }
+}
+
+impl Sut {
+    /// Whether the delivery's body is in Postgres.
+    async fn body_kept(&self) -> bool {
+        let client = shared().pool.get().await.expect("client");
+        client
+            .query_one(
+                "select exists (select 1 from bodies where provider = $1 and source = $2
+                                and hook_id = $3 and delivery_id = $4)",
+                &[
+                    &self.key.provider,
+                    &self.key.source.as_str(),
+                    &self.key.hook_id.as_str(),
+                    &self.key.delivery_id.as_str(),
+                ],
+            )
+            .await
+            .expect("body")
+            .get(0)
+    }
+
+    /// The broker loses every message of the delivery; time passes past
+    /// every lease and retry; the reaper and the scheduler run. Then each
+    /// leg that has not ended, but one behind its closed gate, was published
+    /// again under a new token: nothing is left without a message.
+    async fn lose_messages(&mut self, client: &deadpool_postgres::Object) {
+        let id = self.key.delivery_id.as_str();
+        let published_before = [self.model[0].tokens.len(), self.model[1].tokens.len()];
+        client
+            .execute(
+                "update deliveries set lease_until = now() - interval '1 second'
+                 where delivery_id = $1 and status = 'processing'",
+                &[&id],
+            )
+            .await
+            .expect("leases run out");
+        deliveries::reap(client, Duration::ZERO, 100)
+            .await
+            .expect("reap");
+        client
+            .execute(
+                "update deliveries set next_attempt_at = now() - interval '1 second'
+                 where delivery_id = $1 and status = 'failed' and retryable",
+                &[&id],
+            )
+            .await
+            .expect("due");
+        deliveries::exhaust_due(client, &self.policy, 100)
+            .await
+            .expect("exhaust");
+        for job in deliveries::schedule_due(client, &self.policy, 100)
+            .await
+            .expect("schedule")
+        {
+            let job = job.expect("a readable row");
+            for leg in 0..2 {
+                if job.envelope.key == self.legs[leg] {
+                    self.model[leg]
+                        .tokens
+                        .push((job.envelope.token, job.attempts));
+                }
+            }
+        }
+        for leg in 0..2 {
+            let Some(row) = self.snapshot(leg).await else {
+                continue;
+            };
+            let open = row.status == Status::Processing
+                || (row.status == Status::Failed && row.retryable);
+            if !open || (leg == 1 && self.gated) {
+                continue;
+            }
+            assert!(
+                self.model[leg].tokens.len() > published_before[leg],
+                "leg {leg} was left {:?} with its messages lost and nothing published",
+                row.status
+            );
+            assert_eq!(row.status, Status::Processing);
+            assert_eq!(
+                Some(row.token),
+                self.model[leg].tokens.last().map(|(t, _)| *t),
+                "published under the row's token"
+            );
         }
     }
 }
@@ -858,10 +1049,33 @@ prop_state_machine! {
     fn run_every_case(sequential 1..40 => DeliveryStateMachine);
 }
 
+prop_state_machine! {
+    #![proptest_config(Config {
+        cases: 64,
+        failure_persistence: None,
+        max_shrink_iters: 0,
+        .. Config::default()
+    })]
+
+    fn run_with_the_planted_bug(sequential 1..40 => DeliveryStateMachine);
+}
+
 #[test]
 fn delivery_state_machine_keeps_its_invariants() {
     run_every_case();
     // Every case passed: drop the database. A failing case panics above and
     // leaves it for inspection, as the other tests do.
     shared().drop_database();
+}
+
+#[test]
+fn a_planted_claim_that_writes_no_body_is_caught() {
+    BUGGY.with(|b| b.set(true));
+    let caught = std::panic::catch_unwind(run_with_the_planted_bug);
+    assert!(
+        caught.is_err(),
+        "the checks let a claim that keeps no body through"
+    );
+    shared().drop_database();
+    BUGGY.with(|b| b.set(false));
 }

@@ -45,6 +45,11 @@ pub fn placement(suite: &Suite, asked: usize) -> anyhow::Result<BTreeMap<String,
 /// [`DOWN`] later; then `rabbitmq-queues rebalance quorum` moves leaders
 /// back onto it, as the operations guide says to after a node's return.
 pub async fn leader_kill(suite: &mut Suite) -> anyhow::Result<()> {
+    leader_kill_for(suite, DOWN).await
+}
+
+/// [`leader_kill`], the node down for `down`.
+pub async fn leader_kill_for(suite: &mut Suite, down: Duration) -> anyhow::Result<()> {
     let per_node = tokio::task::block_in_place(|| placement(suite, 0))?;
     let (busiest, led) = per_node
         .iter()
@@ -59,12 +64,12 @@ pub async fn leader_kill(suite: &mut Suite) -> anyhow::Result<()> {
     eprintln!("faults: kill -9 of {busiest}, leader of {led} queues");
     let since = Instant::now();
     tokio::task::block_in_place(|| suite.rabbits[i].kill9())?;
-    tokio::time::sleep(DOWN).await;
+    tokio::time::sleep(down).await;
     tokio::task::block_in_place(|| {
         suite.rabbits[i].boot()?;
         suite.rabbits[i].rebalance()
     })?;
-    suite.count("broker node leading the most queues kill -9, booted 10 s later");
+    suite.count("broker node leading the most queues kill -9, booted again");
     suite.named_window("leader node kill -9", since);
     Ok(())
 }

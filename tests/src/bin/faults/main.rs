@@ -33,7 +33,9 @@
 //! broker as a three-node cluster and Postgres with a synchronous standby,
 //! and adds the cluster's faults (`cluster`): after a baseline of the
 //! end-to-end p99, each is reported with its seconds of `5xx` at ingest
-//! and the time until the p99 is back (`recovery`).
+//! and the time until the p99 is back (`recovery`). With
+//! `HOOKINBOX_FAULT_LEADER_KILLS=N` it runs only `N` kills of the node that
+//! leads the most queues, and reports their ledger (`leader_loop`).
 //!
 //! The steps, one module each: `stack` starts the private `services`, the
 //! receivers (`sink`) and the binaries, `load` sends, `faults` (with
@@ -46,6 +48,7 @@ mod cluster;
 mod destinations;
 mod faults;
 mod kills;
+mod leader_loop;
 mod legs;
 mod load;
 mod recovery;
@@ -81,6 +84,9 @@ pub struct Settings {
     /// A three-node broker cluster and a Postgres standby, and their
     /// faults (`HOOKINBOX_FAULT_CLUSTER`).
     pub cluster: bool,
+    /// With `cluster`: only this many kills of the leading node, in place
+    /// of the cycles (`HOOKINBOX_FAULT_LEADER_KILLS`, see `leader_loop`).
+    pub leader_kills: u32,
 }
 
 impl Settings {
@@ -103,6 +109,12 @@ impl Settings {
                 Err(_) => 15,
             }),
             cluster: std::env::var_os("HOOKINBOX_FAULT_CLUSTER").is_some_and(|v| !v.is_empty()),
+            leader_kills: match std::env::var("HOOKINBOX_FAULT_LEADER_KILLS") {
+                Ok(v) if !v.is_empty() => v
+                    .parse()
+                    .context("HOOKINBOX_FAULT_LEADER_KILLS is a number of kills")?,
+                _ => 0,
+            },
         })
     }
 }
@@ -122,8 +134,16 @@ async fn main() -> anyhow::Result<()> {
     } else {
         None
     };
-    for cycle in 0..settings.cycles {
-        faults::cycle(&mut suite, &settings, cycle).await?;
+    if settings.leader_kills > 0 {
+        anyhow::ensure!(
+            settings.cluster,
+            "HOOKINBOX_FAULT_LEADER_KILLS needs the cluster (--cluster)"
+        );
+        leader_loop::run(&mut suite, settings.leader_kills).await?;
+    } else {
+        for cycle in 0..settings.cycles {
+            faults::cycle(&mut suite, &settings, cycle).await?;
+        }
     }
     load.stop().await;
     let settled = settle::settle(&suite, &load.ledger).await?;
@@ -132,6 +152,14 @@ async fn main() -> anyhow::Result<()> {
     report::windows(&suite, load.started);
     let mut report = report::markdown(&settings, &suite, load.started, &checked, &settled);
     report.push_str(&report::destinations(&suite, &legs));
+    if settings.leader_kills > 0 {
+        let ledger = leader_loop::ledger(&suite, settings.leader_kills).await?;
+        report.push_str(&leader_loop::markdown(
+            &ledger,
+            checked.accepted,
+            checked.duplicates.len(),
+        ));
+    }
     if let Some(before) = placed_before {
         let after = tokio::task::block_in_place(|| cluster::placement(&suite, 0))?;
         let recovered = recovery::measure(&suite, &load).await?;
