@@ -14,6 +14,10 @@
 #                               (the same key and body again: the dedup path)
 #   scripts/bench.sh --cost RATE...   CPU µs per delivery of each process at
 #                               fixed rates (STEP seconds each), see cost_run;
+#                               a RATE written cN is a closed loop of N
+#                               connections instead (tests/src/bin/closedloop.rs),
+#                               costed until every delivery it got accepted
+#                               completed, e.g. --cost c64 c4 1000;
 #                               COST_VARIANTS="LABEL:VAR=VALUE,VAR=VALUE ..."
 #                               repeats every rate once per variant, with
 #                               those settings (STACK_BINS=DIR or
@@ -229,6 +233,16 @@ batch_rows() {
                (n["take"] ? sum["take"] / n["take"] : 0), (n["complete"] ? sum["complete"] / n["complete"] : 0) }'
 }
 
+# Bytes processes wrote to storage (/proc/PID/io write_bytes), summed.
+written() { # PID...
+  local total=0 pid b
+  for pid in "$@"; do
+    b=$(awk '/^write_bytes/ {print $2}' "/proc/$pid/io" 2>/dev/null || echo 0)
+    total=$((total + ${b:-0}))
+  done
+  echo "$total"
+}
+
 # Busy ticks of the whole machine: user, nice, system, irq, softirq, steal.
 machine_ticks() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8 + $9}' /proc/stat; }
 
@@ -252,11 +266,33 @@ cost_run() { # RATE [LABEL]
   i0=$(ticks "$INGEST_PID"); w0=$(ticks "$WORKER_PID"); p0=$(postgres_ticks)
   # shellcheck disable=SC2046
   m0=$(ticks $(pgrep -x beam.smp)); all0=$(machine_ticks)
-  local out
-  out=$(/usr/bin/time -f '%U %S' -o "$work/loadgen-time" \
-    env DATABASE_URL="$DB_URL" HOOKINBOX_QUEUE_PREFIX="$PREFIX" AMQP_URL="$amqp" \
-    "$bin/loadgen" --url "$INGEST_URL" --rate "$1" --duration "$STEP" --hold-lag "$HOLD_LAG" \
-    ${LOADGEN_EXTRA:-})
+  # Bytes written: Postgres's WAL (its insert position), RabbitMQ's to disk
+  # (/proc/PID/io of its VM: its own WAL and segment files).
+  local wal0 mqio0
+  wal0=$(psql -tAq "$DB_URL" -c "select pg_current_wal_insert_lsn()")
+  # shellcheck disable=SC2046
+  mqio0=$(written $(pgrep -x beam.smp))
+  local out started; started=$(date +%s.%N)
+  if [ "${1#c}" != "$1" ]; then
+    # A closed loop of ${1#c} connections for STEP seconds, then the wait
+    # until every delivery it got accepted is completed: the time to that
+    # is the run's, for the deliveries completed per second.
+    out=$(/usr/bin/time -f '%U %S' -o "$work/loadgen-time" \
+      "$bin/closedloop" --url "$INGEST_URL" --connections "${1#c}" --duration "$STEP")
+    local left=1
+    for _ in $(seq 1 6000); do
+      left=$(psql -tAq "$DB_URL" -c "select count(*) from deliveries where status <> 'completed'")
+      [ "$left" = 0 ] && break
+      sleep 0.1
+    done
+    out="$out; all completed after $(python3 -c "import time; print(f'{time.time() - $started:.1f}')") s (left: $left)"
+  else
+    out=$(/usr/bin/time -f '%U %S' -o "$work/loadgen-time" \
+      env DATABASE_URL="$DB_URL" HOOKINBOX_QUEUE_PREFIX="$PREFIX" AMQP_URL="$amqp" \
+      "$bin/loadgen" --url "$INGEST_URL" --rate "$1" --duration "$STEP" --hold-lag "$HOLD_LAG" \
+      ${LOADGEN_EXTRA:-})
+  fi
+  local elapsed; elapsed=$(python3 -c "import time; print(time.time() - $started)")
   # The run pays for its own garbage inside its time: the vacuum its rows
   # get anyway, which would otherwise fall into a later run's. (No
   # checkpoint, nor a database dropped, between runs: either makes the
@@ -269,6 +305,21 @@ cost_run() { # RATE [LABEL]
   m1=$(ticks $(pgrep -x beam.smp)); all1=$(machine_ticks)
   local completed
   completed=$(psql -tAq "$DB_URL" -c "select count(*) from deliveries where status = 'completed'")
+  # shellcheck disable=SC2046
+  local mqio1; mqio1=$(written $(pgrep -x beam.smp))
+  # Per delivery completed: WAL and RabbitMQ's disk writes during the run
+  # (its vacuum included), and what each table holds now (its indexes and
+  # TOAST included) once vacuumed.
+  psql -tAq "$DB_URL" -c "select format('bytes per delivery: Postgres WAL %s, RabbitMQ written %s; tables (with indexes): deliveries %s, bodies %s, github_events %s, seen_bodies %s',
+      round(pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '$wal0') / greatest($completed, 1)),
+      round(($mqio1 - $mqio0)::numeric / greatest($completed, 1)),
+      round(pg_total_relation_size('deliveries')::numeric / greatest($completed, 1)),
+      round(coalesce((select sum(pg_total_relation_size(c.oid)) from pg_inherits i join pg_class c on c.oid = i.inhrelid
+                      where i.inhparent = to_regclass('bodies')), 0)::numeric / greatest($completed, 1)),
+      round(coalesce((select sum(pg_total_relation_size(c.oid)) from pg_inherits i join pg_class c on c.oid = i.inhrelid
+                      where i.inhparent = to_regclass('github_events')), pg_total_relation_size('github_events'))::numeric
+            / greatest($completed, 1)),
+      round(pg_total_relation_size('seen_bodies')::numeric / greatest($completed, 1)))" >&2
   local batches; batches=$(batch_rows)
   if [ -n "${BENCH_PG_TOP:-}" ]; then
     psql -q "$DB_URL" -c "select calls, round(total_exec_time) as ms, round(total_exec_time * 1000 / greatest($completed, 1)) as us_per_delivery,
@@ -277,16 +328,20 @@ cost_run() { # RATE [LABEL]
   fi
   stop_stack
   python3 - "${2:-}" "$1" "$hz" "$completed" "$((i1 - i0))" "$((w1 - w0))" "$((p1 - p0))" "$((m1 - m0))" \
-    "$(cat "$work/loadgen-time")" "$((all1 - all0))" "$batches" <<'PY'
+    "$(cat "$work/loadgen-time")" "$((all1 - all0))" "$batches" "$elapsed" <<'PY'
 import sys
 label = sys.argv.pop(1)
-rate, hz, done = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+rate, hz, done = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+# A closed loop's "rate": its connections, and the deliveries it got
+# completed per second, from its first request to the last completion.
+rate = (f"closed {rate[1:]} ({done / float(sys.argv[11]):,.0f}/s done)"
+        if rate.startswith("c") else f"{int(rate):,}")
 ingest, worker, pg, mq = (int(x) for x in sys.argv[4:8])
 user, system = (float(x) for x in sys.argv[8].split())
 machine = int(sys.argv[9])
 us = lambda t: t * 1e6 / hz / max(done, 1)
 gen = (user + system) * 1e6 / max(done, 1)
-print(f"| {label} | {rate:,} | {done:,} | {us(ingest):,.0f} | {us(worker):,.0f} | {us(pg):,.0f} | {us(mq):,.0f} "
+print(f"| {label} | {rate} | {done:,} | {us(ingest):,.0f} | {us(worker):,.0f} | {us(pg):,.0f} | {us(mq):,.0f} "
       f"| {gen:,.0f} | {us(ingest + worker + pg + mq):,.0f} | {us(machine):,.0f} | {sys.argv[10]} |")
 PY
   echo "$out" >&2

@@ -748,8 +748,9 @@ impl Sut {
                     }
                     deliveries::Replayed::NoBody => {
                         assert!(
-                            before.is_some_and(|b| b.status != Status::Processing
-                                && b.status != Status::Filtered),
+                            before
+                                .is_some_and(|b| b.status != Status::Processing
+                                    && b.status != Status::Filtered),
                             "NoBody for a leg no replay takes"
                         );
                     }
@@ -921,8 +922,8 @@ impl Sut {
             let Some(row) = self.snapshot(leg).await else {
                 continue;
             };
-            let open = row.status == Status::Processing
-                || (row.status == Status::Failed && row.retryable);
+            let open =
+                row.status == Status::Processing || (row.status == Status::Failed && row.retryable);
             if !open || (leg == 1 && self.gated) {
                 continue;
             }

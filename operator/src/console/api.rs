@@ -199,7 +199,8 @@ async fn job_of(state: &State, id: i64, kind: Kind) -> Result<jobs::Job, AdminEr
     let client = state.pool.get().await?;
     jobs::store::get(&client, id)
         .await?
-        .filter(|j| j.kind == kind)
+        // `/replays` shows replays of both kinds.
+        .filter(|j| j.kind == kind || (kind.replays() && j.kind.replays()))
         .ok_or_else(|| AdminError::NotFound(format!("no {} job {id}", kind.as_str())))
 }
 

@@ -485,3 +485,75 @@ async fn retention_drops_a_day_of_bodies_but_never_one_a_leg_not_yet_ended_needs
     assert_eq!(env.count("select count(*) from bodies").await, 1, "today's");
     env.cleanup().await;
 }
+
+#[tokio::test]
+async fn the_api_replays_completed_deliveries_when_asked_and_a_purge_refuses_to() {
+    use hookinbox_tests::admin::OPERATOR;
+    use serde_json::json;
+    let (env, ingest) = TestEnv::with_ingest().await;
+    let hook = Hook::fixture("push");
+    assert_eq!(ingest.send(&hook).await.status, 202);
+    let worker = env.store_worker().await;
+    settle(&env, &worker).await;
+    let admin = env.admin().await;
+    // Without `completed`, a replay selects failed deliveries only.
+    let r = admin
+        .post(
+            "/api/v1/replays",
+            Some(OPERATOR),
+            &json!({"ids": [hook.id()], "dry_run": true}),
+        )
+        .await;
+    assert_eq!(
+        (r.status, r.body["count"].clone()),
+        (200, json!(0)),
+        "{}",
+        r.text
+    );
+    let r = admin
+        .post(
+            "/api/v1/replays",
+            Some(OPERATOR),
+            &json!({"ids": [hook.id()], "completed": true, "per_second": 100}),
+        )
+        .await;
+    assert_eq!(
+        (r.status, r.body["count"].clone()),
+        (202, json!(1)),
+        "{}",
+        r.text
+    );
+    let job = r.body["job"].as_i64().expect("job");
+    wait_until("the job to end", Duration::from_secs(20), || async {
+        admin
+            .get(&format!("/api/v1/replays/{job}"), Some(OPERATOR))
+            .await
+            .body["status"]
+            == "finished"
+    })
+    .await;
+    let done = admin
+        .get(&format!("/api/v1/replays/{job}"), Some(OPERATOR))
+        .await;
+    assert_eq!(done.body["kind"], "replay_any", "{}", done.text);
+    assert_eq!(done.body["replayed"], 1, "{}", done.text);
+    assert_eq!(settle(&env, &worker).await, vec![JobOutcome::Completed]);
+    assert_eq!(
+        env.count("select count(*) from deliveries where replays = 1")
+            .await,
+        1,
+        "replayed once"
+    );
+    assert_eq!(env.events().await, 1, "store keeps one event a delivery");
+    let r = admin
+        .post(
+            "/api/v1/purges",
+            Some(OPERATOR),
+            &json!({"ids": [hook.id()], "completed": true}),
+        )
+        .await;
+    assert_eq!(r.status, 400, "{}", r.text);
+    assert!(r.text.contains("completed"), "{}", r.text);
+    admin.stop().await;
+    env.cleanup().await;
+}

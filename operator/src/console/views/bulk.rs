@@ -40,6 +40,12 @@ pub(crate) fn bulk(
         Some(session),
         None,
         html! {
+            nav.kinds #bulk-kinds {
+                @for (k, label) in [(Kind::Replay, "Replay failed"), (Kind::ReplayAny, "Replay, completed too"), (Kind::Purge, "Purge dead letters")] {
+                    @if k == kind { strong { (label) } } @else { a href={"/bulk?kind=" (k.as_str())} { (label) } }
+                    " "
+                }
+            }
             p.hint {
                 @match kind {
                     Kind::Replay => "Replays the failed deliveries the filter matches (dead letters and pending retries), from their bodies kept in Postgres, at a set rate.",
