@@ -918,7 +918,7 @@ impl Sut {
                 }
             }
         }
-        for leg in 0..2 {
+        for (leg, before) in published_before.into_iter().enumerate() {
             let Some(row) = self.snapshot(leg).await else {
                 continue;
             };
@@ -928,7 +928,7 @@ impl Sut {
                 continue;
             }
             assert!(
-                self.model[leg].tokens.len() > published_before[leg],
+                self.model[leg].tokens.len() > before,
                 "leg {leg} was left {:?} with its messages lost and nothing published",
                 row.status
             );
