@@ -27,13 +27,17 @@ pub enum Outcome {
     Unreadable(String),
     /// The publish failed: back among the dead letters, with the error.
     PublishFailed(String),
+    /// The publish failed, and the leg (a replay of any leg, completed ones
+    /// too) is due in Postgres instead: the scheduler publishes it once the
+    /// broker takes it. Counted as replayed, with the error.
+    Queued(String),
 }
 
 impl Outcome {
     /// The result a job's item records: `replayed`, `skipped` or `failed`.
     pub fn result(&self) -> &'static str {
         match self {
-            Self::Started => "replayed",
+            Self::Started | Self::Queued(_) => "replayed",
             Self::NotFailed => "skipped",
             Self::NoBody | Self::Unreadable(_) | Self::PublishFailed(_) => "failed",
         }
@@ -44,7 +48,7 @@ impl Outcome {
         match self {
             Self::Started | Self::NotFailed => None,
             Self::NoBody => Some(deliveries::NO_BODY_TO_REPLAY),
-            Self::Unreadable(why) | Self::PublishFailed(why) => Some(why),
+            Self::Unreadable(why) | Self::PublishFailed(why) | Self::Queued(why) => Some(why),
         }
     }
 }
@@ -79,13 +83,17 @@ pub async fn begin(
 }
 
 /// The second half: publishes a begun replay once its transaction has
-/// committed. A failed publish puts the delivery back among the dead
-/// letters (guarded by the replay's token: a worker that took it meanwhile
-/// keeps it).
+/// committed. When the publish fails, a replay of failed legs puts the
+/// delivery back among the dead letters; a replay of any leg (`scope`
+/// [`Scope::Ended`]: it may have been completed, and was no dead letter)
+/// records it as due, as ingest does a leg it could not publish, so that
+/// the scheduler publishes it once the broker is back. Either is guarded
+/// by the replay's token: a worker that took it meanwhile keeps it.
 pub async fn publish(
     pool: &Pool,
     publisher: &Publisher,
     begun: &Republish,
+    scope: Scope,
 ) -> Result<Outcome, DbError> {
     let job = &begun.envelope;
     match publisher.publish(job).await {
@@ -93,6 +101,12 @@ pub async fn publish(
         Err(e) => {
             let error = e.to_string();
             let client = pool.get().await?;
+            if scope == Scope::Ended {
+                deliveries::publish_failed(&client, &job.key, job.token, &error, 0).await?;
+                return Ok(Outcome::Queued(format!(
+                    "not published now ({error}): due in Postgres, the scheduler publishes it"
+                )));
+            }
             deliveries::unreplay(&client, &job.key, job.token, &error).await?;
             Ok(Outcome::PublishFailed(error))
         }
@@ -115,6 +129,6 @@ pub async fn replay_one(
     tx.commit().await?;
     match begun {
         Begun::Done(outcome) => Ok(outcome),
-        Begun::Publish(parked) => publish(pool, publisher, &parked).await,
+        Begun::Publish(parked) => publish(pool, publisher, &parked, scope).await,
     }
 }

@@ -57,10 +57,14 @@ begin
 end
 $$;
 
+-- The DEFAULT partition keeps the bodies of deliveries with a leg not yet
+-- ended past their day: the sweep finds those past retention by age.
+create index bodies_default_received on bodies_default (received_at);
+
 -- The parked bodies (one per leg that was not in flight) become the
 -- delivery's one body, as received. A leg whose message is in the queue
 -- now carries its body in that message (a message published before this
--- version); the worker uses it when Postgres holds none.
+-- version); the worker writes it here when Postgres holds none.
 insert into bodies (provider, source, hook_id, delivery_id, received_at, content_type,
                     headers, size, encoding, body)
 select distinct on (p.provider, p.source, p.hook_id, p.delivery_id)
@@ -69,7 +73,27 @@ select distinct on (p.provider, p.source, p.hook_id, p.delivery_id)
 from parked_bodies p
 join deliveries d using (provider, source, hook_id, delivery_id, destination)
 order by p.provider, p.source, p.hook_id, p.delivery_id, p.parked_at;
-drop table parked_bodies;
+delete from parked_bodies;
+
+-- `parked_bodies` stays, empty, for the ingests and workers of the
+-- previous version still running during a rolling upgrade: their
+-- statements write and delete there. What they park is copied into
+-- `bodies` at once, so that this version publishes it again. A later
+-- version drops the table and this trigger.
+create function hookinbox_adopt_parked_body() returns trigger language plpgsql as $$
+begin
+    insert into bodies (provider, source, hook_id, delivery_id, received_at, content_type,
+                        headers, size, encoding, body)
+    select new.provider, new.source, new.hook_id, new.delivery_id, d.created_at,
+           new.content_type, new.headers, length(new.body), 'identity', new.body
+    from deliveries d
+    where d.provider = new.provider and d.source = new.source and d.hook_id = new.hook_id
+      and d.delivery_id = new.delivery_id and d.destination = new.destination
+    on conflict do nothing;
+    return new;
+end $$;
+create trigger adopt_parked_body after insert on parked_bodies
+    for each row execute function hookinbox_adopt_parked_body();
 
 -- A replay of any delivery whose body is kept, completed ones too
 -- (`deliveries replay`, the console's delivery page): a job of its own

@@ -213,6 +213,32 @@ impl PrivateRabbit {
             .collect())
     }
 
+    /// Each queue's messages (ready and unacknowledged), as this node sees
+    /// them (`rabbitmqctl list_queues name messages`).
+    pub fn depths(&self) -> anyhow::Result<Vec<(String, u64)>> {
+        let out = std::process::Command::new("rabbitmqctl")
+            .args(["-q", "-n", &self.node, "list_queues"])
+            .args(["name", "messages", "--formatter", "json"])
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "list_queues on {} failed: {}",
+                self.node,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout)?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                (
+                    r["name"].as_str().unwrap_or_default().to_owned(),
+                    r["messages"].as_u64().unwrap_or(0),
+                )
+            })
+            .collect())
+    }
+
     /// `rabbitmqctl stop_app`, then `start_app`, and waits for it.
     pub fn restart_app(&self) -> anyhow::Result<()> {
         if !self.ctl(&["stop_app"]) || !self.ctl(&["start_app"]) {

@@ -219,14 +219,17 @@ async fn sweep(config: &WorkerConfig) -> anyhow::Result<u8> {
             writeln!(
                 out,
                 "swept {} completed and {} failed deliveries, {} remembered bodies, {} \
-                 stored events and {} logged attempts; dropped {} day partitions, created {}",
+                 stored events and {} logged attempts; dropped {} day partitions, created {}; \
+                 bodies: {} days dropped, {} deleted by rows",
                 swept.completed,
                 swept.failed,
                 swept.seen_bodies,
                 swept.events,
                 swept.attempts,
                 swept.partitions,
-                swept.created
+                swept.created,
+                swept.bodies.days,
+                swept.bodies.deleted
             )?;
             Found::from_count(swept.total() as usize)
         }

@@ -42,6 +42,14 @@ pub fn parse_delivery_id(s: &str) -> Result<String, String> {
         .map_err(|_| "a delivery id is 1 to 128 visible ASCII characters".to_owned())
 }
 
+/// A hook id (`deliveries replay --hook-id`): what ingest takes in
+/// `X-GitHub-Hook-ID`, 1 to 20 digits.
+pub fn parse_hook_id(s: &str) -> Result<String, String> {
+    hookinbox::key::HookId::parse(Some(s.as_bytes()))
+        .map(|id| id.as_str().to_owned())
+        .map_err(|_| "a hook id is 1 to 20 digits".to_owned())
+}
+
 /// `--status`: a state's word ([`State`]: processing, completed,
 /// retrying, dead, awaiting_redelivery, filtered), or `failed`, which
 /// means retrying or dead. The console's `status=` takes the same words.

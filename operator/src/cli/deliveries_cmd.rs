@@ -19,16 +19,19 @@ use super::{Found, OpsError, job};
 use crate::actor::Identity;
 use crate::jobs::Kind;
 
-/// The legs with this id, oldest delivery first: of `source` when given.
+/// The legs with this id, oldest delivery first: of `source`, `hook_id`
+/// and `destination` when given.
 async fn legs_of(
     client: &impl Session,
     id: &str,
     source: Option<&str>,
+    hook_id: Option<&str>,
     destination: Option<&str>,
 ) -> Result<Vec<Delivery>, OpsError> {
     let filter = Filter {
         ids: Some(vec![id.to_owned()]),
         source: source.map(str::to_owned),
+        hook_id: hook_id.map(str::to_owned),
         destination: destination.map(str::to_owned),
         limit: i64::MAX,
         order: Order::RecentlyActive,
@@ -65,7 +68,7 @@ pub(super) async fn show(
     out: &mut impl Write,
 ) -> Result<Found, OpsError> {
     let client = pool.get().await.map_err(DbError::from)?;
-    let rows = legs_of(&client, id, None, None).await?;
+    let rows = legs_of(&client, id, None, None, None).await?;
     // One body per delivery: its legs share it.
     let keys: BTreeSet<_> = rows.iter().map(|d| d.key.delivery.clone()).collect();
     let mut kept = Vec::with_capacity(keys.len());
@@ -130,6 +133,9 @@ pub(super) struct Replay<'a> {
     pub id: &'a str,
     /// Only its delivery to this source.
     pub source: Option<&'a str>,
+    /// Only its delivery through this hook (a source that pins several
+    /// hooks may have the id under each).
+    pub hook_id: Option<&'a str>,
     /// Only its leg to this destination.
     pub destination: Option<&'a str>,
     /// Show what would be replayed; change nothing.
@@ -176,7 +182,7 @@ pub(super) async fn replay(
     out: &mut impl Write,
 ) -> Result<Found, OpsError> {
     let client = pool.get().await.map_err(DbError::from)?;
-    let all = legs_of(&client, r.id, r.source, r.destination).await?;
+    let all = legs_of(&client, r.id, r.source, r.hook_id, r.destination).await?;
     if all.is_empty() {
         let scope = match (r.source, r.destination) {
             (None, None) => String::new(),
@@ -202,6 +208,14 @@ pub(super) async fn replay(
             r.id
         )));
     }
+    let hooks: BTreeSet<&str> = all.iter().map(|d| d.key.hook_id.as_str()).collect();
+    if hooks.len() > 1 {
+        return Err(OpsError::Usage(format!(
+            "hooks {} each have a delivery '{}'; name one with --hook-id",
+            hooks.into_iter().collect::<Vec<_>>().join(", "),
+            r.id
+        )));
+    }
     let (targets, alone): (Vec<&Delivery>, Vec<&Delivery>) =
         all.iter().partition(|d| left_alone(d).is_none());
     let not_replayed: Vec<(String, String)> = alone
@@ -211,6 +225,7 @@ pub(super) async fn replay(
     let mut filter = Filter {
         ids: Some(vec![r.id.to_owned()]),
         source: Some(all[0].key.source.as_str().to_owned()),
+        hook_id: Some(all[0].key.hook_id.as_str().to_owned()),
         destination: r.destination.map(str::to_owned),
         states: Kind::ReplayAny.states().to_vec(),
         limit: i64::MAX,
@@ -246,6 +261,7 @@ pub(super) async fn replay(
     filter.limit = i64::MAX;
     let target = json!({"delivery": {
         "source": all[0].key.source.as_str(),
+        "hook_id": all[0].key.hook_id.as_str(),
         "delivery_id": r.id,
         "destination": r.destination,
     }});
@@ -260,6 +276,7 @@ pub(super) async fn replay(
     )
     .await?;
     let mut replayed = Vec::new();
+    let mut queued = Vec::new();
     let mut failed = Vec::new();
     let mut skipped = not_replayed;
     for item in ran.iter().flat_map(|run| run.items.iter()) {
@@ -270,8 +287,17 @@ pub(super) async fn replay(
             name.clone()
         };
         match (item.result.as_deref(), item.error.as_deref()) {
-            (Some("replayed"), _) => replayed.push(name),
+            (Some("replayed"), None) => replayed.push(name),
+            // Its publish failed: due in Postgres, published later.
+            (Some("replayed"), Some(why)) => {
+                replayed.push(name.clone());
+                queued.push((name, why.to_owned()));
+            }
             (Some("skipped"), _) => skipped.push((name, "in flight now: it runs already".into())),
+            // Nothing changed: no body kept (past its retention).
+            (Some("failed"), Some(deliveries::NO_BODY_TO_REPLAY)) => {
+                skipped.push((name, deliveries::NO_BODY_TO_REPLAY.to_owned()))
+            }
             (Some("failed"), Some(why)) => failed.push((name, why.to_owned())),
             (Some("failed"), None) => failed.push((name, "failed".to_owned())),
             // Not done: the job was cancelled.
@@ -284,13 +310,17 @@ pub(super) async fn replay(
             "{}",
             json!({
                 "replayed": replayed,
+                "queued": not_replayed_json(&queued),
                 "failed": not_replayed_json(&failed),
                 "not_replayed": not_replayed_json(&skipped),
             })
         )?;
     } else {
         for name in &replayed {
-            writeln!(out, "replayed {} to {name}", r.id)?;
+            match queued.iter().find(|(q, _)| q == name) {
+                Some((_, why)) => writeln!(out, "replayed {} to {name}: {why}", r.id)?,
+                None => writeln!(out, "replayed {} to {name}", r.id)?,
+            }
         }
         for (name, why) in &failed {
             writeln!(out, "replay of {} to {name} failed: {why}", r.id)?;

@@ -28,7 +28,7 @@ mod replay;
 
 pub use args::{
     ActorArgs, FilterArgs, ListArgs, MAX_AGE, MAX_AGE_TEXT, MatchArgs, StatusFilter, parse_action,
-    parse_age, parse_delivery_id, parse_rate, parse_repository,
+    parse_age, parse_delivery_id, parse_hook_id, parse_rate, parse_repository,
 };
 pub use destinations_cmd::{DestinationsArgs, DestinationsCommand, parse_target};
 pub use jobs_cmd::JobsCommand;
@@ -150,6 +150,10 @@ pub enum DeliveriesCommand {
         /// The source it came to (needed when several have this id).
         #[arg(long)]
         source: Option<String>,
+        /// The hook it came through (needed when several hooks of a source
+        /// that pins them have this id).
+        #[arg(long, value_parser = parse_hook_id)]
+        hook_id: Option<String>,
         /// Only its leg to this destination.
         #[arg(long)]
         destination: Option<String>,
@@ -274,6 +278,7 @@ pub async fn run(
         OpsCommand::Deliveries(DeliveriesCommand::Replay {
             id,
             source,
+            hook_id,
             destination,
             dry_run,
             json,
@@ -283,6 +288,7 @@ pub async fn run(
             let replay = deliveries_cmd::Replay {
                 id: &id,
                 source: source.as_deref(),
+                hook_id: hook_id.as_deref(),
                 destination: destination.as_deref(),
                 dry_run,
                 json,

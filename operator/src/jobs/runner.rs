@@ -241,7 +241,8 @@ async fn run_items(
             Step::Did(None, _) => changed |= kind == Kind::Purge,
             Step::Did(Some(parked), position) => {
                 changed = true;
-                let outcome = replay::publish(&runner.pool, publisher, &parked).await?;
+                let outcome =
+                    replay::publish(&runner.pool, publisher, &parked, kind.scope()).await?;
                 if outcome != replay::Outcome::Started {
                     let client = runner.pool.get().await?;
                     store::done(&client, id, position, outcome.result(), outcome.error()).await?;

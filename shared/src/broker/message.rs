@@ -28,7 +28,14 @@ const H_DELIVERY_ID: &str = "hookinbox-delivery-id";
 const H_DESTINATION: &str = "hookinbox-destination";
 const H_EVENT: &str = "hookinbox-event";
 const H_ACTION: &str = "hookinbox-action";
-const H_TOKEN: &str = "hookinbox-token";
+/// The claim token. Named anew when messages stopped carrying the body: a
+/// worker of the version before, which would run a message without a
+/// payload as an empty body, finds no token and dead-letters it as
+/// malformed instead; its leg, still processing in Postgres, is reaped
+/// and published again once a worker of this version runs.
+const H_TOKEN: &str = "hookinbox-claim-token";
+/// The claim token on a message published before ([`H_TOKEN`]).
+const H_TOKEN_BEFORE: &str = "hookinbox-token";
 /// Takes so far: when the job was published, or, on the worker's own
 /// dead-letter copy, when it failed (a message the broker dead-letters
 /// keeps the count it was published with).
@@ -119,7 +126,8 @@ pub fn decode(properties: &BasicProperties, data: Vec<u8>) -> Result<Envelope, M
     })?;
     let event = EventName::parse(text(H_EVENT)?.as_bytes()).map_err(|_| MalformedJob(H_EVENT))?;
     let action = text(H_ACTION).ok();
-    let token = text(H_TOKEN)?
+    let token = text(H_TOKEN)
+        .or_else(|_| text(H_TOKEN_BEFORE))?
         .parse()
         .map(ClaimToken)
         .map_err(|_| MalformedJob(H_TOKEN))?;

@@ -42,6 +42,20 @@ with skipped as (
     ")
               from skipped s) l) locked
     where exists (select 1 from skipped)
+), kept as (
+    -- The delivery's body, locked (`for key share`) until this commits: a
+    -- retention sweep that deletes bodies whose legs have all ended locks
+    -- each first and looks at the legs again after, so it either deletes
+    -- this body before this replay finds it (nothing is replayed), or
+    -- finds the leg open once this commits (the body stays).
+    select 1 from deliveries x
+    join bodies b
+      on b.provider = x.provider and b.source = x.source and b.hook_id = x.hook_id
+     and b.delivery_id = x.delivery_id and b.received_at = x.created_at
+    where ",
+    key!("x"),
+    "
+    for key share of b
 )
 update deliveries d
 set ",
@@ -49,6 +63,10 @@ set ",
     ",
     attempts = 0, replays = d.replays + 1, dead_lettered_at = null, deferred_since = null,
     completed_at = null,
+    -- A completed leg's last error is history: its replay starts clean
+    -- (a wait's class would read as the replay's own wait).
+    last_error_class = case when d.status = 'completed' then null else d.last_error_class end,
+    last_error = case when d.status = 'completed' then null else d.last_error end,
     -- A replay is an operator's request to run the leg: `skip_stale` does
     -- not skip it.
     stale_clock = null,
@@ -61,9 +79,7 @@ where ",
     key!("d"),
     "
   and (d.status = 'failed' or (d.status = 'completed' and $7))
-  and ",
-    body_exists!("d"),
-    "
+  and exists (select 1 from kept)
 returning d.provider, d.source, d.hook_id, d.delivery_id, d.destination, d.event, d.action,
           d.claim_token, d.attempts, d.traceparent"
 );

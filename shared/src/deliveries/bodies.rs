@@ -209,6 +209,45 @@ pub async fn fetch_batch(
     Ok(found)
 }
 
+/// Writes the body a message from before bodies lived in Postgres carries
+/// (`$6`–`$10`: content type, headers, size, encoding, bytes) for the leg
+/// `$1`–`$5`'s delivery, unless Postgres holds one: `received_at` is the
+/// leg's `created_at`, as a claim would have written it.
+const KEEP_CARRIED: &str = concat!(
+    "
+insert into bodies (provider, source, hook_id, delivery_id, received_at, content_type, headers,
+                    size, encoding, body)
+select d.provider, d.source, d.hook_id, d.delivery_id, d.created_at, $6, $7, $8, $9, $10
+from deliveries d
+where ",
+    key!("d"),
+    "
+on conflict do nothing"
+);
+
+/// Keeps the body a message published before bodies lived in Postgres
+/// carries, before the worker changes its leg's state: whatever the leg
+/// comes to (held, waiting, deferred, retried, dead), Postgres has its
+/// body from then on, as it has every body a claim wrote since. A no-op
+/// when Postgres holds one already or the leg is gone.
+pub async fn keep_carried(client: &impl Session, key: &LegKey, body: &Body) -> Result<(), DbError> {
+    let encoded = Encoded::of(body);
+    super::execute(
+        client,
+        KEEP_CARRIED,
+        key,
+        &[
+            &encoded.content_type,
+            &encoded.headers,
+            &encoded.size,
+            &encoded.encoding,
+            &encoded.bytes,
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
 /// A delivery's body, by the delivery's key: through any of its legs'
 /// rows (they share `created_at`), so that it reads one partition.
 const READ: &str = concat!(
@@ -284,23 +323,80 @@ fn keep_open(name: &str, day: chrono::NaiveDate, next: chrono::NaiveDate) -> Str
     )
 }
 
-/// Deletes from the DEFAULT partition, `$2` at a time, the bodies older
-/// than `$1` seconds whose delivery has no leg that has not ended.
-const SWEEP_DEFAULT: &str = concat!(
+/// The DEFAULT partition's bodies older than `$1` seconds whose delivery
+/// has no leg that has not ended, `$2` at most, locked (`skip locked`: one
+/// a replay holds is left for a later sweep); their addresses as text.
+const SWEEP_DEFAULT_PICK: &str = concat!(
     "
-delete from bodies_default
-where ctid in (
-    select b.ctid from bodies_default b
-    where b.received_at < now() - make_interval(secs => $1)
-      and not exists (select 1 from deliveries d
-                      where d.provider = b.provider and d.source = b.source
-                        and d.hook_id = b.hook_id and d.delivery_id = b.delivery_id
-                        and ",
+select b.ctid::text from bodies_default b
+where b.received_at < now() - make_interval(secs => $1)
+  and not exists (select 1 from deliveries d
+                  where d.provider = b.provider and d.source = b.source
+                    and d.hook_id = b.hook_id and d.delivery_id = b.delivery_id
+                    and ",
     leg_open!("d"),
     ")
-    limit $2
-)"
+limit $2
+for update of b skip locked"
 );
+
+/// Deletes the bodies picked by [`SWEEP_DEFAULT_PICK`] (`$1`, their
+/// addresses) whose delivery still has no leg that has not ended, looked at
+/// again in this statement's own snapshot: a replay that reopened a leg
+/// after the pick's, and committed before this statement began, keeps its
+/// body.
+const SWEEP_DEFAULT_DELETE: &str = concat!(
+    "
+delete from bodies_default b
+where b.ctid = any($1::text[]::tid[])
+  and not exists (select 1 from deliveries d
+                  where d.provider = b.provider and d.source = b.source
+                    and d.hook_id = b.hook_id and d.delivery_id = b.delivery_id
+                    and ",
+    leg_open!("d"),
+    ")"
+);
+
+/// Deletes, `batch` at a time, the DEFAULT partition's bodies older than
+/// `keep` whose legs have all ended: each batch picked and locked by one
+/// statement and deleted by a second that looks at the legs again, in one
+/// transaction (see [`SWEEP_DEFAULT_PICK`]; a replay locks the body it
+/// starts from). Returns how many.
+async fn sweep_default(client: &Client, keep: Duration, batch: i64) -> Result<u64, DbError> {
+    let mut deleted = 0;
+    loop {
+        client.batch_execute("begin").await?;
+        let swept = async {
+            let picked: Vec<String> =
+                sql::query(client, SWEEP_DEFAULT_PICK, &[&keep.as_secs_f64(), &batch])
+                    .await?
+                    .iter()
+                    .map(|r| r.get(0))
+                    .collect();
+            let n = if picked.is_empty() {
+                0
+            } else {
+                sql::execute(client, SWEEP_DEFAULT_DELETE, &[&picked]).await?
+            };
+            Ok::<_, DbError>((picked.len(), n))
+        }
+        .await;
+        match swept {
+            Ok((picked, n)) => {
+                client.batch_execute("commit").await?;
+                deleted += n;
+                if picked < usize::try_from(batch).unwrap_or(usize::MAX) {
+                    return Ok(deleted);
+                }
+            }
+            Err(e) => {
+                // Whatever failed, the session goes back clean.
+                let _ = client.batch_execute("rollback").await;
+                return Err(e);
+            }
+        }
+    }
+}
 
 /// What [`retire`] did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -309,6 +405,8 @@ pub struct Retired {
     pub days: u64,
     /// Bodies deleted by rows from the DEFAULT partition.
     pub deleted: u64,
+    /// Day partitions created ahead.
+    pub created: u64,
     /// A long transaction held the table: the rest is left to the next
     /// sweep.
     pub held: bool,
@@ -328,7 +426,20 @@ pub async fn retire(
     batch: i64,
 ) -> Result<Retired, DbError> {
     let mut retired = Retired::default();
-    let created = BODIES.ensure(client, now.date_naive()).await?;
+    // A partition change that fails (a partition made by hand that
+    // overlaps, say) leaves the rest of retention to run, as for the other
+    // tables: the drops wait for the next sweep.
+    let created = match BODIES.ensure(client, now.date_naive()).await {
+        Ok(created) => created,
+        Err(e) => {
+            tracing::warn!(table = BODIES.table, error = %e, "creating day partitions failed");
+            super::partitions::Changed {
+                count: 0,
+                held: true,
+            }
+        }
+    };
+    retired.created = created.count;
     retired.held = created.held;
     if !retired.held {
         for (day, name) in BODIES.expired_days(client, now, keep).await? {
@@ -351,13 +462,7 @@ pub async fn retire(
             }
         }
     }
-    loop {
-        let n = sql::execute(client, SWEEP_DEFAULT, &[&keep.as_secs_f64(), &batch]).await?;
-        retired.deleted += n;
-        if n < batch as u64 {
-            break;
-        }
-    }
+    retired.deleted = sweep_default(client, keep, batch).await?;
     Ok(retired)
 }
 

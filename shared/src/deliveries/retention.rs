@@ -187,6 +187,7 @@ pub async fn sweep(
         .await?;
     // Last: the rows swept above no longer hold a body back.
     swept.bodies = super::bodies::retire(client, now, retention.bodies, batch).await?;
+    swept.created += swept.bodies.created;
     Ok(swept)
 }
 

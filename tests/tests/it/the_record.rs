@@ -557,3 +557,148 @@ async fn the_api_replays_completed_deliveries_when_asked_and_a_purge_refuses_to(
     admin.stop().await;
     env.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_message_from_before_bodies_lived_in_postgres_leaves_its_body_there_for_its_retry() {
+    use hookinbox_tests::handlers::Scripted;
+    use hookinbox_worker::HandlerError;
+    use sha2::Digest;
+    let env = TestEnv::new().await;
+    // A leg the previous version claimed (no body written) and its
+    // message, which carries the body.
+    let hook = Hook::fixture("push");
+    let token = uuid::Uuid::new_v4();
+    env.db
+        .execute(
+            "insert into deliveries (provider, source, hook_id, delivery_id, destination, event,
+                                     body_sha256, status, claim_token, lease_until)
+             values ('github', 'default', $1, $2, 'store', 'push', $3, 'processing', $4,
+                     now() + interval '1 minute')",
+            &[
+                &hook.hook_id.as_deref().unwrap_or(""),
+                &hook.id(),
+                &sha2::Sha256::digest(&hook.body).to_vec(),
+                &token,
+            ],
+        )
+        .await
+        .expect("a row of the previous version");
+    assert_eq!(env.count("select count(*) from bodies").await, 0);
+    hookinbox_tests::old_messages::publish_with_body(
+        &hookinbox_tests::amqp_url(),
+        &Topology::new(&env.prefix),
+        &hookinbox::Envelope {
+            trace: Default::default(),
+            key: hook.leg(),
+            event: hookinbox::EventName::parse(b"push").expect("event"),
+            action: None,
+            token: hookinbox::ClaimToken(token),
+            attempts: Some(0),
+            carried: None,
+        },
+        "application/json",
+        &[("x-github-event", "push")],
+        &hook.body,
+    )
+    .await;
+    // Its first attempt fails: the message is acked, the leg due again; the
+    // retry is published with its key only, and runs from the body kept.
+    let worker = env
+        .worker(Scripted::new(vec![HandlerError::transient("not yet")]))
+        .await;
+    let outcomes = settle(&env, &worker).await;
+    assert_eq!(
+        outcomes,
+        vec![
+            JobOutcome::Failed {
+                class: hookinbox::deliveries::ErrorClass::Transient,
+                retryable: true
+            },
+            JobOutcome::Completed
+        ]
+    );
+    assert_eq!(env.count("select count(*) from bodies").await, 1, "kept");
+    let stored: serde_json::Value = env
+        .db
+        .query_one("select payload from github_events", &[])
+        .await
+        .expect("its event")
+        .get(0);
+    assert_eq!(
+        stored,
+        serde_json::from_slice::<serde_json::Value>(&hook.body).expect("json")
+    );
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_replay_of_a_completed_leg_the_broker_refuses_is_due_and_a_delivery_without_a_body_is_named()
+ {
+    let env = TestEnv::new().await;
+    let receiver = Receiver::ok().await;
+    let config = forward_config(&env, &receiver.url);
+    let ingest = env.ingest_on(&config).await;
+    let worker = env.worker_on(&config, Default::default()).await;
+    let [sent, forgotten] = ["push", "issues"].map(Hook::fixture);
+    for hook in [&sent, &forgotten] {
+        assert_eq!(ingest.send(hook).await.status, 202);
+    }
+    settle(&env, &worker).await;
+    assert_eq!(receiver.received().len(), 2);
+
+    // The broker refuses the replay's publish: the leg is due in Postgres,
+    // never a dead letter, and the scheduler sends it.
+    let out = hookinbox_tests::worker_command(
+        &env,
+        &["deliveries", "replay", sent.id()],
+        &[("AMQP_URL", "amqp://guest:guest@127.0.0.1:1/%2f")],
+    )
+    .output()
+    .expect("runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains(&format!("replayed {} to app: not published now", sent.id())),
+        "{text}"
+    );
+    assert_eq!(
+        env.count(
+            "select count(*) from deliveries where status = 'failed' and retryable \
+             and last_error_class = 'publish' and replays = 1"
+        )
+        .await,
+        1
+    );
+    assert_eq!(settle(&env, &worker).await, vec![JobOutcome::Completed]);
+    assert_eq!(receiver.received().len(), 3);
+    assert_eq!(
+        receiver.received()[2].header("x-hookinbox-replay"),
+        Some("1")
+    );
+
+    // A delivery whose body is gone (past its retention) is named, with
+    // why, and nothing is replayed.
+    env.db
+        .execute(
+            "delete from bodies where delivery_id = $1",
+            &[&forgotten.id()],
+        )
+        .await
+        .expect("past retention");
+    let (code, out) = worker_cli(&env, &["deliveries", "replay", forgotten.id()]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains(&format!(
+            "not replayed {} to app: No body to replay",
+            forgotten.id()
+        )),
+        "{out}"
+    );
+    assert_eq!(
+        env.count("select count(*) from deliveries where replays > 0")
+            .await,
+        1,
+        "only the first was replayed"
+    );
+    env.cleanup().await;
+}

@@ -247,6 +247,11 @@ impl Handler for Forward {
             }),
         }
     }
+
+    /// A POST elsewhere: never database-only, whatever the job.
+    fn database_only_leg(&self, _key: &hookinbox::key::LegKey) -> Option<bool> {
+        Some(false)
+    }
 }
 
 /// One attempt's span (a child of the worker's handler span), or a

@@ -35,7 +35,7 @@ use std::time::{Duration, SystemTime};
 use hookinbox::config::{DestinationKind, Route};
 use hookinbox::deliveries::{ErrorClass, Failure};
 use hookinbox::job::Job;
-use hookinbox::key::{DestinationName, SourceName};
+use hookinbox::key::{DestinationName, LegKey, SourceName};
 use hookinbox::postgres::{DbError, Refusal, describe};
 use hookinbox::retry::Retries;
 
@@ -251,6 +251,14 @@ pub trait Handler: Send + Sync + 'static {
     fn database_only(&self, _job: &Job) -> bool {
         false
     }
+
+    /// [`Handler::database_only`] for every job of the leg `key`, when the
+    /// handler knows it from the leg alone: the runtime then reads no body
+    /// for the one-statement path of a job it would not run there. `None`
+    /// (the default): it asks `database_only` with the job, body and all.
+    fn database_only_leg(&self, _key: &LegKey) -> Option<bool> {
+        None
+    }
 }
 
 /// Sends each leg to the handler of its destination (a leg claimed before
@@ -263,11 +271,15 @@ pub struct Router {
 
 impl Router {
     fn handler(&self, job: &Job) -> Option<&Arc<dyn Handler>> {
-        let source = &job.key.source;
-        let destination = if job.key.destination.is_legacy() {
+        self.route(&job.key)
+    }
+
+    fn route(&self, key: &LegKey) -> Option<&Arc<dyn Handler>> {
+        let source = &key.source;
+        let destination = if key.destination.is_legacy() {
             self.firsts.get(source)?
         } else {
-            &job.key.destination
+            &key.destination
         };
         self.routes.get(&(source.clone(), destination.clone()))
     }
@@ -288,6 +300,13 @@ impl Handler for Router {
     fn database_only(&self, job: &Job) -> bool {
         self.handler(job)
             .is_some_and(|handler| handler.database_only(job))
+    }
+
+    fn database_only_leg(&self, key: &LegKey) -> Option<bool> {
+        match self.route(key) {
+            Some(handler) => handler.database_only_leg(key),
+            None => Some(false),
+        }
     }
 }
 

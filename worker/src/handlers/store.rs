@@ -41,4 +41,8 @@ impl Handler for Store {
     fn database_only(&self, _job: &Job) -> bool {
         true
     }
+
+    fn database_only_leg(&self, _key: &hookinbox::key::LegKey) -> Option<bool> {
+        Some(true)
+    }
 }

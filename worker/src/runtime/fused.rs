@@ -64,6 +64,11 @@ impl Worker {
         {
             return None;
         }
+        // A handler that says from the leg alone that it is not
+        // database-only costs no read of a body it would not use here.
+        if inner.handler.database_only_leg(&envelope.key) == Some(false) {
+            return None;
+        }
         at("fused.read");
         let job = self.read_body(envelope).await?;
         let job = &job;
@@ -158,8 +163,14 @@ impl Worker {
         };
         match job_of(envelope, stored, replays) {
             Ok(job) => Some(job),
-            Err(_) => {
-                fell_back("no_body");
+            Err(failure) => {
+                fell_back(
+                    if failure.class == hookinbox::deliveries::ErrorClass::Lost {
+                        "no_body"
+                    } else {
+                        "undecodable"
+                    },
+                );
                 None
             }
         }

@@ -194,6 +194,29 @@ impl Worker {
         if !received.shared && self.wait_for_destination(lane, stop).await == Waited::Leave {
             return JobOutcome::Left;
         }
+        // A message from before bodies lived in Postgres: its body goes
+        // there first, so that whatever the leg comes to (held, waiting,
+        // retried, dead) keeps it once this message is acked.
+        if let Some(carried) = &envelope.carried {
+            at("keep_carried");
+            loop {
+                let kept = match inner.pool.get().await {
+                    Ok(client) => {
+                        deliveries::bodies::keep_carried(&client, &envelope.key, carried).await
+                    }
+                    Err(e) => Err(DbError::from(e)),
+                };
+                match kept {
+                    Ok(()) => break,
+                    Err(error) => {
+                        tracing::warn!(%error, "Postgres unavailable; holding the message");
+                        if !self.wait_for_db(stop).await {
+                            return JobOutcome::Left;
+                        }
+                    }
+                }
+            }
+        }
         // A redelivered message may be the one that crashed a worker: it
         // goes the full way, whose take counts the attempt before the
         // handler runs, so a job that crashes every worker is stopped by

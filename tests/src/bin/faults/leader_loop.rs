@@ -56,6 +56,9 @@ pub struct Ledger {
     pub lost: Vec<Lost>,
     /// Legs still not completed, not dead.
     pub open: i64,
+    /// The messages left in each queue once the run settled (the originals
+    /// of the lost legs would be here if they were only stuck).
+    pub left_in_queues: Vec<(String, u64)>,
 }
 
 /// Reads the ledger once the run settled.
@@ -94,7 +97,13 @@ pub async fn ledger(suite: &Suite, kills: u32) -> anyhow::Result<Ledger> {
         )
         .await?
         .get(0);
-    Ok(Ledger { kills, lost, open })
+    let left_in_queues = tokio::task::block_in_place(|| suite.rabbits[0].depths())?;
+    Ok(Ledger {
+        kills,
+        lost,
+        open,
+        left_in_queues,
+    })
 }
 
 /// The "job done" lines of each leg (delivery id, destination) in the
@@ -140,6 +149,10 @@ pub fn markdown(ledger: &Ledger, accepted: usize, duplicates: usize) -> String {
         ledger.lost.len(),
         ledger.open,
     );
+    out.push_str("\nMessages left in each queue once the run settled:\n\n");
+    for (queue, messages) in &ledger.left_in_queues {
+        out.push_str(&format!("- `{queue}`: {messages}\n"));
+    }
     if !ledger.lost.is_empty() {
         out.push_str("\nThe legs whose message was lost (jobs: every job of the delivery the workers ran):\n\n");
         for l in &ledger.lost {
