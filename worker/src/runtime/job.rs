@@ -135,6 +135,9 @@ impl Worker {
             span.link_to(origin);
         }
         span.record_ids();
+        // Which messages reached this worker, and when (for a search after
+        // a lost message; off unless debug logging is on).
+        tracing::debug!(parent: &span, redelivered = received.redelivered, "message received");
         let started = std::time::Instant::now();
         // A job waits without end only by mistake (the waits it may make,
         // for its destination, for Postgres, for another holder's lease,

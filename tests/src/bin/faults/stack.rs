@@ -335,7 +335,13 @@ impl Suite {
             .env("HOOKINBOX_FORWARD_ALLOW_NETWORKS", "127.0.0.0/8")
             .env("HOOKINBOX_METRICS_LISTEN", "127.0.0.1:0")
             .env("HOOKINBOX_LOG_FORMAT", "json")
-            .env("HOOKINBOX_QUEUE_PREFIX", "faults");
+            .env("HOOKINBOX_QUEUE_PREFIX", "faults")
+            // `HOOKINBOX_FAULT_WORKER_LOG=debug` logs each message a worker
+            // receives ("message received"), for a search after a loss.
+            .env(
+                "RUST_LOG",
+                std::env::var("HOOKINBOX_FAULT_WORKER_LOG").unwrap_or_else(|_| "info".to_owned()),
+            );
         if let Some(fp) = failpoint {
             cmd.env("FAILPOINTS", fp);
         }
