@@ -497,13 +497,64 @@ cost_table() { # RATE...
   echo "|---|---|---|---|---|---|---|---|---|---|---|"
   # COST_REPEAT rounds, each variant in turn within a round, so that
   # drift on a shared machine spreads over all of them.
+  local rows="$work/cost-rows"
+  : > "$rows"
   for _ in $(seq 1 "${COST_REPEAT:-1}"); do
     for rate in "$@"; do
       for variant in ${COST_VARIANTS:-default:}; do
-        with_variant "$variant" cost_run "$rate" "${variant%%:*}"
+        with_variant "$variant" cost_run "$rate" "${variant%%:*}" | tee -a "$rows"
       done
     done
   done
+  cost_ratios "$rows"
+}
+
+# The medians of the --cost rows by variant and rate (of the rounds), and
+# each variant's against the first variant's: the before/after a change
+# to the hot path is judged by (stack: ingest, worker, Postgres and
+# RabbitMQ together; a closed loop's completions per second too).
+cost_ratios() { # ROWS_FILE
+  python3 - "$1" <<'PY'
+import re, statistics, sys
+rows = [l for l in open(sys.argv[1]) if l.startswith("| ")]
+num = lambda s: float(s.replace(",", "").strip())
+runs = {}
+order = []
+for l in rows:
+    c = [x.strip() for x in l.strip().strip("|").split("|")]
+    variant, rate = c[0], re.sub(r" \(.*\)", "", c[1])
+    done = re.search(r"\(([\d,]+)/s done\)", c[1])
+    key = (variant, rate)
+    if variant not in order:
+        order.append(variant)
+    runs.setdefault(key, []).append({
+        "ingest": num(c[3]), "worker": num(c[4]), "Postgres": num(c[5]), "RabbitMQ": num(c[6]),
+        "stack": num(c[8]), "done/s": num(done.group(1)) if done else None})
+if not runs:
+    sys.exit(0)
+print()
+print("Medians of the rounds, and each variant against the first (" + order[0] + "):")
+print("| variant | rate | runs | ingest | worker | Postgres | RabbitMQ | stack | stack ratio | done/s | done/s ratio |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
+rates = []
+for (v, r) in runs:
+    if r not in rates:
+        rates.append(r)
+for r in rates:
+    base = runs.get((order[0], r))
+    med = lambda rs, k: statistics.median([x[k] for x in rs]) if rs and rs[0][k] is not None else None
+    for v in order:
+        rs = runs.get((v, r))
+        if not rs:
+            continue
+        stack, done = med(rs, "stack"), med(rs, "done/s")
+        b_stack, b_done = med(base, "stack"), med(base, "done/s")
+        ratio = f"{stack / b_stack:.2f} ×" if b_stack else "-"
+        dratio = f"{done / b_done:.2f} ×" if done and b_done else "-"
+        print(f"| {v} | {r} | {len(rs)} | {med(rs, 'ingest'):,.0f} | {med(rs, 'worker'):,.0f} | "
+              f"{med(rs, 'Postgres'):,.0f} | {med(rs, 'RabbitMQ'):,.0f} | {stack:,.0f} | {ratio} | "
+              f"{'-' if done is None else f'{done:,.0f}'} | {dratio} |")
+PY
 }
 
 if [ "$mode" = "--cost" ]; then
