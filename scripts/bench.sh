@@ -502,7 +502,10 @@ cost_table() { # RATE...
   for _ in $(seq 1 "${COST_REPEAT:-1}"); do
     for rate in "$@"; do
       for variant in ${COST_VARIANTS:-default:}; do
-        with_variant "$variant" cost_run "$rate" "${variant%%:*}" | tee -a "$rows"
+        # Not through a pipe: a pipe's subshell would lose the run's
+        # counters and stack.
+        with_variant "$variant" cost_run "$rate" "${variant%%:*}" > "$work/cost-row"
+        cat "$work/cost-row"; cat "$work/cost-row" >> "$rows"
       done
     done
   done
