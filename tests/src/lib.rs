@@ -372,6 +372,26 @@ impl TestEnv {
         path
     }
 
+    /// A config file of one source, `default` (the suite's secret), with a
+    /// `forward` destination `app` to `url` on loopback, then the TOML of
+    /// any other destinations, `more`.
+    pub fn forward_config(&self, url: &str, more: &str) -> PathBuf {
+        self.config_file(&format!(
+            r#"
+[[sources]]
+name = "default"
+secrets = ["{secret}"]
+
+[[sources.destinations]]
+name = "app"
+kind = "forward"
+url = "{url}"
+allow_networks = ["127.0.0.0/8"]
+{more}"#,
+            secret = SECRET,
+        ))
+    }
+
     /// Starts ingest on the sources of a config file.
     pub async fn ingest_on(&self, config: &std::path::Path) -> TestIngest {
         let mut args = self.ingest_args();
@@ -1187,4 +1207,14 @@ pub fn proptest_cases(default: u32) -> u32 {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
+}
+
+/// Runs a model-based test's cases (`run`) with its planted bug switched
+/// on (`plant(true)`) and expects its checks to fail; switches the bug off
+/// again either way. `what` names the bug in the failure.
+pub fn expect_planted_bug_caught(plant: impl Fn(bool), run: fn(), what: &str) {
+    plant(true);
+    let caught = std::panic::catch_unwind(run);
+    plant(false);
+    assert!(caught.is_err(), "the checks let {what} through");
 }

@@ -510,12 +510,10 @@ fn ordered_legs_start_and_complete_in_claim_order_one_at_a_time() {
 
 #[test]
 fn a_planted_bug_that_lets_two_legs_of_a_key_run_at_once_is_caught() {
-    BUGGY.with(|b| b.set(true));
-    let caught = std::panic::catch_unwind(run_with_the_planted_bug);
-    assert!(
-        caught.is_err(),
-        "the checks let a take that ignores the order gate through"
+    hookinbox_tests::expect_planted_bug_caught(
+        |on| BUGGY.with(|b| b.set(on)),
+        run_with_the_planted_bug,
+        "a take that ignores the order gate",
     );
     shared().drop_database();
-    BUGGY.with(|b| b.set(false));
 }

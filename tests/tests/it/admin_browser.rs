@@ -357,25 +357,14 @@ async fn an_operator_replays_a_completed_leg_from_its_page_and_its_destination_g
     use hookinbox_tests::receiver::Receiver;
     let env = TestEnv::new().await;
     let receiver = Receiver::ok().await;
-    let config = env.config_file(&format!(
+    let config = env.forward_config(
+        &receiver.url,
         r#"
-[[sources]]
-name = "default"
-secrets = ["{secret}"]
-
-[[sources.destinations]]
-name = "app"
-kind = "forward"
-url = "{url}"
-allow_networks = ["127.0.0.0/8"]
-
 [[sources.destinations]]
 name = "store"
 kind = "store"
 "#,
-        secret = hookinbox_tests::SECRET,
-        url = receiver.url,
-    ));
+    );
     let ingest = env.ingest_on(&config).await;
     let worker = env.worker_on(&config, Default::default()).await;
     let hook = Hook::fixture("pull_request");

@@ -144,29 +144,11 @@ async fn deliveries_waiting_in_a_broker_node_whose_data_is_wiped_each_run_once()
     env.cleanup().await;
 }
 
-/// A forward destination's source, to a receiver on loopback.
-fn forward_config(env: &TestEnv, url: &str) -> std::path::PathBuf {
-    env.config_file(&format!(
-        r#"
-[[sources]]
-name = "default"
-secrets = ["{secret}"]
-
-[[sources.destinations]]
-name = "app"
-kind = "forward"
-url = "{url}"
-allow_networks = ["127.0.0.0/8"]
-"#,
-        secret = hookinbox_tests::SECRET,
-    ))
-}
-
 #[tokio::test]
 async fn a_completed_delivery_replayed_from_the_cli_reaches_its_destination_again_with_its_key() {
     let env = TestEnv::new().await;
     let receiver = Receiver::ok().await;
-    let config = forward_config(&env, &receiver.url);
+    let config = env.forward_config(&receiver.url, "");
     let ingest = env.ingest_on(&config).await;
     let worker = env.worker_on(&config, Default::default()).await;
     let hook = Hook::fixture("pull_request");
@@ -272,25 +254,14 @@ async fn deliveries_show_prints_the_headers_and_the_body_as_received() {
 async fn each_delivery_writes_its_body_once_however_many_legs_and_waits() {
     let env = TestEnv::new().await;
     let receiver = Receiver::ok().await;
-    let config = env.config_file(&format!(
+    let config = env.forward_config(
+        &receiver.url,
         r#"
-[[sources]]
-name = "default"
-secrets = ["{secret}"]
-
-[[sources.destinations]]
-name = "app"
-kind = "forward"
-url = "{url}"
-allow_networks = ["127.0.0.0/8"]
-
 [[sources.destinations]]
 name = "store"
 kind = "store"
 "#,
-        secret = hookinbox_tests::SECRET,
-        url = receiver.url,
-    ));
+    );
     let ingest = env.ingest_on(&config).await;
     let hook = Hook::fixture("push");
     assert_eq!(ingest.send(&hook).await.status, 202);
@@ -636,7 +607,7 @@ async fn a_replay_of_a_completed_leg_the_broker_refuses_is_due_and_a_delivery_wi
  {
     let env = TestEnv::new().await;
     let receiver = Receiver::ok().await;
-    let config = forward_config(&env, &receiver.url);
+    let config = env.forward_config(&receiver.url, "");
     let ingest = env.ingest_on(&config).await;
     let worker = env.worker_on(&config, Default::default()).await;
     let [sent, forgotten] = ["push", "issues"].map(Hook::fixture);
