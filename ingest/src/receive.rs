@@ -17,7 +17,7 @@ use hookinbox::deliveries::group_commit::ClaimBatcher;
 use hookinbox::deliveries::{
     self, Claim, ClaimRequest, Claimed, Encoded, LegClaim, LegRequest, Origin, Policy, Status,
 };
-use hookinbox::job::{Body, Envelope, JobTrace};
+use hookinbox::job::{Body, BodyCopy, Envelope, JobTrace};
 use hookinbox::key::{
     ClaimToken, DeliveryId, DeliveryKey, DestinationName, EventName, HookId, KeyError, SourceName,
 };
@@ -242,10 +242,17 @@ async fn handle(
         github_headers: github_headers(headers),
         bytes: body,
     };
+    let encoded = Encoded::of(&received);
+    // Only a leg whose worker would read the body apart is sent a copy.
+    let copy = source
+        .destinations
+        .iter()
+        .any(|d| d.reads_body_apart())
+        .then(|| encoded.copy());
     let Claimed {
         claim: claimed,
         links,
-    } = claim(state, source, &delivery, &received, traceparent)
+    } = claim(state, source, &delivery, &received, encoded, traceparent)
         .instrument(telemetry::step("ingest.claim"))
         .await?;
     // A redelivery the reconciler asked GitHub for links to the trace of
@@ -253,7 +260,7 @@ async fn handle(
     for linked in [links.redelivery, links.stored].iter().flatten() {
         request.link_to(linked);
     }
-    publish_or_park(state, delivery, claimed)
+    publish_or_park(state, source, delivery, claimed, copy)
         .instrument(telemetry::step("ingest.publish_or_park"))
         .await
 }
@@ -414,6 +421,7 @@ async fn claim(
     source: &Source,
     delivery: &Delivery,
     body: &Body,
+    encoded: Encoded,
     traceparent: Option<String>,
 ) -> Result<Claimed, Reject> {
     let legs = source
@@ -447,7 +455,7 @@ async fn claim(
         guarded: source.replay_guard,
         pinned: source.hook_ids.is_some(),
         legs,
-        body: Encoded::of(body),
+        body: encoded,
     };
     let started = std::time::Instant::now();
     let claimed = match &state.batcher {
@@ -493,8 +501,10 @@ async fn claim(
 /// with no leg to publish is answered from its legs' states.
 async fn publish_or_park(
     state: &State,
+    source: &Source,
     delivery: Delivery,
     claimed: Claim,
+    copy: Option<BodyCopy>,
 ) -> Result<Answer, Reject> {
     let legs = match claimed {
         Claim::Legs(legs) => legs,
@@ -522,7 +532,9 @@ async fn publish_or_park(
             return Ok(Answer::new(StatusCode::OK, Outcome::Copy, answer));
         }
     };
-    let mut to_publish: Vec<(DestinationName, ClaimToken, i32, bool)> = Vec::new();
+    // (destination, token, attempts, held, whether its message carries
+    // the body's copy)
+    let mut to_publish: Vec<(DestinationName, ClaimToken, i32, bool, bool)> = Vec::new();
     let mut only_republishes = true;
     let mut filtered = 0;
     let mut existing: Vec<(DestinationName, Status)> = Vec::new();
@@ -532,13 +544,24 @@ async fn publish_or_park(
                 token,
                 attempts,
                 held,
-                ..
+                reclaimed,
             } => {
                 only_republishes = false;
-                to_publish.push((destination, token, attempts, held));
+                // A new leg: never run, never replayed, as the copy's
+                // reader assumes.
+                let copied = copy.is_some()
+                    && !reclaimed
+                    && attempts == 0
+                    && source
+                        .destinations
+                        .iter()
+                        .any(|d| d.name == destination && d.reads_body_apart());
+                to_publish.push((destination, token, attempts, held, copied));
             }
             // A republish only ever concerns a claim nobody took (attempts 0).
-            LegClaim::Republish { token } => to_publish.push((destination, token, 0, false)),
+            LegClaim::Republish { token } => {
+                to_publish.push((destination, token, 0, false, false));
+            }
             LegClaim::Filtered => filtered += 1,
             LegClaim::Duplicate(status) => existing.push((destination, status)),
         }
@@ -548,7 +571,7 @@ async fn publish_or_park(
     }
     let publishes = to_publish
         .into_iter()
-        .map(|(destination, token, attempts, held)| {
+        .map(|(destination, token, attempts, held, copied)| {
             let job = Envelope {
                 // The worker's span continues this trace.
                 trace: JobTrace {
@@ -561,6 +584,7 @@ async fn publish_or_park(
                 token,
                 attempts: Some(attempts),
                 carried: None,
+                copy: if copied { copy.clone() } else { None },
             };
             async move {
                 if held && hold_leg(state, &job, attempts).await {

@@ -23,9 +23,10 @@ pub fn is_carried_header(name: &str) -> bool {
 
 /// What a job's message carries (`broker::message`): the leg's key, what
 /// GitHub said about the delivery, the claim token and attempts it was
-/// published with, and its place in a trace. Never its body: Postgres holds
+/// published with, and its place in a trace. Not its body: Postgres holds
 /// that (`deliveries::bodies`), and the worker's take returns it with the
-/// row, so a message the broker loses is published again from Postgres.
+/// row, so a message the broker loses is published again from Postgres
+/// (a new `store` leg's first message may carry a [`BodyCopy`]).
 #[derive(Clone, Debug)]
 pub struct Envelope {
     /// The leg's key; it derefs to the delivery's.
@@ -47,6 +48,29 @@ pub struct Envelope {
     /// carries as its payload: the worker uses it only when Postgres holds
     /// no body of the delivery. `None` on every message published now.
     pub carried: Option<Body>,
+    /// A copy of the body, packed as Postgres stores it, that ingest puts
+    /// on a new leg's first message when the leg's worker would otherwise
+    /// read the body in a statement of its own (a `store` leg on the
+    /// one-statement path). `None` on every other message.
+    pub copy: Option<BodyCopy>,
+}
+
+/// A copy of a delivery's body on a job's message, packed as Postgres
+/// stores it (`deliveries::bodies`). It saves a worker a read; it is never
+/// the record: every recovery path (a republish, a retry, a replay) reads
+/// the body from Postgres, and its messages carry no copy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BodyCopy {
+    /// The original `Content-Type`.
+    pub content_type: String,
+    /// The carried headers as stored: JSON text of `[name, value]` pairs.
+    pub headers: String,
+    /// The body's length as received.
+    pub size: i32,
+    /// How `bytes` are encoded (`lz4` or `identity`).
+    pub encoding: String,
+    /// The packed bytes.
+    pub bytes: Bytes,
 }
 
 /// A delivery's body as it was received: what a handler sends on or
@@ -120,6 +144,7 @@ impl Job {
             attempts: self.attempts,
             trace: self.trace.clone(),
             carried: None,
+            copy: None,
         }
     }
 

@@ -15,9 +15,9 @@
 //!   `EventName`, `SourceName`, `ClaimToken`) and their validation.
 //! - [`signature`]: `X-Hub-Signature-256` parsing and constant-time checks.
 //! - [`payload`]: the JSON and form body shapes, and the `action` field.
-//! - [`job`]: `Envelope`, one leg on its way to a worker (its key, never
-//!   its body), and `Job`, what a handler receives (the envelope with its
-//!   `Body`).
+//! - [`job`]: `Envelope`, one leg on its way to a worker (its key; its
+//!   body only as a `BodyCopy` that saves a read), and `Job`, what a
+//!   handler receives (the envelope with its `Body`).
 //! - [`egress`]: which addresses a `forward` destination may connect to.
 //!
 //! The state machine and the adapters:
@@ -79,7 +79,7 @@ pub mod shutdown;
 pub mod signature;
 pub mod telemetry;
 
-pub use job::{Body, Envelope, Job, JobTrace};
+pub use job::{Body, BodyCopy, Envelope, Job, JobTrace};
 pub use key::{
     ClaimToken, DeliveryId, DeliveryKey, DestinationName, EventName, HookId, LegKey, SourceName,
 };

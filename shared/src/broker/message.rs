@@ -5,6 +5,11 @@
 //! published again from Postgres. A dead-letter copy carries the same plus
 //! why and when it failed.
 //!
+//! The one exception: a new `store` leg's first message carries a copy of
+//! its body ([`BodyCopy`], packed as Postgres stores it, its packing in
+//! headers), which saves the one-statement path a read. Nothing else
+//! publishes one.
+//!
 //! A message published before bodies lived in Postgres carries the raw
 //! body as its payload, its `Content-Type` and its `X-GitHub-*` headers:
 //! [`decode`] keeps them as the envelope's `carried` body, which the
@@ -16,7 +21,7 @@ use lapin::types::{AMQPValue, FieldTable, ShortString};
 
 use super::long_string;
 use crate::deliveries::DeadLetter;
-use crate::job::{Body, Envelope, JobTrace, is_carried_header};
+use crate::job::{Body, BodyCopy, Envelope, JobTrace, is_carried_header};
 use crate::key::{ClaimToken, EventName, LegKey};
 
 const H_PROVIDER: &str = "hookinbox-provider";
@@ -46,6 +51,12 @@ const H_TRACEPARENT: &str = "traceparent";
 /// The delivery's first trace, on a job published again (see
 /// [`JobTrace::origin`]).
 const H_TRACE_ORIGIN: &str = "hookinbox-trace-origin";
+/// On a message that carries a copy of its body ([`BodyCopy`]): how the
+/// payload is packed (`lz4` or `identity`), the body's length as received,
+/// and its carried headers as stored (JSON).
+const H_BODY_ENCODING: &str = "hookinbox-body-encoding";
+const H_BODY_SIZE: &str = "hookinbox-body-size";
+const H_BODY_HEADERS: &str = "hookinbox-body-headers";
 /// A `traceparent` is 55 characters; anything much longer is not one.
 const MAX_TRACEPARENT: usize = 128;
 
@@ -84,11 +95,26 @@ pub(super) fn properties(job: &Envelope) -> BasicProperties {
     if let Some(origin) = &job.trace.origin {
         headers.insert(H_TRACE_ORIGIN.into(), long_string(origin));
     }
-    BasicProperties::default()
+    let properties = BasicProperties::default()
         // 2 = persistent: written to disk, survives a broker restart.
         .with_delivery_mode(2)
-        .with_message_id(ShortString::from(job.key.delivery_id.as_str().to_owned()))
-        .with_headers(headers)
+        .with_message_id(ShortString::from(job.key.delivery_id.as_str().to_owned()));
+    match &job.copy {
+        Some(copy) => {
+            headers.insert(H_BODY_ENCODING.into(), long_string(&copy.encoding));
+            headers.insert(H_BODY_SIZE.into(), AMQPValue::LongInt(copy.size));
+            headers.insert(H_BODY_HEADERS.into(), long_string(&copy.headers));
+            properties
+                .with_content_type(ShortString::from(copy.content_type.clone()))
+                .with_headers(headers)
+        }
+        None => properties.with_headers(headers),
+    }
+}
+
+/// A job's payload: its body's copy, or nothing.
+pub(super) fn payload(job: &Envelope) -> &[u8] {
+    job.copy.as_ref().map_or(&[], |copy| &copy.bytes[..])
 }
 
 /// Reads a job's envelope back from a consumed message.
@@ -144,13 +170,45 @@ pub fn decode(properties: &BasicProperties, data: Vec<u8>) -> Result<Envelope, M
         parent: trace_header(H_TRACEPARENT),
         origin: trace_header(H_TRACE_ORIGIN),
     };
-    // A payload: a message from before bodies lived in Postgres.
-    let carried = (!data.is_empty()).then(|| Body {
-        content_type: properties
+    let content_type = || {
+        properties
             .content_type()
             .as_ref()
             .map(|c| c.as_str().to_owned())
-            .unwrap_or_else(|| "application/json".to_owned()),
+            .unwrap_or_else(|| "application/json".to_owned())
+    };
+    // A payload with the copy's headers: a copy of the body. A copy whose
+    // headers are not readable is dropped: the worker reads the body.
+    if headers.inner().contains_key(H_BODY_ENCODING) {
+        let size = match headers.inner().get(H_BODY_SIZE) {
+            Some(AMQPValue::LongInt(n)) => Some(*n),
+            _ => None,
+        };
+        let copy = match (text(H_BODY_ENCODING), size, text(H_BODY_HEADERS)) {
+            (Ok(encoding), Some(size), Ok(body_headers)) if !data.is_empty() => Some(BodyCopy {
+                content_type: content_type(),
+                headers: body_headers,
+                size,
+                encoding,
+                bytes: Bytes::from(data),
+            }),
+            _ => None,
+        };
+        return Ok(Envelope {
+            key,
+            event,
+            action,
+            token,
+            attempts,
+            trace,
+            carried: None,
+            copy,
+        });
+    }
+    // A payload without them: a message from before bodies lived in
+    // Postgres.
+    let carried = (!data.is_empty()).then(|| Body {
+        content_type: content_type(),
         github_headers: headers
             .inner()
             .iter()
@@ -172,6 +230,7 @@ pub fn decode(properties: &BasicProperties, data: Vec<u8>) -> Result<Envelope, M
         attempts,
         trace,
         carried,
+        copy: None,
     })
 }
 
@@ -198,4 +257,62 @@ pub(super) fn dead_letter_properties(job: &Envelope, dead: &DeadLetter) -> Basic
         long_string(&job.key.idempotency_key()),
     );
     properties.with_headers(headers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::deliveries::{Encoded, Stored};
+
+    fn envelope(copy: Option<BodyCopy>) -> Envelope {
+        Envelope {
+            key: LegKey::from_parts("github", "default", "1", "d-1", "store").expect("key"),
+            event: EventName::parse(b"push").expect("event"),
+            action: None,
+            token: ClaimToken(uuid::Uuid::nil()),
+            attempts: Some(0),
+            trace: JobTrace::default(),
+            carried: None,
+            copy,
+        }
+    }
+
+    fn body() -> Body {
+        Body {
+            content_type: "application/json".to_owned(),
+            github_headers: vec![("x-github-event".to_owned(), "push".to_owned())],
+            bytes: Bytes::from_static(b"{\"zen\":\"zen zen zen zen zen zen\"}"),
+        }
+    }
+
+    #[test]
+    fn a_copy_of_the_body_goes_and_comes_back_as_packed() {
+        let copy = Encoded::of(&body()).copy();
+        let job = envelope(Some(copy.clone()));
+        let read = decode(&properties(&job), payload(&job).to_vec()).expect("a job");
+        assert_eq!(read.copy.as_ref(), Some(&copy));
+        assert!(read.carried.is_none());
+        let unpacked = Stored::from_copy(copy).expect("headers").decode();
+        assert_eq!(unpacked, Ok(body()));
+    }
+
+    #[test]
+    fn a_message_without_a_copy_has_no_payload() {
+        let job = envelope(None);
+        assert!(payload(&job).is_empty());
+        let read = decode(&properties(&job), Vec::new()).expect("a job");
+        assert!(read.copy.is_none() && read.carried.is_none());
+    }
+
+    #[test]
+    fn a_copy_that_does_not_say_its_size_is_dropped_not_taken_for_an_old_body() {
+        let job = envelope(Some(Encoded::of(&body()).copy()));
+        let mut properties = properties(&job);
+        let mut headers = properties.headers().clone().unwrap_or_default();
+        headers.insert(H_BODY_SIZE.into(), long_string("many"));
+        properties = properties.with_headers(headers);
+        let read = decode(&properties, payload(&job).to_vec()).expect("a job");
+        assert!(read.copy.is_none(), "the worker reads the body instead");
+        assert!(read.carried.is_none(), "packed bytes are not a body");
+    }
 }

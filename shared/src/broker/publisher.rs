@@ -218,7 +218,8 @@ impl Publisher {
         result
     }
 
-    /// Publishes a job (its envelope: the leg's key, never its body) to its
+    /// Publishes a job (its envelope: the leg's key, and a copy of its body
+    /// when it has one) to its
     /// destination's queue and waits for its confirm. Only `Ok` means the
     /// broker holds the job; every other outcome (nack, return, timeout,
     /// closed channel) is a failed publish. The queue is declared first if
@@ -231,7 +232,7 @@ impl Publisher {
         self.publish_raw(
             &self.topology.work_exchange(),
             &Topology::leg_routing_key(source, destination),
-            &[],
+            message::payload(job),
             message::properties(job),
         )
         .await

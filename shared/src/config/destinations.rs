@@ -288,6 +288,18 @@ pub struct Destination {
 }
 
 impl Destination {
+    /// Whether a worker runs a first attempt of this destination's legs on
+    /// the one-statement path, reading the body in a statement of its own:
+    /// a `store` destination with no breaker, no order and no rate limit
+    /// (whose takes are their gates). Ingest puts a copy of the body on
+    /// such a new leg's message, which saves that read.
+    pub fn reads_body_apart(&self) -> bool {
+        matches!(self.kind, DestinationKind::Store)
+            && self.breaker.is_none()
+            && self.ordering.is_none()
+            && self.rate_limit.is_none()
+    }
+
     /// A destination with its kind's defaults and no filters: what a
     /// source's old `handler = { … }` (or the single-source variables)
     /// describe, named after its kind.
@@ -671,6 +683,27 @@ mod tests {
 
     fn ev(s: &str) -> EventName {
         EventName::parse(s.as_bytes()).expect("event")
+    }
+
+    #[test]
+    fn only_a_plain_store_destination_reads_its_body_apart() {
+        let store = Destination::of_kind(DestinationKind::Store);
+        assert!(store.reads_body_apart());
+        let limited = Destination {
+            rate_limit: Some(super::super::sources::RateLimit {
+                per_second: std::num::NonZeroU32::MIN,
+                burst: std::num::NonZeroU32::MIN,
+            }),
+            ..store.clone()
+        };
+        assert!(!limited.reads_body_apart(), "its take is the limit's gate");
+        let broken = Destination {
+            breaker: Some(Breaker::default()),
+            ..store.clone()
+        };
+        assert!(!broken.reads_body_apart(), "its take is the breaker's gate");
+        let custom = Destination::of_kind(DestinationKind::Custom("mine".to_owned()));
+        assert!(!custom.reads_body_apart(), "its handler may read more");
     }
 
     #[test]

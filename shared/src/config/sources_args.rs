@@ -166,9 +166,12 @@ impl SourcesArgs {
             )?,
             // Named after HOOKINBOX_HANDLER: ingest names the legs with it;
             // the worker builds the destination with its own settings.
-            destinations: vec![Destination::of_kind(DestinationKind::Custom(
-                self.handler.destination_name().as_str().to_owned(),
-            ))],
+            // `store` has none, so ingest knows it whole (and sends its
+            // legs a copy of the body: `Destination::reads_body_apart`).
+            destinations: vec![Destination::of_kind(match self.handler {
+                HandlerKind::Store => DestinationKind::Store,
+                other => DestinationKind::Custom(other.destination_name().as_str().to_owned()),
+            })],
             github: None,
             replay_guard: self.replay_guard.unwrap_or(true),
             rate_limit: RateLimit::from_settings(

@@ -21,7 +21,7 @@ use deadpool_postgres::Client;
 
 use super::partitions::{self, DayPartitioned};
 use super::row::KeyColumns;
-use crate::job::Body;
+use crate::job::{Body, BodyCopy};
 use crate::key::{DeliveryKey, LegKey};
 use crate::postgres::DbError;
 use crate::postgres::sql::{self, Session};
@@ -52,7 +52,7 @@ pub struct Encoded {
     /// `lz4` or `identity`.
     pub encoding: &'static str,
     /// The stored bytes.
-    pub bytes: Vec<u8>,
+    pub bytes: Bytes,
 }
 
 impl Encoded {
@@ -71,7 +71,19 @@ impl Encoded {
             headers: headers_json(&body.github_headers),
             size,
             encoding,
-            bytes,
+            bytes: Bytes::from(bytes),
+        }
+    }
+
+    /// The copy of this body a new `store` leg's first message carries
+    /// ([`BodyCopy`]): the same packed bytes, shared, not copied.
+    pub fn copy(&self) -> BodyCopy {
+        BodyCopy {
+            content_type: self.content_type.clone(),
+            headers: self.headers.to_string(),
+            size: self.size,
+            encoding: self.encoding.to_owned(),
+            bytes: self.bytes.clone(),
         }
     }
 }
@@ -123,6 +135,18 @@ impl Stored {
             content_type: self.content_type,
             github_headers: headers_from_json(&self.headers),
             bytes: Bytes::from(bytes),
+        })
+    }
+
+    /// The body a message's copy holds, as if read from Postgres; `None`
+    /// when its headers are not JSON (the worker reads the body instead).
+    pub fn from_copy(copy: BodyCopy) -> Option<Self> {
+        Some(Self {
+            content_type: copy.content_type,
+            headers: serde_json::from_str(&copy.headers).ok()?,
+            size: copy.size,
+            encoding: copy.encoding,
+            bytes: copy.bytes.into(),
         })
     }
 
@@ -241,7 +265,7 @@ pub async fn keep_carried(client: &impl Session, key: &LegKey, body: &Body) -> R
             &encoded.headers,
             &encoded.size,
             &encoded.encoding,
-            &encoded.bytes,
+            &&encoded.bytes[..],
         ],
     )
     .await?;
@@ -487,7 +511,7 @@ mod tests {
             headers: encoded.headers,
             size: encoded.size,
             encoding: encoded.encoding.to_owned(),
-            bytes: encoded.bytes,
+            bytes: encoded.bytes.to_vec(),
         }
     }
 

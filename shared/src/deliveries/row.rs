@@ -167,6 +167,7 @@ pub(super) fn republish(row: &tokio_postgres::Row) -> Result<Republish, Unreadab
                 origin: row.try_get("traceparent").ok().flatten(),
             },
             carried: None,
+            copy: None,
         },
         attempts,
     })

@@ -181,6 +181,7 @@ async fn broker(
             token: hookinbox::key::ClaimToken::new(),
             attempts: Some(0),
             carried: None,
+            copy: None,
         };
         let publisher = publisher.clone();
         publishes.spawn(async move { publisher.publish(&job).await });

@@ -768,6 +768,7 @@ async fn a_leg_claimed_before_destinations_runs_with_its_sources_first_destinati
         token: hookinbox::ClaimToken(token),
         attempts: None,
         carried: None,
+        copy: None,
     };
     // Its body rides in the message, and Postgres holds none: the worker
     // runs it with the body the message carries.

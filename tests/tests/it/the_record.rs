@@ -47,6 +47,43 @@ async fn leases_long_expired(env: &TestEnv) {
 }
 
 #[tokio::test]
+async fn a_leg_published_again_from_postgres_carries_its_key_alone() {
+    let (env, ingest) = TestEnv::with_ingest().await;
+    let worker = env.store_worker().await;
+    assert_eq!(ingest.send(&Hook::fixture("push")).await.status, 202);
+    assert_eq!(purge_work_queues(&env).await, 1);
+    leases_long_expired(&env).await;
+    assert_eq!(worker.reap_once().await.expect("reap"), 1);
+    // The scheduler's republish: no copy of the body (ingest's first
+    // message of a store leg has one), so its run reads Postgres.
+    let connection = lapin::Connection::connect(&hookinbox_tests::amqp_url(), Default::default())
+        .await
+        .expect("amqp");
+    let channel = connection.create_channel().await.expect("channel");
+    let queue = Topology::new(&env.prefix).leg_queue(
+        &hookinbox::SourceName::default_source(),
+        &hookinbox_tests::store_destination(),
+    );
+    assert_eq!(worker.schedule_once().await.expect("schedule"), 1);
+    // Confirmed, so in the queue.
+    let message = channel
+        .basic_get(&queue, Default::default())
+        .await
+        .expect("get")
+        .expect("the republished job");
+    let job =
+        hookinbox::broker::decode(&message.delivery.properties, message.delivery.data.clone())
+            .expect("a job");
+    assert!(job.copy.is_none() && job.carried.is_none());
+    assert!(message.delivery.data.is_empty(), "the key alone");
+    let _ = connection.close(200, "").await;
+    let outcomes = settle(&env, &worker).await;
+    assert_eq!(outcomes, vec![JobOutcome::Completed]);
+    assert_eq!(env.events().await, 1);
+    env.cleanup().await;
+}
+
+#[tokio::test]
 async fn deliveries_answered_202_whose_work_queue_was_purged_each_run_once() {
     let (env, ingest) = TestEnv::with_ingest().await;
     // The worker declares its queue and does not consume yet.
@@ -434,6 +471,7 @@ async fn retention_drops_a_day_of_bodies_but_never_one_a_leg_not_yet_ended_needs
             attempts: Some(0),
             trace: Default::default(),
             carried: None,
+            copy: None,
         })
         .await
         .expect("published");
@@ -566,6 +604,7 @@ async fn a_message_from_before_bodies_lived_in_postgres_leaves_its_body_there_fo
             token: hookinbox::ClaimToken(token),
             attempts: Some(0),
             carried: None,
+            copy: None,
         },
         "application/json",
         &[("x-github-event", "push")],

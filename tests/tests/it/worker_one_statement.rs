@@ -197,6 +197,64 @@ async fn two_copies_of_one_job_complete_it_once() {
     env.cleanup().await;
 }
 
+#[tokio::test]
+async fn a_new_store_legs_message_carries_a_copy_of_its_body_that_saves_its_read() {
+    let (env, ingest) = TestEnv::with_ingest().await;
+    let hook = Hook::fixture("push");
+    assert_eq!(ingest.send(&hook).await.status, 202);
+    let (connection, _channel, message) = get_the_job(&env).await;
+    let delivery = message.delivery;
+    let job =
+        hookinbox::broker::decode(&delivery.properties, delivery.data.clone()).expect("a job");
+    let copy = job
+        .copy
+        .clone()
+        .expect("a new store leg's message carries a copy");
+    assert!(job.carried.is_none(), "a copy is not an old message's body");
+    let body = deliveries::Stored::from_copy(copy)
+        .expect("readable headers")
+        .decode()
+        .expect("unpacks");
+    assert_eq!(body.bytes, hook.body, "the body as received");
+    assert_eq!(body.content_type, "application/json");
+    assert!(
+        body.github_headers
+            .iter()
+            .any(|(name, value)| name == "x-github-delivery" && *value == hook.id()),
+        "with the carried headers: {:?}",
+        body.github_headers
+    );
+    // Published again as it was read (given back, it would come back
+    // marked redelivered, and go the full way).
+    let publisher = hookinbox::broker::Publisher::new(
+        &amqp_url(),
+        "test-copy",
+        Topology::new(&env.prefix),
+        std::time::Duration::from_secs(5),
+    );
+    publisher.publish(&job).await.expect("publish");
+    publisher.close().await;
+    delivery
+        .acker
+        .ack(Default::default())
+        .await
+        .expect("ack the original");
+    let _ = connection.close(200, "").await;
+    // With the body gone from Postgres, the first run still completes on
+    // one statement: it read nothing but its message.
+    env.db
+        .execute("delete from bodies", &[])
+        .await
+        .expect("delete the body");
+    let handler = SeesAttempts::new(&env);
+    let worker = env.worker(handler.clone()).await;
+    let report = worker.drain().await.expect("drain");
+    assert_eq!(report.outcomes, vec![JobOutcome::Completed]);
+    assert_eq!(handler.seen(), vec![0], "on the one-statement path");
+    assert_eq!(env.events().await, 1);
+    env.cleanup().await;
+}
+
 /// Gets the job from the work queue without acking it, on a connection and
 /// channel the caller keeps open until it settles the message (dropping the
 /// channel closes it, which gives the message back).

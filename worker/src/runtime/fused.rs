@@ -1,7 +1,8 @@
 //! The one-statement path: a job whose whole effect is in the completing
 //! transaction ([`crate::Handler::database_only`], such as `store`) needs
-//! no separate take. It reads its delivery's body (a read, batched with
-//! other jobs' reads: `deliveries::bodies::fetch_batch`), its handler runs,
+//! no separate take. It reads its delivery's body (from the copy a new
+//! leg's first message carries, else a read batched with other jobs':
+//! `deliveries::bodies::fetch_batch`), its handler runs,
 //! staging its writes, and the completion takes and completes the delivery
 //! in one statement, batched with other jobs' completions
 //! (`deliveries::complete_batch` with `take`). A delivery then costs the
@@ -38,6 +39,7 @@
 //! and a copy of a delivery already completed costs this statement as well
 //! as the take that then acks it.
 
+use hookinbox::deliveries;
 use hookinbox::job::{Envelope, Job};
 
 use super::job::{Ran, at, completed_since, job_of};
@@ -70,7 +72,10 @@ impl Worker {
             return None;
         }
         at("fused.read");
-        let job = self.read_body(envelope).await?;
+        let job = match copied(envelope) {
+            Some(job) => job,
+            None => self.read_body(envelope).await?,
+        };
         let job = &job;
         if !inner.handler.database_only(job) {
             return None;
@@ -173,6 +178,20 @@ impl Worker {
                 );
                 None
             }
+        }
+    }
+}
+
+/// The job of `envelope` with the copy of its body its message carries
+/// (a new leg's first message: never replayed), if it carries one that
+/// unpacks; else the body is read from Postgres.
+fn copied(envelope: &Envelope) -> Option<Job> {
+    let stored = deliveries::Stored::from_copy(envelope.copy.clone()?)?;
+    match stored.decode() {
+        Ok(body) => Some(Job::new(envelope.clone(), body, 0)),
+        Err(e) => {
+            tracing::debug!(error = %e, "the message's copy of the body does not unpack; reading it");
+            None
         }
     }
 }
