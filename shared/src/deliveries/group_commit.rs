@@ -124,10 +124,40 @@ pub fn completions(pool: Pool, shape: BatchShape) -> CompletionBatcher {
     })
 }
 
-/// Completes `items` in one statement; when Postgres refuses it, in halves
-/// until each refused row stands alone. Every good row completes in this
-/// same call.
+/// Completes `items`, those that are also the take and the others in
+/// statements of their own (see [`super::complete_batch`]); when Postgres
+/// refuses a statement, in halves until each refused row stands alone.
+/// Every good row completes in this same call.
 pub async fn complete_apart(
+    client: &impl Session,
+    items: &[Completing],
+) -> Result<Vec<Result<Option<Received>, Refusal>>, DbError> {
+    let taking = |item: &Completing| item.take.is_some();
+    // The common case, one kind: no copy.
+    if items.iter().all(taking) || !items.iter().any(taking) {
+        return complete_one_kind(client, items).await;
+    }
+    let mut answers = vec![Ok(None); items.len()];
+    for kind in [true, false] {
+        let (places, picked): (Vec<usize>, Vec<Completing>) = items
+            .iter()
+            .enumerate()
+            .filter(|(_, item)| taking(item) == kind)
+            .map(|(i, item)| (i, item.clone()))
+            .unzip();
+        for (i, answer) in places
+            .into_iter()
+            .zip(complete_one_kind(client, &picked).await?)
+        {
+            answers[i] = answer;
+        }
+    }
+    Ok(answers)
+}
+
+/// [`complete_apart`] of completions of one kind: one statement, or its
+/// halves when Postgres refuses it.
+async fn complete_one_kind(
     client: &impl Session,
     items: &[Completing],
 ) -> Result<Vec<Result<Option<Received>, Refusal>>, DbError> {
