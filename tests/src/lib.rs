@@ -72,6 +72,51 @@ pub fn store_leg() -> hookinbox::deliveries::LegRequest {
     }
 }
 
+/// A `store` destination named `store`, as [`TestEnv::forward_config`]'s
+/// `more`: a delivery then has a forward leg and a store leg.
+pub const STORE_TOO: &str = r#"
+[[sources.destinations]]
+name = "store"
+kind = "store"
+"#;
+
+/// Claims `request` (of a store leg) and completes it at once by the
+/// `store` handler's one statement, as the worker's fused path does, the
+/// stored event being `event` with `payload`: how long the claim and the
+/// completion took.
+pub async fn claim_and_store(
+    client: &deadpool_postgres::Object,
+    policy: &hookinbox::deliveries::Policy,
+    request: &hookinbox::deliveries::ClaimRequest,
+    event: &str,
+    payload: bytes::Bytes,
+) -> anyhow::Result<(std::time::Duration, std::time::Duration)> {
+    use anyhow::Context as _;
+    use hookinbox::deliveries::{self, Completing, StoredEvent};
+    let started = std::time::Instant::now();
+    let claim = deliveries::claim(client, policy, request).await?;
+    let claimed = started.elapsed();
+    let token = claimed_token(&claim).context("not claimed")?;
+    let started = std::time::Instant::now();
+    let done = deliveries::complete_batch(
+        client,
+        &[Completing {
+            key: request.key.clone().leg(store_destination()),
+            token,
+            take: Some(0),
+            max_attempts: policy.max_attempts,
+            store: Some(StoredEvent {
+                event: event.to_owned(),
+                action: None,
+                payload,
+            }),
+        }],
+    )
+    .await?;
+    anyhow::ensure!(done.first().is_some_and(Option::is_some), "not completed");
+    Ok((claimed, started.elapsed()))
+}
+
 /// A claim of `hook` (its key, event and body's hash; no action or
 /// repository; the replay guard off) for `legs`.
 pub fn claim_request(
@@ -374,7 +419,7 @@ impl TestEnv {
 
     /// A config file of one source, `default` (the suite's secret), with a
     /// `forward` destination `app` to `url` on loopback, then the TOML of
-    /// any other destinations, `more`.
+    /// any other destinations, `more` (e.g. [`STORE_TOO`]).
     pub fn forward_config(&self, url: &str, more: &str) -> PathBuf {
         self.config_file(&format!(
             r#"

@@ -10,8 +10,8 @@
 
 use anyhow::Context as _;
 use clap::Parser;
-use hookinbox::deliveries::{self, Completing, Encoded, StoredEvent};
-use hookinbox_tests::{Hook, TestEnv, claim_request, claimed_token, fixtures, store_leg};
+use hookinbox::deliveries::Encoded;
+use hookinbox_tests::{Hook, TestEnv, claim_and_store, claim_request, fixtures, store_leg};
 
 #[derive(Parser)]
 #[command(about = "Bytes written per delivery, and table sizes per million, with real payloads")]
@@ -47,24 +47,8 @@ async fn main() -> anyhow::Result<()> {
                 github_headers: kept_headers(&hook),
                 bytes: bytes::Bytes::copy_from_slice(&hook.body),
             });
-            let claim = deliveries::claim(&client, &policy, &request).await?;
-            let token = claimed_token(&claim).context("not claimed")?;
-            let done = deliveries::complete_batch(
-                &client,
-                &[Completing {
-                    key: hook.leg(),
-                    token,
-                    take: Some(0),
-                    max_attempts: policy.max_attempts,
-                    store: Some(StoredEvent {
-                        event: fixture.event.clone(),
-                        action: None,
-                        payload: hook.body.clone().into(),
-                    }),
-                }],
-            )
-            .await?;
-            anyhow::ensure!(done.first().is_some_and(Option::is_some), "not completed");
+            let payload = bytes::Bytes::copy_from_slice(&hook.body);
+            claim_and_store(&client, &policy, &request, &fixture.event, payload).await?;
             delivered += 1;
         }
     }

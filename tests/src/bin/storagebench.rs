@@ -29,8 +29,8 @@ use chrono::{Days, Utc};
 use clap::Parser;
 use hdrhistogram::Histogram;
 use hookinbox::deliveries::partitions::GITHUB_EVENTS;
-use hookinbox::deliveries::{self, Completing, Policy, Retention, StoredEvent};
-use hookinbox_tests::{Hook, TestEnv, claim_request, claimed_token, store_leg};
+use hookinbox::deliveries::{self, Policy, Retention};
+use hookinbox_tests::{Hook, TestEnv, claim_and_store, claim_request, store_leg};
 use std::sync::Mutex;
 
 #[derive(Parser)]
@@ -374,28 +374,7 @@ async fn lifecycle(
     let mut request = claim_request(&hook, vec![store_leg()]);
     request.guarded = true;
     let client = pool.get().await?;
-    let started = Instant::now();
-    let claim = deliveries::claim(&client, policy, &request).await?;
-    let claimed = started.elapsed();
-    let token = claimed_token(&claim).context("not claimed")?;
-    let started = Instant::now();
-    let done = deliveries::complete_batch(
-        &client,
-        &[Completing {
-            key: hook.leg(),
-            token,
-            take: Some(0),
-            max_attempts: policy.max_attempts,
-            store: Some(StoredEvent {
-                event: "push".into(),
-                action: None,
-                payload: body.into(),
-            }),
-        }],
-    )
-    .await?;
-    anyhow::ensure!(done.first().is_some_and(Option::is_some), "not completed");
-    Ok((claimed, started.elapsed()))
+    claim_and_store(&client, policy, &request, "push", body.into()).await
 }
 
 /// The lifecycle as fast as 8 sessions go, for `--rr-secs` without and

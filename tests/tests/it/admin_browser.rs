@@ -357,14 +357,7 @@ async fn an_operator_replays_a_completed_leg_from_its_page_and_its_destination_g
     use hookinbox_tests::receiver::Receiver;
     let env = TestEnv::new().await;
     let receiver = Receiver::ok().await;
-    let config = env.forward_config(
-        &receiver.url,
-        r#"
-[[sources.destinations]]
-name = "store"
-kind = "store"
-"#,
-    );
+    let config = env.forward_config(&receiver.url, hookinbox_tests::STORE_TOO);
     let ingest = env.ingest_on(&config).await;
     let worker = env.worker_on(&config, Default::default()).await;
     let hook = Hook::fixture("pull_request");

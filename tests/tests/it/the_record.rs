@@ -291,14 +291,7 @@ async fn deliveries_show_prints_the_headers_and_the_body_as_received() {
 async fn each_delivery_writes_its_body_once_however_many_legs_and_waits() {
     let env = TestEnv::new().await;
     let receiver = Receiver::ok().await;
-    let config = env.forward_config(
-        &receiver.url,
-        r#"
-[[sources.destinations]]
-name = "store"
-kind = "store"
-"#,
-    );
+    let config = env.forward_config(&receiver.url, hookinbox_tests::STORE_TOO);
     let ingest = env.ingest_on(&config).await;
     let hook = Hook::fixture("push");
     assert_eq!(ingest.send(&hook).await.status, 202);

@@ -170,20 +170,7 @@ async fn two_copies_of_one_job_complete_it_once() {
     let job =
         hookinbox::broker::decode(&delivery.properties, delivery.data.clone()).expect("a job");
     assert_eq!(job.attempts, Some(0), "ingest says how many takes it had");
-    let publisher = hookinbox::broker::Publisher::new(
-        &amqp_url(),
-        "test-copies",
-        Topology::new(&env.prefix),
-        std::time::Duration::from_secs(5),
-    );
-    publisher.publish(&job).await.expect("publish copy");
-    publisher.publish(&job).await.expect("publish copy");
-    delivery
-        .acker
-        .ack(Default::default())
-        .await
-        .expect("ack the original");
-    let _ = connection.close(200, "").await;
+    publish_again_and_ack(&env, &job, 2, delivery, connection).await;
 
     let worker = env.store_worker().await;
     let report = worker.drain().await.expect("drain");
@@ -193,7 +180,6 @@ async fn two_copies_of_one_job_complete_it_once() {
     );
     assert_eq!(env.events().await, 1, "one effect");
     assert_eq!(attempts(&env).await, 1);
-    publisher.close().await;
     env.cleanup().await;
 }
 
@@ -226,20 +212,7 @@ async fn a_new_store_legs_message_carries_a_copy_of_its_body_that_saves_its_read
     );
     // Published again as it was read (given back, it would come back
     // marked redelivered, and go the full way).
-    let publisher = hookinbox::broker::Publisher::new(
-        &amqp_url(),
-        "test-copy",
-        Topology::new(&env.prefix),
-        std::time::Duration::from_secs(5),
-    );
-    publisher.publish(&job).await.expect("publish");
-    publisher.close().await;
-    delivery
-        .acker
-        .ack(Default::default())
-        .await
-        .expect("ack the original");
-    let _ = connection.close(200, "").await;
+    publish_again_and_ack(&env, &job, 1, delivery, connection).await;
     // With the body gone from Postgres, the first run still completes on
     // one statement: it read nothing but its message.
     env.db
@@ -253,6 +226,33 @@ async fn a_new_store_legs_message_carries_a_copy_of_its_body_that_saves_its_read
     assert_eq!(handler.seen(), vec![0], "on the one-statement path");
     assert_eq!(env.events().await, 1);
     env.cleanup().await;
+}
+
+/// Publishes `job` `copies` times as it was read (a republish, say), then
+/// acks the original `delivery` and closes the `connection` it came on.
+async fn publish_again_and_ack(
+    env: &TestEnv,
+    job: &hookinbox::Envelope,
+    copies: usize,
+    delivery: lapin::message::Delivery,
+    connection: lapin::Connection,
+) {
+    let publisher = hookinbox::broker::Publisher::new(
+        &amqp_url(),
+        "test-copies",
+        Topology::new(&env.prefix),
+        std::time::Duration::from_secs(5),
+    );
+    for _ in 0..copies {
+        publisher.publish(job).await.expect("publish a copy");
+    }
+    publisher.close().await;
+    delivery
+        .acker
+        .ack(Default::default())
+        .await
+        .expect("ack the original");
+    let _ = connection.close(200, "").await;
 }
 
 /// Gets the job from the work queue without acking it, on a connection and
