@@ -37,9 +37,9 @@ pub fn selection(kind: Kind, checked: &Checked, field: &str) -> Result<Filter, A
     }
     if f.states.iter().any(|s| !own.contains(s)) {
         let what = match kind {
-            Kind::Replay => "failed deliveries (retrying, dead or awaiting_redelivery)",
+            Kind::Replay => "failed deliveries (retrying, waiting, dead or awaiting_redelivery)",
             Kind::ReplayAny => {
-                "deliveries not in flight (completed, retrying, dead or awaiting_redelivery)"
+                "deliveries not in flight (completed, retrying, waiting, dead or awaiting_redelivery)"
             }
             Kind::Purge => "dead letters",
         };

@@ -32,15 +32,21 @@ impl Kind {
     }
 
     /// The states of the deliveries it acts on: a replay takes failed
-    /// ones (retrying or dead) and those awaiting a redelivery (whose item
+    /// ones (retrying, waiting or dead) and those awaiting a redelivery (whose item
     /// then says that only GitHub has the body), a replay of any leg
     /// completed ones too, a purge dead letters.
     pub fn states(self) -> &'static [State] {
         match self {
-            Self::Replay => &[State::Retrying, State::Dead, State::AwaitingRedelivery],
+            Self::Replay => &[
+                State::Retrying,
+                State::Waiting,
+                State::Dead,
+                State::AwaitingRedelivery,
+            ],
             Self::ReplayAny => &[
                 State::Completed,
                 State::Retrying,
+                State::Waiting,
                 State::Dead,
                 State::AwaitingRedelivery,
             ],

@@ -570,11 +570,39 @@ macro_rules! processing_state {
     };
 }
 
-/// `retrying`: failed, retryable, and not awaiting a redelivery.
+/// The error classes that are waits, not failures ([`ErrorClass::is_wait`]),
+/// as an SQL list: held by its destination, deferred to a time, behind its
+/// key's earlier leg, or yielding its installation's turn.
+macro_rules! wait_classes {
+    () => {
+        "('held', 'deferred', 'ordered', 'fair')"
+    };
+}
+
+/// `retrying`: failed, retryable, not waiting ([`waiting_state!`]), and not
+/// awaiting a redelivery.
 macro_rules! retrying_state {
     () => {
         concat!(
-            "(deliveries.status = 'failed' and deliveries.retryable and not ",
+            "(deliveries.status = 'failed' and deliveries.retryable \
+             and coalesce(deliveries.last_error_class, '') not in ",
+            wait_classes!(),
+            " and not ",
+            awaiting_redelivery!("deliveries"),
+            ")"
+        )
+    };
+}
+
+/// `waiting`: retryable, its last outcome a wait ([`wait_classes!`]) that
+/// spent no attempt, and not awaiting a redelivery.
+macro_rules! waiting_state {
+    () => {
+        concat!(
+            "(deliveries.status = 'failed' and deliveries.retryable \
+             and deliveries.last_error_class in ",
+            wait_classes!(),
+            " and not ",
             awaiting_redelivery!("deliveries"),
             ")"
         )
@@ -789,6 +817,16 @@ pub enum ErrorClass {
 }
 
 impl ErrorClass {
+    /// Whether a leg left with this class waits rather than failed: held by
+    /// its destination, deferred, ordered or fair (the operator's
+    /// `waiting` state; the SQL spelling is `wait_classes!`).
+    pub fn is_wait(self) -> bool {
+        matches!(
+            self,
+            Self::Held | Self::Deferred | Self::Ordered | Self::Fair
+        )
+    }
+
     /// The stored name.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -1,7 +1,7 @@
 //! The console's overview: deliveries by source and state, the oldest
 //! stuck work, dead letters by class, and the last hour's traffic; and the
 //! state gauges the sampler exports. Each figure is read through an index:
-//! the small states (processing, retrying, dead) whole, through their
+//! the small states (processing, retrying, waiting, dead) whole, through their
 //! partial indexes; completed deliveries over the last day
 //! (`deliveries_completed`), or, for the gauge, exactly only while they
 //! are few (see [`gauges`]). A due retry and a claim awaiting a redelivery
@@ -25,6 +25,8 @@ pub struct SourceCounts {
     pub completed: i64,
     /// [`State::Retrying`].
     pub retrying: i64,
+    /// [`State::Waiting`].
+    pub waiting: i64,
     /// [`State::Dead`]: dead letters.
     pub dead: i64,
     /// [`State::AwaitingRedelivery`].
@@ -33,11 +35,12 @@ pub struct SourceCounts {
 
 impl SourceCounts {
     /// Each count with its state.
-    pub fn by_state(&self) -> [(State, i64); 5] {
+    pub fn by_state(&self) -> [(State, i64); 6] {
         [
             (State::Processing, self.processing),
             (State::Completed, self.completed),
             (State::Retrying, self.retrying),
+            (State::Waiting, self.waiting),
             (State::Dead, self.dead),
             (State::AwaitingRedelivery, self.awaiting_redelivery),
         ]
@@ -70,7 +73,7 @@ pub struct Overview {
 }
 
 /// Each state by its rule ([`State::predicate`]): processing, retrying,
-/// dead and awaiting a redelivery counted whole (they are the work to look
+/// waiting, dead and awaiting a redelivery counted whole (they are the work to look
 /// at, and few); completed over the last day, so that the figure costs what
 /// a day's traffic does, not what the retention keeps. The second column is
 /// the state's word.
@@ -84,6 +87,11 @@ union all
 select source, 'retrying', count(*) from deliveries
 where status <> 'processing' and ",
     retrying_state!(),
+    " group by source
+union all
+select source, 'waiting', count(*) from deliveries
+where status <> 'processing' and ",
+    waiting_state!(),
     " group by source
 union all
 select source, 'dead', count(*) from deliveries
@@ -157,6 +165,7 @@ pub async fn overview(client: &impl Session) -> Result<Overview, DbError> {
             State::Processing => counts.processing += n,
             State::Completed => counts.completed += n,
             State::Retrying => counts.retrying += n,
+            State::Waiting => counts.waiting += n,
             State::Dead => counts.dead += n,
             State::AwaitingRedelivery => counts.awaiting_redelivery += n,
             State::Filtered => {}
@@ -190,6 +199,8 @@ pub struct Gauges {
     pub completed: i64,
     /// [`State::Retrying`].
     pub retrying: i64,
+    /// [`State::Waiting`].
+    pub waiting: i64,
     /// [`State::Dead`]: dead letters.
     pub dead: i64,
     /// Seconds since the oldest [`State::Processing`] claim was made; 0
@@ -222,7 +233,7 @@ pub const EXACT_COMPLETED_UP_TO: i64 = 10_000;
 pub const GAUGES: &str = concat!(
     "
 select p.n, c.n, f.retrying, f.dead, coalesce(p.oldest, 0), coalesce(due.oldest, 0),
-       a.n, coalesce(a.oldest, 0)
+       a.n, coalesce(a.oldest, 0), f.waiting
 from (select count(*) as n, extract(epoch from now() - min(claimed_at))::float8 as oldest
         from deliveries where status = 'processing' and ",
     processing_state!(),
@@ -236,6 +247,9 @@ from (select count(*) as n, extract(epoch from now() - min(claimed_at))::float8 
      (select count(*) filter (where ",
     retrying_state!(),
     ") as retrying,
+             count(*) filter (where ",
+    waiting_state!(),
+    ") as waiting,
              count(*) filter (where ",
     dead_state!(),
     ") as dead
@@ -258,6 +272,7 @@ pub async fn gauges(client: &impl Session) -> Result<Gauges, DbError> {
         processing: row.get(0),
         completed: row.get(1),
         retrying: row.get(2),
+        waiting: row.get(8),
         dead: row.get(3),
         oldest_processing_secs: row.get(4),
         oldest_due_retry_secs: row.get(5),

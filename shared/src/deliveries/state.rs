@@ -7,10 +7,13 @@
 //! The states do not overlap, so every row is in exactly one. A dead letter
 //! stays `dead` even when hookinbox holds no body of it (a replay then says
 //! so); a claim only GitHub can finish that is not dead is
-//! `awaiting_redelivery`, and not `processing` or `retrying`.
+//! `awaiting_redelivery`, and not `processing` or `retrying`. A leg whose
+//! last outcome was a wait (held by its destination, deferred, behind its
+//! key's earlier leg, yielding its installation's turn) is `waiting`, not
+//! `retrying`: nothing failed.
 
 use super::delivery::Delivery;
-use super::{Status, UnknownName};
+use super::{ErrorClass, Status, UnknownName};
 
 /// What a delivery is, for an operator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -22,6 +25,11 @@ pub enum State {
     Completed,
     /// Failed, and hookinbox will try again: a retry is scheduled.
     Retrying,
+    /// Waiting, with no attempt spent: held by its destination (breaker
+    /// open, paused, disabled), deferred to a time it was asked for,
+    /// behind its key's earlier leg (ordered), or yielding its
+    /// installation's turn (fair). The reason is its last error class.
+    Waiting,
     /// Failed for good: a dead letter, until an operator replays or purges
     /// it.
     Dead,
@@ -35,10 +43,11 @@ pub enum State {
 
 impl State {
     /// Every state.
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 7] = [
         Self::Processing,
         Self::Completed,
         Self::Retrying,
+        Self::Waiting,
         Self::Dead,
         Self::AwaitingRedelivery,
         Self::Filtered,
@@ -50,6 +59,7 @@ impl State {
             Self::Processing => "processing",
             Self::Completed => "completed",
             Self::Retrying => "retrying",
+            Self::Waiting => "waiting",
             Self::Dead => "dead",
             Self::AwaitingRedelivery => "awaiting_redelivery",
             Self::Filtered => "filtered",
@@ -65,6 +75,7 @@ impl State {
             Status::Filtered => Self::Filtered,
             Status::Failed if !d.retryable => Self::Dead,
             _ if d.awaiting_redelivery => Self::AwaitingRedelivery,
+            Status::Failed if d.last_error_class.is_some_and(ErrorClass::is_wait) => Self::Waiting,
             Status::Failed => Self::Retrying,
             Status::Processing => Self::Processing,
         }
@@ -77,6 +88,7 @@ impl State {
             Self::Processing => processing_state!(),
             Self::Completed => "(deliveries.status = 'completed')",
             Self::Retrying => retrying_state!(),
+            Self::Waiting => waiting_state!(),
             Self::Dead => dead_state!(),
             Self::AwaitingRedelivery => awaiting_redelivery_state!(),
             Self::Filtered => "(deliveries.status = 'filtered')",
@@ -89,30 +101,30 @@ impl State {
         match self {
             Self::Processing => &[Status::Processing],
             Self::Completed => &[Status::Completed],
-            Self::Retrying | Self::Dead => &[Status::Failed],
+            Self::Retrying | Self::Waiting | Self::Dead => &[Status::Failed],
             Self::AwaitingRedelivery => &[Status::Processing, Status::Failed],
             Self::Filtered => &[Status::Filtered],
         }
     }
 
     /// Every word a filter takes: the states, then `failed`.
-    pub fn filter_words() -> [&'static str; 7] {
-        let [a, b, c, d, e, f] = Self::ALL.map(Self::as_str);
-        [a, b, c, d, e, f, FAILED]
+    pub fn filter_words() -> [&'static str; 8] {
+        let [a, b, c, d, e, f, g] = Self::ALL.map(Self::as_str);
+        [a, b, c, d, e, f, g, FAILED]
     }
 
     /// The states a word of a filter names: one state by its word, or
     /// `failed` (the CLI's word from before these states), which means
-    /// `retrying` or `dead`.
+    /// `retrying`, `waiting` or `dead` (every `failed` row in storage).
     pub fn parse_filter(word: &str) -> Result<Vec<Self>, UnknownName> {
         if word == FAILED {
-            return Ok(vec![Self::Retrying, Self::Dead]);
+            return Ok(vec![Self::Retrying, Self::Waiting, Self::Dead]);
         }
         word.parse().map(|s| vec![s])
     }
 }
 
-/// The alias a filter takes for `retrying` or `dead`.
+/// The alias a filter takes for `retrying`, `waiting` or `dead`.
 pub const FAILED: &str = "failed";
 
 impl std::str::FromStr for State {
@@ -141,16 +153,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_word_parses_back_and_failed_means_retrying_or_dead() {
+    fn every_word_parses_back_and_failed_means_retrying_waiting_or_dead() {
         for s in State::ALL {
             assert_eq!(s.as_str().parse::<State>(), Ok(s));
             assert_eq!(State::parse_filter(s.as_str()), Ok(vec![s]));
         }
         assert_eq!(
             State::parse_filter("failed"),
-            Ok(vec![State::Retrying, State::Dead])
+            Ok(vec![State::Retrying, State::Waiting, State::Dead])
         );
         let e = "gone".parse::<State>().expect_err("unknown");
+        assert!(e.to_string().contains("waiting"), "{e}");
         assert!(e.to_string().contains("awaiting_redelivery"), "{e}");
+    }
+
+    #[test]
+    fn the_wait_classes_are_spelled_alike_in_rust_and_sql() {
+        for class in ErrorClass::ALL {
+            let in_sql = wait_classes!().contains(&format!("'{}'", class.as_str()));
+            assert_eq!(class.is_wait(), in_sql, "{}", class.as_str());
+        }
     }
 }

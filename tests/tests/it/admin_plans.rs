@@ -122,6 +122,14 @@ async fn every_console_list_and_count_reads_deliveries_through_an_index() {
             None,
         ),
         (
+            "waiting",
+            Filter {
+                states: vec![State::Waiting],
+                ..Filter::default()
+            },
+            None,
+        ),
+        (
             "source",
             Filter {
                 source: Some("src1".into()),

@@ -618,6 +618,7 @@ async fn stuck_work_gauges_report_their_counts_and_ages_and_clear_once_resolved(
     for (state, n) in [
         ("processing", 1.0),
         ("retrying", 1.0),
+        ("waiting", 0.0),
         ("completed", 0.0),
         ("dead", 0.0),
     ] {

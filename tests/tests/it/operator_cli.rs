@@ -275,6 +275,57 @@ fn check_list(env: &TestEnv, args: &[&str], want: &[&str]) {
 }
 
 #[tokio::test]
+async fn a_leg_whose_last_outcome_was_a_wait_is_waiting_not_retrying() {
+    let env = TestEnv::new().await;
+    seed_known_rows(&env).await;
+    // r03's last outcome: held by its destination (a breaker open), which
+    // spent no attempt and failed nothing.
+    env.db
+        .execute(
+            "update deliveries set last_error_class = 'held' \
+             where delivery_id = 'r03-retry-billing'",
+            &[],
+        )
+        .await
+        .expect("hold r03");
+    check_list(
+        &env,
+        &["deliveries", "list", "--status", "waiting"],
+        &["r03"],
+    );
+    check_list(
+        &env,
+        &["deliveries", "list", "--status", "retrying"],
+        &["r09"],
+    );
+    check_list(
+        &env,
+        &["deliveries", "list", "--status", "failed"],
+        &["r01", "r02", "r03", "r06", "r09"],
+    );
+    let (code, out) = worker_cli(&env, &["deliveries", "show", "r03-retry-billing", "--json"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("\"waiting\""), "{out}");
+    let pool = env.pool(1);
+    let client = pool.get().await.expect("client");
+    let overview = hookinbox::deliveries::overview(&client)
+        .await
+        .expect("overview");
+    let billing = overview
+        .sources
+        .iter()
+        .find(|s| s.source == "billing")
+        .expect("billing");
+    assert_eq!((billing.retrying, billing.waiting), (0, 1));
+    let gauges = hookinbox::deliveries::gauges(&client)
+        .await
+        .expect("gauges");
+    assert_eq!((gauges.retrying, gauges.waiting), (1, 1));
+    drop(client);
+    env.cleanup().await;
+}
+
+#[tokio::test]
 async fn deliveries_list_filters_match_exactly_the_known_rows_in_table_and_json() {
     let env = TestEnv::new().await;
     seed_known_rows(&env).await;

@@ -51,6 +51,7 @@ impl Sampler {
             (State::Processing, gauges.processing),
             (State::Completed, gauges.completed),
             (State::Retrying, gauges.retrying),
+            (State::Waiting, gauges.waiting),
             (State::Dead, gauges.dead),
         ] {
             metrics::gauge!(hookinbox::metrics::DELIVERIES, "state" => state.as_str())

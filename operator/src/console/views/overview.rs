@@ -93,7 +93,7 @@ pub(crate) fn overview(o: &Overview, states: &[ReconcilerState], session: &Sessi
             section.card {
                 h2 { "Deliveries by source and state" }
                 table {
-                    thead { tr { th { "Source" } th.num { "Processing" } th.num title="completed in the last 24 hours" { "Completed, 24 h" } th.num { "Retrying" } th.num { "Dead" } th.num title="only a redelivery from GitHub can finish these" { "Awaiting redelivery" } } }
+                    thead { tr { th { "Source" } th.num { "Processing" } th.num title="completed in the last 24 hours" { "Completed, 24 h" } th.num { "Retrying" } th.num title="held by its destination, deferred, ordered or fair: no attempt spent" { "Waiting" } th.num { "Dead" } th.num title="only a redelivery from GitHub can finish these" { "Awaiting redelivery" } } }
                     tbody {
                         @for s in &o.sources {
                             tr {
@@ -101,11 +101,12 @@ pub(crate) fn overview(o: &Overview, states: &[ReconcilerState], session: &Sessi
                                 td.num { (state_link(&s.source, State::Processing, s.processing)) }
                                 td.num { (state_link(&s.source, State::Completed, s.completed)) }
                                 td.num { (state_link(&s.source, State::Retrying, s.retrying)) }
+                                td.num { (state_link(&s.source, State::Waiting, s.waiting)) }
                                 td.num.dead { (state_link(&s.source, State::Dead, s.dead)) }
                                 td.num { (state_link(&s.source, State::AwaitingRedelivery, s.awaiting_redelivery)) }
                             }
                         }
-                        @if o.sources.is_empty() { tr { td colspan="6" .muted { "No deliveries yet." } } }
+                        @if o.sources.is_empty() { tr { td colspan="7" .muted { "No deliveries yet." } } }
                     }
                     @if o.sources.len() > 1 {
                         tfoot { tr {
@@ -113,6 +114,7 @@ pub(crate) fn overview(o: &Overview, states: &[ReconcilerState], session: &Sessi
                             th.num { (number(total(|s| s.processing))) }
                             th.num { (number(total(|s| s.completed))) }
                             th.num { (number(total(|s| s.retrying))) }
+                            th.num { (number(total(|s| s.waiting))) }
                             th.num { (number(total(|s| s.dead))) }
                             th.num { (number(total(|s| s.awaiting_redelivery))) }
                         } }
