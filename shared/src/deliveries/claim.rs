@@ -334,7 +334,9 @@ with input as (
                and exists (select 1 from deliveries w
                            where w.source = k.source and w.destination = k.destination
                              and w.fair_key = k.fair_key and w.fair_key is not null
-                             and w.status = 'failed' and w.last_error_class = 'fair')
+                             and w.status = 'failed' and w.last_error_class = ",
+    class!(fair),
+    ")
                and ",
     installation_running!("k", "("),
     " >= k.fair_cap) as crowded
@@ -890,12 +892,16 @@ const PUBLISH_FAILED: &str = concat!(
 update deliveries
 set status = 'failed', retryable = true, next_attempt_at = now(),
     failed_at = now(), first_failed_at = coalesce(first_failed_at, now()),
-    last_error_class = 'publish', last_error = $7
+    last_error_class = ",
+    class!(publish),
+    ", last_error = $7
 where ",
     key!(),
     " and claim_token = $6 and attempts = $8
   and (status || '' = 'processing'
-       or (status || '' = 'failed' and last_error_class = 'lost'))"
+       or (status || '' = 'failed' and last_error_class = ",
+    class!(lost),
+    "))"
 );
 
 /// After ingest's publish of a leg failed: records the leg as failed,
@@ -934,13 +940,17 @@ const HOLD_FAIR: &str = concat!(
     "
 update deliveries
 set status = 'failed', retryable = true, next_attempt_at = null, failed_at = now(),
-    last_error_class = 'fair',
+    last_error_class = ",
+    class!(fair),
+    ",
     last_error = 'waiting: its installation has its share of legs queued'
 where ",
     key!(),
     " and claim_token = $6 and attempts = $7
   and (status || '' = 'processing'
-       or (status || '' = 'failed' and last_error_class = 'lost'))
+       or (status || '' = 'failed' and last_error_class = ",
+    class!(lost),
+    "))
   and fair_key is not null"
 );
 

@@ -111,7 +111,9 @@ const COMPLETE_STALE: &str = concat!(
 with done as (
     update deliveries d
     set status = 'completed', completed_at = now(), retryable = false, next_attempt_at = null,
-        last_error_class = 'stale',
+        last_error_class = ",
+    class!(stale),
+    ",
         last_error = 'skipped: older than a completed event of its key (skip_stale)'
     where ",
     key!("d"),
@@ -418,7 +420,9 @@ set status = 'failed', retryable = $7,
     next_attempt_at = case when $7 then now() + make_interval(secs => $8) end,
     failed_at = now(), first_failed_at = coalesce(first_failed_at, now()),
     last_error_class = $9, last_error = $10,
-    attempts = greatest(attempts - (case when $9 = 'held' then 1 else 0 end), 0)
+    attempts = greatest(attempts - (case when $9 = ",
+    class!(held),
+    " then 1 else 0 end), 0)
 where ",
     key!(),
     " and ",
@@ -467,7 +471,11 @@ set status = 'failed', retryable = t.in_time,
     next_attempt_at = case when t.in_time then now() + make_interval(secs => t.delay) end,
     failed_at = now(), first_failed_at = coalesce(first_failed_at, now()),
     deferred_since = coalesce(deferred_since, now()),
-    last_error_class = case when t.in_time then 'deferred' else 'deferred_too_long' end,
+    last_error_class = case when t.in_time then ",
+    class!(deferred),
+    " else ",
+    class!(deferred_too_long),
+    " end,
     last_error = case when t.in_time then $9 else $10 end,
     attempts = case when t.in_time then greatest(attempts - 1, 0) else attempts end
 from (

@@ -60,6 +60,54 @@ use crate::key::LegKey;
 use crate::postgres::DbError;
 use crate::postgres::sql::{self, Session};
 
+/// An error class's stored name as an SQL literal (`class!(fair)` is
+/// `'fair'`): the one SQL spelling of each [`ErrorClass`], checked
+/// against [`ErrorClass::as_str`] by a test.
+macro_rules! class {
+    (transient) => {
+        "'transient'"
+    };
+    (permanent) => {
+        "'permanent'"
+    };
+    (timeout) => {
+        "'timeout'"
+    };
+    (db) => {
+        "'db'"
+    };
+    (poison) => {
+        "'poison'"
+    };
+    (lost) => {
+        "'lost'"
+    };
+    (max_attempts) => {
+        "'max_attempts'"
+    };
+    (publish) => {
+        "'publish'"
+    };
+    (held) => {
+        "'held'"
+    };
+    (deferred) => {
+        "'deferred'"
+    };
+    (deferred_too_long) => {
+        "'deferred_too_long'"
+    };
+    (ordered) => {
+        "'ordered'"
+    };
+    (fair) => {
+        "'fair'"
+    };
+    (stale) => {
+        "'stale'"
+    };
+}
+
 /// The key predicate of one leg: `$1`–`$5` of every keyed statement (the
 /// delivery's four parts and the destination), optionally on a table
 /// alias (`key!("d")`).
@@ -157,7 +205,9 @@ macro_rules! takeable {
         concat!(
             "((status = 'processing' and (claim_token = ",
             $presented,
-            " or lease_until < now())) or (status = 'failed' and last_error_class = 'lost'))"
+            " or lease_until < now())) or (status = 'failed' and last_error_class = ",
+            class!(lost),
+            "))"
         )
     };
     ($t:literal, $presented:literal) => {
@@ -174,7 +224,9 @@ macro_rules! takeable {
             $t,
             ".status = 'failed' and ",
             $t,
-            ".last_error_class = 'lost'))"
+            ".last_error_class = ",
+            class!(lost),
+            "))"
         )
     };
 }
@@ -514,7 +566,9 @@ macro_rules! awaiting_redelivery {
             $t,
             ".status = 'failed' and ",
             $t,
-            ".last_error_class = 'lost') or (",
+            ".last_error_class = ",
+            class!(lost),
+            ") or (",
             $t,
             ".status = 'processing' and ",
             $t,
@@ -575,7 +629,17 @@ macro_rules! processing_state {
 /// key's earlier leg, or yielding its installation's turn.
 macro_rules! wait_classes {
     () => {
-        "('held', 'deferred', 'ordered', 'fair')"
+        concat!(
+            "(",
+            class!(held),
+            ", ",
+            class!(deferred),
+            ", ",
+            class!(ordered),
+            ", ",
+            class!(fair),
+            ")"
+        )
     };
 }
 

@@ -119,12 +119,16 @@ select (select extract(epoch from now() - min(claimed_at))::float8
     due_retry!("d"),
     "),
        (select extract(epoch from now() - min(failed_at))::float8
-          from deliveries where status = 'failed' and retryable and last_error_class = 'lost')"
+          from deliveries where status = 'failed' and retryable and last_error_class = ",
+    class!(lost),
+    ")"
 );
 
 const DEAD_BY_CLASS: &str = concat!(
     "
-select coalesce(last_error_class, 'permanent'), count(*) from deliveries
+select coalesce(last_error_class, ",
+    class!(permanent),
+    "), count(*) from deliveries
 where status <> 'processing' and ",
     dead_state!(),
     "

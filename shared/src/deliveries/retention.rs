@@ -15,7 +15,7 @@ use crate::postgres::DbError;
 /// Deletes up to `$2` rows of `table` whose `at` column is older than `$1`
 /// seconds (and that match `and`).
 macro_rules! sweep {
-    ($table:literal, $at:literal, $and:literal) => {
+    ($table:literal, $at:literal, $and:expr) => {
         concat!(
             "
 delete from ",
@@ -45,8 +45,12 @@ const SWEEP_FILTERED: &str = sweep!("deliveries", "completed_at", " and status =
 const SWEEP_FAILED: &str = sweep!(
     "deliveries",
     "failed_at",
-    " and status = 'failed' and last_error_class is distinct from 'ordered' \
-     and last_error_class is distinct from 'fair'"
+    concat!(
+        " and status = 'failed' and last_error_class is distinct from ",
+        class!(ordered),
+        " and last_error_class is distinct from ",
+        class!(fair)
+    )
 );
 const SWEEP_SEEN_BODIES: &str = sweep!("seen_bodies", "seen_at", "");
 /// How long each kind of row is kept.

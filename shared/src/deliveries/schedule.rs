@@ -73,7 +73,9 @@ with due as (
     body_exists!("d"),
     "
           -- A deferred leg goes no earlier than the time it asked for.
-          and not (d.last_error_class = 'deferred' and d.next_attempt_at > now())
+          and not (d.last_error_class = ",
+    class!(deferred),
+    " and d.next_attempt_at > now())
           -- A leg behind an open leg of its ordered key is not the one to
           -- probe with (its take would only wait); its key's first is.
           and not ",
@@ -118,7 +120,8 @@ from moved m"
 /// them again for every waiting leg); the rows are locked in key order
 /// and `skip locked`, so the passes of several workers never deadlock
 /// (a leg one of them is waking is woken once).
-const WAKE: &str = "
+const WAKE: &str = concat!(
+    "
 with heads as materialized (
     select distinct on (source, destination, order_key)
            provider, source, hook_id, delivery_id, destination, status, last_error_class,
@@ -131,7 +134,9 @@ with heads as materialized (
     select d.ctid as row_id
     from heads h
     join deliveries d using (provider, source, hook_id, delivery_id, destination)
-    where h.status = 'failed' and h.last_error_class = 'ordered' and h.next_attempt_at is null
+    where h.status = 'failed' and h.last_error_class = ",
+    class!(ordered),
+    " and h.next_attempt_at is null
     order by d.provider, d.source, d.hook_id, d.delivery_id, d.destination
     for update of d skip locked
 )
@@ -139,8 +144,11 @@ update deliveries d
 set next_attempt_at = now()
 -- The rows by their addresses, as the fair wake's (`WAKE_FAIR`).
 where d.ctid = any(array(select row_id from woken))
-  and d.status = 'failed' and d.retryable and d.last_error_class = 'ordered'
-  and d.next_attempt_at is null";
+  and d.status = 'failed' and d.retryable and d.last_error_class = ",
+    class!(ordered),
+    "
+  and d.next_attempt_at is null"
+);
 
 /// Makes each ordered key's first open leg due when it waited behind the
 /// key (see [`WAKE`]); returns how many it woke.
@@ -236,7 +244,9 @@ with heads as materialized (
            row_number() over (partition by source, destination, fair_key order by failed_at)
                as place
     from deliveries
-    where fair_key is not null and status = 'failed' and last_error_class = 'fair'
+    where fair_key is not null and status = 'failed' and last_error_class = ",
+    class!(fair),
+    "
 ), room as materialized (
     -- Each waiting installation's room under its hold, counted once: a
     -- release that never came (its worker died, or did not know legs
@@ -269,7 +279,9 @@ with heads as materialized (
     -- The rows by their addresses: a join on the key was planned as a
     -- scan of every due leg.
     where d.ctid = any(array(select row_id from woken))
-      and d.status = 'failed' and d.retryable and d.last_error_class = 'fair'
+      and d.status = 'failed' and d.retryable and d.last_error_class = ",
+    class!(fair),
+    "
       and d.next_attempt_at is null
 )
 select distinct source, destination from heads"
@@ -308,7 +320,9 @@ with done as (
     cross join lateral (
         select d.ctid as row_id from deliveries d
         where d.source = k.source and d.destination = k.destination and d.fair_key = k.fair_key
-          and d.fair_key is not null and d.status = 'failed' and d.last_error_class = 'fair'
+          and d.fair_key is not null and d.status = 'failed' and d.last_error_class = ",
+    class!(fair),
+    "
         order by d.failed_at
         limit 1
         for update of d skip locked
@@ -381,7 +395,9 @@ const RESCHEDULE: &str = concat!(
 update deliveries
 set status = 'failed', retryable = true,
     next_attempt_at = now() + make_interval(secs => $7),
-    last_error_class = 'publish', last_error = $8
+    last_error_class = ",
+    class!(publish),
+    ", last_error = $8
 where ",
     key!(),
     " and ",
@@ -408,9 +424,12 @@ pub async fn reschedule(
     Ok(n == 1)
 }
 
-const EXHAUST: &str = "
+const EXHAUST: &str = concat!(
+    "
 update deliveries
-set retryable = false, last_error_class = 'max_attempts',
+set retryable = false, last_error_class = ",
+    class!(max_attempts),
+    ",
     last_error = 'attempts exhausted', failed_at = now()
 where ctid in (
     select ctid from deliveries
@@ -418,7 +437,8 @@ where ctid in (
       and attempts >= coalesce(max_attempts, $1)
     limit $2
     for update skip locked
-)";
+)"
+);
 
 /// Dead-letters due retries that already used every attempt (a `lost`
 /// claim can reach that state), so they do not wait forever. Their
@@ -461,7 +481,9 @@ const DEAD_LETTER_UNREADABLE: &str = concat!(
 update deliveries
 set status = 'failed', retryable = false, next_attempt_at = null,
     failed_at = now(), first_failed_at = coalesce(first_failed_at, now()),
-    dead_lettered_at = now(), last_error_class = 'permanent', last_error = $7
+    dead_lettered_at = now(), last_error_class = ",
+    class!(permanent),
+    ", last_error = $7
 where ",
     key!(),
     " and claim_token = $6"
@@ -500,7 +522,9 @@ const REAP: &str = concat!(
 update deliveries
 set status = 'failed', retryable = true, next_attempt_at = now(),
     failed_at = now(), first_failed_at = coalesce(first_failed_at, now()),
-    last_error_class = 'lost',
+    last_error_class = ",
+    class!(lost),
+    ",
     last_error = 'lease expired long ago: the holder is presumed dead'
 where ctid in (
     select ctid from deliveries d

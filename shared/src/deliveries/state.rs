@@ -168,6 +168,30 @@ mod tests {
     }
 
     #[test]
+    fn each_error_class_is_spelled_alike_in_rust_and_sql() {
+        let sql = [
+            (ErrorClass::Transient, class!(transient)),
+            (ErrorClass::Permanent, class!(permanent)),
+            (ErrorClass::Timeout, class!(timeout)),
+            (ErrorClass::Db, class!(db)),
+            (ErrorClass::Poison, class!(poison)),
+            (ErrorClass::Lost, class!(lost)),
+            (ErrorClass::MaxAttempts, class!(max_attempts)),
+            (ErrorClass::Publish, class!(publish)),
+            (ErrorClass::Held, class!(held)),
+            (ErrorClass::Deferred, class!(deferred)),
+            (ErrorClass::DeferredTooLong, class!(deferred_too_long)),
+            (ErrorClass::Ordered, class!(ordered)),
+            (ErrorClass::Fair, class!(fair)),
+            (ErrorClass::Stale, class!(stale)),
+        ];
+        assert_eq!(sql.len(), ErrorClass::ALL.len(), "every class");
+        for (class, literal) in sql {
+            assert_eq!(literal, format!("'{}'", class.as_str()));
+        }
+    }
+
+    #[test]
     fn the_wait_classes_are_spelled_alike_in_rust_and_sql() {
         for class in ErrorClass::ALL {
             let in_sql = wait_classes!().contains(&format!("'{}'", class.as_str()));

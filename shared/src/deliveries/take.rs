@@ -109,7 +109,9 @@ macro_rules! waited {
         concat!(
             "case when ",
             $t,
-            ".last_error_class = 'ordered' then greatest(extract(epoch from now() - ",
+            ".last_error_class = ",
+            class!(ordered),
+            " then greatest(extract(epoch from now() - ",
             $t,
             ".failed_at), 0)::float8 end"
         )
@@ -165,7 +167,9 @@ where ",
     yields!("d"),
     "
 returning d.provider, d.source, d.hook_id, d.delivery_id, d.attempts,
-          prev.claim_token <> $6 and d.last_error_class is distinct from 'lost' as takeover,
+          prev.claim_token <> $6 and d.last_error_class is distinct from ",
+    class!(lost),
+    " as takeover,
           d.created_at, ",
     is_probe!("d", "$6"),
     " as probe, ",
@@ -180,7 +184,9 @@ const POISON: &str = concat!(
 update deliveries
 set status = 'failed', retryable = false, failed_at = now(),
     first_failed_at = coalesce(first_failed_at, now()),
-    last_error_class = 'poison',
+    last_error_class = ",
+    class!(poison),
+    ",
     last_error = 'attempts exhausted: the job crashed or hung its worker on every attempt'
 where ",
     key!(),
@@ -201,7 +207,9 @@ const HOLD: &str = concat!(
 update deliveries d
 set status = 'failed', retryable = true, next_attempt_at = now(),
     failed_at = now(), first_failed_at = coalesce(first_failed_at, now()),
-    last_error_class = 'held',
+    last_error_class = ",
+    class!(held),
+    ",
     last_error = 'held: its destination is ' || (
         select x.state from destinations x
         where x.source = d.source and x.name = d.destination)
@@ -231,9 +239,15 @@ set status = 'failed', retryable = true, next_attempt_at = null,
     -- A fair leg that yields again keeps the start of its first wait:
     -- its installation's releases go oldest first, so it is not sent
     -- to the back each time a fresh leg took the turn it was given.
-    failed_at = case when d.order_key is null and d.last_error_class = 'fair'
+    failed_at = case when d.order_key is null and d.last_error_class = ",
+    class!(fair),
+    "
                      then coalesce(d.failed_at, now()) else now() end,
-    last_error_class = case when d.order_key is not null then 'ordered' else 'fair' end,
+    last_error_class = case when d.order_key is not null then ",
+    class!(ordered),
+    " else ",
+    class!(fair),
+    " end,
     last_error = case when d.order_key is not null
                       then 'waiting for an earlier leg of its key'
                       else 'waiting: its installation has its share of legs in flight' end
@@ -254,7 +268,9 @@ returning 1"
 const TAKE_STATE: &str = concat!(
     "
 select status, greatest(extract(epoch from lease_until - now()), 0)::float8,
-       claim_token = $6, status = 'failed' and last_error_class = 'lost'
+       claim_token = $6, status = 'failed' and last_error_class = ",
+    class!(lost),
+    "
 from deliveries
 where ",
     key!()
@@ -388,7 +404,9 @@ where d.provider = i.provider and d.source = i.source and d.hook_id = i.hook_id
     yields!("d"),
     "
 returning d.provider, d.source, d.hook_id, d.delivery_id, d.destination, d.attempts,
-          p.prev_token <> i.presented and d.last_error_class is distinct from 'lost'
+          p.prev_token <> i.presented and d.last_error_class is distinct from ",
+    class!(lost),
+    "
               as takeover,
           d.created_at, ",
     is_probe!("d", "i.presented"),
