@@ -392,9 +392,14 @@ async fn an_operator_replays_a_completed_leg_from_its_page_and_its_destination_g
         .await
         .expect("click");
     // The console's job runs it: one leg, back to processing, published.
+    // The item is marked replayed when the leg's move commits, and its
+    // message goes after: the job has finished once it went.
     wait_until("the replay's job", Duration::from_secs(20), || async {
-        env.count("select count(*) from admin_job_items where result = 'replayed'")
-            .await
+        env.count(
+            "select count(*) from admin_jobs j join admin_job_items i on i.job_id = j.id \
+             where j.status = 'finished' and i.result = 'replayed'",
+        )
+        .await
             == 1
     })
     .await;
