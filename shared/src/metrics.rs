@@ -60,7 +60,7 @@ pub const END_TO_END_SECONDS: &str = "hookinbox_end_to_end_seconds";
 pub const RETRIES_PUBLISHED: &str = "hookinbox_retries_published_total";
 /// Claims the reaper marked lost.
 pub const REAPED: &str = "hookinbox_reaped_total";
-/// Deliveries by `state` (processing, completed, retrying, dead);
+/// Deliveries by `state` (processing, completed, retrying, waiting, dead);
 /// completed is exact up to `deliveries::EXACT_COMPLETED_UP_TO`, then
 /// Postgres's estimate.
 pub const DELIVERIES: &str = "hookinbox_deliveries";

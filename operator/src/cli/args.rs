@@ -51,8 +51,8 @@ pub fn parse_hook_id(s: &str) -> Result<String, String> {
 }
 
 /// `--status`: a state's word ([`State`]: processing, completed,
-/// retrying, dead, awaiting_redelivery, filtered), or `failed`, which
-/// means retrying or dead. The console's `status=` takes the same words.
+/// retrying, waiting, dead, awaiting_redelivery, filtered), or `failed`,
+/// which means retrying, waiting or dead. The console's `status=` takes the same words.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StatusFilter {
     /// The states it names.
@@ -70,7 +70,7 @@ impl std::str::FromStr for StatusFilter {
             .map(|states| Self { states, word })
             .map_err(|_| {
                 format!(
-                    "status is one of {} (failed: retrying or dead)",
+                    "status is one of {} (failed: retrying, waiting or dead)",
                     State::filter_words().join(", ")
                 )
             })
@@ -264,10 +264,11 @@ impl MatchArgs {
 /// Filters shared by the listing commands and `dlq replay`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct FilterArgs {
-    /// Only this state: processing, completed, retrying, dead,
+    /// Only this state: processing, completed, retrying, waiting (held,
+    /// deferred, ordered or fair: no attempt spent), dead,
     /// awaiting_redelivery (claims with no body and no job, which only a
-    /// redelivery from GitHub can finish), filtered; or failed (retrying or
-    /// dead).
+    /// redelivery from GitHub can finish), filtered; or failed (retrying,
+    /// waiting or dead).
     #[arg(long)]
     pub status: Option<StatusFilter>,
     /// What the deliveries are.

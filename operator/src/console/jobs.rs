@@ -30,7 +30,7 @@ pub fn selection(kind: Kind, checked: &Checked, field: &str) -> Result<Filter, A
     if f.states.is_empty() {
         f.states = own.to_vec();
     }
-    // A purge takes dead letters only: `failed` (retrying or dead) names
+    // A purge takes dead letters only: `failed` (retrying, waiting or dead) names
     // them among others.
     if kind == Kind::Purge && f.states.contains(&State::Dead) {
         f.states = vec![State::Dead];

@@ -11,7 +11,7 @@ use uuid::Uuid;
 /// What a job does to each item.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
-    /// Replays a failed leg (retrying or dead) from its delivery's body.
+    /// Replays a failed leg (retrying, waiting or dead) from its delivery's body.
     Replay,
     /// Replays any leg that is not in flight and not filtered, completed
     /// ones too, from its delivery's body (`deliveries replay`, the

@@ -87,7 +87,7 @@ returning d.provider, d.source, d.hook_id, d.delivery_id, d.destination, d.event
 /// Which legs a replay may start.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Scope {
-    /// Failed legs only (retrying or dead): `dlq replay`, and the
+    /// Failed legs only (retrying, waiting or dead): `dlq replay`, and the
     /// console's replay of dead letters.
     Failed,
     /// Any leg that is not in flight and not filtered: completed ones too

@@ -311,7 +311,9 @@ const COMPLETE_BATCH_TAKING: &str = complete_batch_sql!(taking_gate!(), batch_ef
 /// ingest first claimed it, or `None` when it was fenced. A caller that
 /// must know each statement's fate apart (an error means nothing of that
 /// statement committed) passes one kind at a time, as the worker's
-/// collector does.
+/// collector does: with both kinds outside a transaction, an error in the
+/// second statement hides the first's answers, though its rows completed
+/// (their effects are written once all the same: a later try is fenced).
 ///
 /// Each row stays individually fenced: a row is completed only if its own
 /// token still holds it (`claim_token = token and status = 'processing'`,

@@ -1,7 +1,7 @@
 //! The record's size with real payloads (`cargo run --release -p
 //! hookinbox-tests --bin recordsize`):
-//! every payload of the corpus (`HOOKINBOX_GITHUB_FIXTURES`, or the repo's
-//! own few) claimed `--rounds` times under new ids, each made unique, with
+//! the repository's own payloads and every payload of the corpus
+//! (`HOOKINBOX_GITHUB_FIXTURES`, when set) claimed `--rounds` times under new ids, each made unique, with
 //! the headers ingest keeps and the replay guard on, then taken and
 //! completed by the `store` handler, through the library as ingest and
 //! the worker do. It prints the WAL each delivery wrote and each table's
@@ -110,12 +110,13 @@ fn kept_headers(hook: &Hook) -> Vec<(String, String)> {
     headers
 }
 
-/// Postgres's WAL position, in bytes.
+/// Postgres's WAL insert position, in bytes: the whole server's, so the
+/// figure holds on a server nothing else writes to.
 async fn wal_lsn(env: &TestEnv) -> anyhow::Result<f64> {
     let row = env
         .db
         .query_one(
-            "select pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::float8",
+            "select pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::float8",
             &[],
         )
         .await?;

@@ -334,7 +334,7 @@ async fn deliveries_list_filters_match_exactly_the_known_rows_in_table_and_json(
     ];
     let cases: Vec<(Vec<&str>, Vec<&str>)> = vec![
         (vec![], all.to_vec()),
-        // `failed` is retrying or dead; a claim only GitHub can finish
+        // `failed` is retrying, waiting or dead; a claim only GitHub can finish
         // (r07 reaped `lost`, r08 never published) is in neither, nor in
         // processing: each row is in one state.
         (
