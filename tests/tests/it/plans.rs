@@ -43,13 +43,16 @@ async fn read_tuples(client: &deadpool_postgres::Object) -> i64 {
         .get(0)
 }
 
-/// Claims, takes, renews, fences and completes one delivery through
-/// `client`'s prepared statements.
-async fn one_round(env: &TestEnv, client: &deadpool_postgres::Object, id: &str) {
-    let policy = env.policy();
+/// Claims the new delivery `id` (a store leg, through the batched claim):
+/// its token.
+async fn claim_new(
+    client: &deadpool_postgres::Object,
+    policy: &deliveries::Policy,
+    id: &str,
+) -> hookinbox::ClaimToken {
     let claims = deliveries::claim_batch(
         client,
-        &policy,
+        policy,
         &[ClaimRequest {
             origin: Default::default(),
             key: key(id),
@@ -68,6 +71,14 @@ async fn one_round(env: &TestEnv, client: &deadpool_postgres::Object, id: &str) 
     let Some(token) = claims.first().and_then(hookinbox_tests::claimed_token) else {
         panic!("a new key is claimed")
     };
+    token
+}
+
+/// Claims, takes, renews, fences and completes one delivery through
+/// `client`'s prepared statements.
+async fn one_round(env: &TestEnv, client: &deadpool_postgres::Object, id: &str) {
+    let policy = env.policy();
+    let token = claim_new(client, &policy, id).await;
     let leg = key(id).leg(hookinbox_tests::store_destination());
     let takes = deliveries::take_batch(
         client,
@@ -106,27 +117,7 @@ async fn one_round(env: &TestEnv, client: &deadpool_postgres::Object, id: &str) 
     // The one-statement path: a claim completed by the statement that is
     // also its take (the order and fairness gates in it).
     let fused = format!("{id}-fused");
-    let claims = deliveries::claim_batch(
-        client,
-        &policy,
-        &[ClaimRequest {
-            origin: Default::default(),
-            key: key(&fused),
-            event: "push".to_owned(),
-            action: None,
-            repository: None,
-            body_sha256: [8; 32],
-            guarded: false,
-            pinned: false,
-            legs: vec![hookinbox_tests::store_leg()],
-            body: hookinbox_tests::json_body(b"{}"),
-        }],
-    )
-    .await
-    .expect("claim");
-    let Some(token) = claims.first().and_then(hookinbox_tests::claimed_token) else {
-        panic!("a new key is claimed")
-    };
+    let token = claim_new(client, &policy, &fused).await;
     let done = deliveries::complete_batch(
         client,
         &[Completing {
