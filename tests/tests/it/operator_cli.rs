@@ -305,7 +305,14 @@ async fn a_leg_whose_last_outcome_was_a_wait_is_waiting_not_retrying() {
     );
     let (code, out) = worker_cli(&env, &["deliveries", "show", "r03-retry-billing", "--json"]);
     assert_eq!(code, 0, "{out}");
-    assert!(out.contains("\"waiting\""), "{out}");
+    let shown: Value = serde_json::from_str(&out).expect("JSON");
+    let states: Vec<&str> = shown
+        .as_array()
+        .expect("one row a leg")
+        .iter()
+        .map(|leg| leg["state"].as_str().expect("a state"))
+        .collect();
+    assert_eq!(states, ["waiting"], "{out}");
     let pool = env.pool(1);
     let client = pool.get().await.expect("client");
     let overview = hookinbox::deliveries::overview(&client)

@@ -1,7 +1,7 @@
 //! The hot path's statements keep finding rows by key as the table grows,
 //! even when Postgres has no statistics for it (autovacuum off, no ANALYZE).
 
-use hookinbox::deliveries::{self, ClaimRequest, Completing, Take};
+use hookinbox::deliveries::{self, Completing, Take};
 use hookinbox::key::{DeliveryId, DeliveryKey, HookId, SourceName};
 use hookinbox_tests::TestEnv;
 
@@ -50,24 +50,15 @@ async fn claim_new(
     policy: &deliveries::Policy,
     id: &str,
 ) -> hookinbox::ClaimToken {
-    let claims = deliveries::claim_batch(
-        client,
-        policy,
-        &[ClaimRequest {
-            origin: Default::default(),
-            key: key(id),
-            event: "push".to_owned(),
-            action: None,
-            repository: None,
-            body_sha256: [7; 32],
-            guarded: false,
-            pinned: false,
-            legs: vec![hookinbox_tests::store_leg()],
-            body: hookinbox_tests::json_body(b"{}"),
-        }],
-    )
-    .await
-    .expect("claim");
+    // The suite's claim request, on this file's key (hook id 1).
+    let mut hook = hookinbox_tests::Hook::new("push", b"{}".to_vec());
+    hook.hook_id = Some("1".to_owned());
+    hook.delivery = Some(id.to_owned());
+    let request = hookinbox_tests::claim_request(&hook, vec![hookinbox_tests::store_leg()]);
+    assert_eq!(request.key, key(id));
+    let claims = deliveries::claim_batch(client, policy, &[request])
+        .await
+        .expect("claim");
     let Some(token) = claims.first().and_then(hookinbox_tests::claimed_token) else {
         panic!("a new key is claimed")
     };
